@@ -1,0 +1,37 @@
+//! `vlm`: the operator's command line.
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+mod cmd;
+
+#[derive(Parser, Debug)]
+#[command(name = "vlm", version, about = "Split Qwen3-VL serving: operator tools")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Work with the nested deployment config.
+    #[command(subcommand)]
+    Config(cmd::config::ConfigCommand),
+    /// Show the resize, patch count, image tokens and ViT bucket of an image size, or the
+    /// decode graph of an active batch.
+    Bucket(cmd::bucket::BucketArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Config(c) => cmd::config::run(c),
+        Command::Bucket(a) => cmd::bucket::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

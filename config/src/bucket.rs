@@ -1,0 +1,73 @@
+//! Bucket choice: the ViT graph for an image's patch count and the decode graph for an active
+//! batch, and how an image is planned under `visual.oversize`.
+use crate::error::BucketError;
+use crate::geometry::{image_geometry, GeometryError, ImageGeometry, PATCH_SIZE};
+use crate::types::{DeployConfig, Oversize, VisualConfig};
+
+impl VisualConfig {
+    /// The smallest ViT bucket that holds `patches` raw 16-px patches.
+    pub fn bucket_for(&self, patches: u64) -> Result<u32, BucketError> {
+        self.max_seq_len
+            .iter()
+            .copied()
+            .find(|&b| b as u64 >= patches)
+            .ok_or_else(|| BucketError::OverLargestVitBucket {
+                patches,
+                largest: self.largest_bucket(),
+                buckets: self.max_seq_len.clone(),
+            })
+    }
+
+    pub fn largest_bucket(&self) -> u32 {
+        self.max_seq_len.last().copied().unwrap_or(0)
+    }
+
+    /// Where a `width`x`height` image lands: the processor's resize, then, when its patch count
+    /// is over the largest bucket, either an error (`reject`) or a smaller resize that fits
+    /// (`downscale`, same aspect ratio).
+    pub fn plan_image(&self, width: u32, height: u32) -> Result<PlannedImage, ImagePlanError> {
+        let geo = image_geometry(width, height, self.min_pixels, self.max_pixels)?;
+        match self.bucket_for(geo.patches()) {
+            Ok(bucket) => Ok(PlannedImage { geometry: geo, bucket, downscaled: false }),
+            Err(e) if self.oversize == Oversize::Reject => Err(e.into()),
+            Err(e) => {
+                let limit_pixels = self.largest_bucket() as u64 * (PATCH_SIZE as u64 * PATCH_SIZE as u64);
+                let geo = image_geometry(width, height, self.min_pixels.min(limit_pixels), limit_pixels)?;
+                let bucket = self.bucket_for(geo.patches()).map_err(|_| e)?;
+                Ok(PlannedImage { geometry: geo, bucket, downscaled: true })
+            }
+        }
+    }
+}
+
+impl DeployConfig {
+    /// The smallest decode graph (from `decoder_batch_sizes`) that holds `active` sequences.
+    pub fn decoder_graph_for(&self, active: u32) -> Result<u32, BucketError> {
+        if active == 0 {
+            return Err(BucketError::EmptyBatch);
+        }
+        self.decoder_batch_sizes
+            .iter()
+            .copied()
+            .find(|&b| b >= active)
+            .ok_or(BucketError::OverBatchSize { active, batch_size: self.batch_size })
+    }
+}
+
+/// An image's resize and ViT bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct PlannedImage {
+    pub geometry: ImageGeometry,
+    pub bucket: u32,
+    /// True when `oversize: downscale` shrank it to fit the largest bucket.
+    pub downscaled: bool,
+}
+
+/// Why an image cannot be planned.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ImagePlanError {
+    #[error(transparent)]
+    Geometry(#[from] GeometryError),
+    #[error(transparent)]
+    Bucket(#[from] BucketError),
+}

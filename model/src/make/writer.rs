@@ -1,0 +1,115 @@
+//! Streams generated tensors into safetensors files, shard by shard, without holding a whole
+//! tensor in memory, and writes `model.safetensors.index.json` for sharded checkpoints.
+use super::init;
+use super::manifest::TensorSpec;
+use super::WeightDtype;
+use crate::error::{ModelError, Result};
+use serde_json::{json, Map, Value};
+use std::io::Write;
+use std::path::Path;
+
+/// Values generated per chunk (then written): bounds memory at 8 Mi values (32 MB in f32).
+const CHUNK_VALUES: usize = 8 << 20;
+
+/// Groups tensors (in order) into shards of at most `max_bytes` each, the way
+/// transformers' `save_pretrained` does: a tensor that does not fit starts a new shard (a
+/// tensor larger than the limit gets a shard of its own). `None`: one shard.
+pub fn plan_shards(specs: &[TensorSpec], dtype: WeightDtype, max_bytes: Option<u64>) -> Vec<Vec<usize>> {
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut size = 0u64;
+    for (i, s) in specs.iter().enumerate() {
+        let bytes = (s.numel() * dtype.size_in_bytes()) as u64;
+        if let Some(max) = max_bytes {
+            let current = shards.last().map_or(0, |v| v.len());
+            if current > 0 && size + bytes > max {
+                shards.push(Vec::new());
+                size = 0;
+            }
+        }
+        if let Some(last) = shards.last_mut() {
+            last.push(i);
+        }
+        size += bytes;
+    }
+    shards
+}
+
+/// File names: `model.safetensors` when unsharded, else `model-0000k-of-0000n.safetensors`.
+pub fn shard_names(count: usize, sharded: bool) -> Vec<String> {
+    if !sharded {
+        return vec!["model.safetensors".into()];
+    }
+    (1..=count).map(|k| format!("model-{k:05}-of-{count:05}.safetensors")).collect()
+}
+
+/// The safetensors header for `specs` in this order (data laid out contiguously), padded with
+/// spaces to a multiple of 8 bytes as the reference writer does.
+fn header(specs: &[&TensorSpec], dtype: WeightDtype) -> Result<Vec<u8>> {
+    let mut text = String::from(r#"{"__metadata__":{"format":"pt"}"#);
+    let mut offset = 0usize;
+    for s in specs {
+        let bytes = s.numel() * dtype.size_in_bytes();
+        let name = serde_json::to_string(&s.name)
+            .map_err(|e| ModelError::Weights(format!("tensor name {:?}: {e}", s.name)))?;
+        let shape = serde_json::to_string(&s.shape)
+            .map_err(|e| ModelError::Weights(format!("shape of {}: {e}", s.name)))?;
+        text.push_str(&format!(
+            r#",{name}:{{"dtype":"{}","shape":{shape},"data_offsets":[{offset},{}]}}"#,
+            dtype.safetensors_name(),
+            offset + bytes
+        ));
+        offset += bytes;
+    }
+    text.push('}');
+    while (text.len() + 8) % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = (text.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(text.as_bytes());
+    Ok(out)
+}
+
+/// Writes one safetensors file holding `specs`, values generated from `seed`. Returns the
+/// number of data bytes written.
+pub fn write_file(path: &Path, specs: &[&TensorSpec], dtype: WeightDtype, seed: u64, threads: usize) -> Result<u64> {
+    let io = |e| ModelError::io(path, e);
+    let mut file = std::fs::File::create(path).map_err(io)?;
+    file.write_all(&header(specs, dtype)?).map_err(io)?;
+    let size = dtype.size_in_bytes();
+    let largest = specs.iter().map(|s| s.numel()).max().unwrap_or(0);
+    let mut buf = vec![0u8; largest.min(CHUNK_VALUES) * size];
+    let mut written = 0u64;
+    for s in specs {
+        let key = init::tensor_key(seed, &s.name);
+        let n = s.numel();
+        let mut start = 0usize;
+        while start < n {
+            let len = (n - start).min(CHUNK_VALUES);
+            let chunk = &mut buf[..len * size];
+            init::fill_parallel(chunk, key, start as u64, s.init, dtype, threads);
+            file.write_all(chunk).map_err(io)?;
+            start += len;
+            written += chunk.len() as u64;
+        }
+    }
+    file.flush().map_err(io)?;
+    Ok(written)
+}
+
+/// `model.safetensors.index.json` for a sharded checkpoint.
+pub fn index_json(specs: &[TensorSpec], shards: &[Vec<usize>], names: &[String], dtype: WeightDtype) -> Value {
+    let mut map = Map::new();
+    for (shard, file) in shards.iter().zip(names) {
+        for &i in shard {
+            map.insert(specs[i].name.clone(), json!(file));
+        }
+    }
+    let params: usize = specs.iter().map(|s| s.numel()).sum();
+    json!({
+        "metadata": {
+            "total_parameters": params,
+            "total_size": params * dtype.size_in_bytes()
+        },
+        "weight_map": map
+    })
+}

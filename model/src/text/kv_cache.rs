@@ -1,0 +1,171 @@
+//! The paged KV cache: tensors only. Which blocks belong to which sequence is the caller's
+//! bookkeeping (the LM service's block manager); it hands a block table to each forward step.
+//!
+//! Layout per layer, K and V alike: `(num_blocks + 1, kv_heads, block_len, head_dim)`, f32.
+//! * Block-major so that a block id from a block table addresses one contiguous slab.
+//! * Head before position: the keys of one kv head inside a block are one contiguous
+//!   (block_len, head_dim) matrix, so attention reads `(kv_heads, len, head_dim)` of a block as a
+//!   strided view with no copy and multiplies it directly (see `attention.rs`).
+//! * The last block (`dummy_block()`) takes the writes of padded decode rows; nothing reads it.
+//!
+//! The tensors are zero-initialised; on Linux that memory is mapped lazily, so blocks never
+//! written (including most of the dummy block) cost address space, not resident memory.
+use crate::config::TextConfig;
+use crate::error::{ModelError, Result};
+use candle_core::{DType, Device, Tensor};
+
+#[derive(Debug)]
+pub struct PagedKvCache {
+    /// Per layer, (num_blocks + 1, kv_heads, block_len, head_dim).
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    num_blocks: usize,
+    block_len: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    dtype: DType,
+}
+
+impl PagedKvCache {
+    /// A cache of `num_blocks` usable blocks of `block_len` tokens (plus the dummy block).
+    pub fn new(cfg: &TextConfig, num_blocks: usize, block_len: usize, device: &Device) -> Result<Self> {
+        if num_blocks == 0 || block_len == 0 {
+            return Err(ModelError::KvCache(format!(
+                "a paged KV cache needs at least one block of at least one token \
+                 (got {num_blocks} blocks of {block_len})"
+            )));
+        }
+        let dtype = DType::F32;
+        let shape = (num_blocks + 1, cfg.num_key_value_heads, block_len, cfg.head_dim);
+        let mut k = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut v = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            k.push(Tensor::zeros(shape, dtype, device)?);
+            v.push(Tensor::zeros(shape, dtype, device)?);
+        }
+        Ok(PagedKvCache {
+            k,
+            v,
+            num_blocks,
+            block_len,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim,
+            dtype,
+        })
+    }
+
+    /// Bytes a cache of this geometry takes (K and V of every layer, dummy block included).
+    pub fn bytes_for(cfg: &TextConfig, num_blocks: usize, block_len: usize) -> usize {
+        (num_blocks + 1) * block_len * cfg.kv_bytes_per_token(DType::F32.size_in_bytes())
+    }
+
+    /// Bytes of all K and V tensors (dummy block included).
+    pub fn bytes(&self) -> usize {
+        2 * self.k.len()
+            * (self.num_blocks + 1)
+            * self.kv_heads
+            * self.block_len
+            * self.head_dim
+            * self.dtype.size_in_bytes()
+    }
+
+    /// Usable blocks (ids 0..num_blocks).
+    pub fn num_blocks(&self) -> usize {
+        self.num_blocks
+    }
+    pub fn block_len(&self) -> usize {
+        self.block_len
+    }
+    /// The id of the block padded rows write to (== num_blocks).
+    pub fn dummy_block(&self) -> u32 {
+        self.num_blocks as u32
+    }
+    pub fn num_layers(&self) -> usize {
+        self.k.len()
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Blocks needed to hold `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_len)
+    }
+
+    pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+        (&self.k[layer], &self.v[layer])
+    }
+
+    /// Checks that a block table covers `tokens` tokens with valid, usable block ids.
+    pub(crate) fn check_table(&self, table: &[u32], tokens: usize, what: &str) -> Result<()> {
+        let need = self.blocks_for(tokens);
+        if table.len() < need {
+            return Err(ModelError::KvCache(format!(
+                "{what}: {tokens} tokens need {need} blocks of {}, the block table has {}",
+                self.block_len,
+                table.len()
+            )));
+        }
+        if let Some(&bad) = table[..need].iter().find(|&&b| b as usize >= self.num_blocks) {
+            return Err(ModelError::KvCache(format!(
+                "{what}: block id {bad} is out of range (the cache has {} blocks)",
+                self.num_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Writes k, v: (n, kv_heads, head_dim) of tokens at cache indices [start, start+n) of the
+    /// sequence whose blocks are `table`.
+    pub(crate) fn write(&self, layer: usize, table: &[u32], start: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let n = k.dim(0)?;
+        // (n, kv, hd) -> (kv, n, hd): the in-block layout.
+        let k = k.transpose(0, 1)?.contiguous()?;
+        let v = v.transpose(0, 1)?.contiguous()?;
+        let mut done = 0;
+        while done < n {
+            let pos = start + done;
+            let block = table[pos / self.block_len] as usize;
+            let off = pos % self.block_len;
+            let len = (self.block_len - off).min(n - done);
+            self.write_run(layer, block, off, &k.narrow(1, done, len)?, &v.narrow(1, done, len)?)?;
+            done += len;
+        }
+        Ok(())
+    }
+
+    /// Writes one token's k, v: (kv_heads, head_dim) at `slot` of `block` (any block, the dummy
+    /// included).
+    pub(crate) fn write_slot(&self, layer: usize, block: u32, slot: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let k = k.unsqueeze(1)?.contiguous()?;
+        let v = v.unsqueeze(1)?.contiguous()?;
+        self.write_run(layer, block as usize, slot, &k, &v)
+    }
+
+    /// k, v: (kv_heads, len, head_dim) contiguous, into block `block` at offset `off`.
+    fn write_run(&self, layer: usize, block: usize, off: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+        let k = k.contiguous()?.to_dtype(self.dtype)?;
+        let v = v.contiguous()?.to_dtype(self.dtype)?;
+        // `get(block)` is a contiguous (kv, block_len, hd) view sharing the cache's storage;
+        // slice_set copies `len` rows per head at `off` in place.
+        self.k[layer].get(block)?.slice_set(&k, 1, off)?;
+        self.v[layer].get(block)?.slice_set(&v, 1, off)?;
+        Ok(())
+    }
+
+    /// The cached K and V of tokens [0, len) of a sequence, as per-block strided views
+    /// `(kv_heads, n_i, head_dim)` (no copy), in order.
+    pub(crate) fn read(&self, layer: usize, table: &[u32], len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        let mut out = Vec::with_capacity(self.blocks_for(len));
+        let mut done = 0;
+        while done < len {
+            let block = table[done / self.block_len] as usize;
+            let n = (len - done).min(self.block_len);
+            let k = self.k[layer].get(block)?.narrow(1, 0, n)?;
+            let v = self.v[layer].get(block)?.narrow(1, 0, n)?;
+            out.push((k, v));
+            done += n;
+        }
+        Ok(out)
+    }
+}

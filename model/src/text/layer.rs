@@ -1,0 +1,41 @@
+//! `Qwen3VLTextDecoderLayer`: pre-norm attention and MLP with residuals.
+use super::attention::{Attention, Step};
+use super::mlp::Mlp;
+use super::norm::RmsNorm;
+use crate::config::TextConfig;
+use crate::error::Result;
+use candle_core::Tensor;
+use candle_nn::VarBuilder;
+
+#[derive(Debug, Clone)]
+pub struct DecoderLayer {
+    self_attn: Attention,
+    mlp: Mlp,
+    input_layernorm: RmsNorm,
+    post_attention_layernorm: RmsNorm,
+}
+
+impl DecoderLayer {
+    /// `vb` at `model.language_model.layers.{i}`.
+    pub fn new(cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
+        Ok(DecoderLayer {
+            self_attn: Attention::new(cfg, vb.pp("self_attn"))?,
+            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            input_layernorm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            post_attention_layernorm: RmsNorm::new(
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+                vb.pp("post_attention_layernorm"),
+            )?,
+        })
+    }
+
+    /// x: (n, hidden) -> (n, hidden); `layer` is this layer's index (its KV-cache slot).
+    pub(crate) fn forward(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
+        let h = self.input_layernorm.forward(x)?;
+        let h = self.self_attn.forward(&h, step, layer)?;
+        let x = (x + h)?;
+        let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
+        Ok((x + h)?)
+    }
+}

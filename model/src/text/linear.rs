@@ -1,0 +1,146 @@
+//! Bias-free linear layer whose weight storage dtype is a choice (f32, f16 or bf16) while the
+//! activations stay f32.
+//!
+//! On CPU, a few rows (decode) go through [`super::gemv`], which streams the weight once in its
+//! storage dtype; many rows (prefill) go through candle's f32 matmul, the half-precision weight
+//! being widened to f32 first (cheap next to the O(rows) multiply). Other devices use candle's
+//! matmul throughout.
+use super::gemv::{gemv, WeightElem};
+use crate::error::{ModelError, Result};
+use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
+use candle_nn::VarBuilder;
+
+/// Rows up to which the CPU path streams the weights with the decode kernel.
+pub const SMALL_ROWS: usize = 16;
+
+/// `y = x · Wᵀ`, W of shape (out_dim, in_dim).
+#[derive(Debug, Clone)]
+pub struct Linear {
+    /// (out_dim, in_dim) in the storage dtype.
+    weight: Tensor,
+    in_dim: usize,
+    out_dim: usize,
+}
+
+impl Linear {
+    /// Wraps a weight of shape (out_dim, in_dim) stored as f32, f16 or bf16.
+    pub fn from_weight(weight: Tensor) -> Result<Self> {
+        let (out_dim, in_dim) = weight.dims2()?;
+        match weight.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 => {}
+            other => {
+                return Err(ModelError::Weights(format!(
+                    "linear weight dtype {other:?} is not supported (f32, f16, bf16)"
+                )))
+            }
+        }
+        let weight = weight.contiguous()?;
+        Ok(Linear { weight, in_dim, out_dim })
+    }
+
+    /// Loads `{vb prefix}.weight` of shape (out_dim, in_dim) in the builder's dtype.
+    pub fn load(vb: &VarBuilder, in_dim: usize, out_dim: usize) -> Result<Self> {
+        Self::from_weight(vb.get((out_dim, in_dim), "weight")?)
+    }
+
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+    pub fn in_dim(&self) -> usize {
+        self.in_dim
+    }
+    pub fn out_dim(&self) -> usize {
+        self.out_dim
+    }
+
+    /// x: (..., in_dim) f32 -> (..., out_dim) f32.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let last = dims.last().copied().unwrap_or(0);
+        if last != self.in_dim {
+            return Err(ModelError::invalid(format!(
+                "linear expects last dim {}, got shape {dims:?}",
+                self.in_dim
+            )));
+        }
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let x2 = x.reshape((rows, self.in_dim))?;
+        let y = if matches!(x.device(), Device::Cpu) && rows <= SMALL_ROWS {
+            x2.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(&self.weight, &SmallRowsMatmul)?
+        } else {
+            let w = if self.weight.dtype() == DType::F32 {
+                self.weight.clone()
+            } else {
+                self.weight.to_dtype(DType::F32)?
+            };
+            x2.to_dtype(DType::F32)?.matmul(&w.t()?)?
+        };
+        let mut out_dims = dims;
+        if let Some(l) = out_dims.last_mut() {
+            *l = self.out_dim;
+        }
+        Ok(y.reshape(out_dims)?)
+    }
+}
+
+/// candle op: lhs (m, k) f32 contiguous, rhs (n, k) weight contiguous -> (m, n) f32.
+struct SmallRowsMatmul;
+
+impl CustomOp2 for SmallRowsMatmul {
+    fn name(&self) -> &'static str {
+        "small-rows-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = l1.shape().dims2()?;
+        let (n, k2) = l2.shape().dims2()?;
+        if k != k2 {
+            candle_core::bail!("small-rows-matmul: inner dims {k} vs {k2}");
+        }
+        let x = match (s1, l1.contiguous_offsets()) {
+            (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
+            _ => candle_core::bail!("small-rows-matmul: lhs must be contiguous f32"),
+        };
+        let Some((a, b)) = l2.contiguous_offsets() else {
+            candle_core::bail!("small-rows-matmul: weight must be contiguous")
+        };
+        let mut out = vec![0f32; m * n];
+        fn run<W: WeightElem>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &mut [f32]) {
+            gemv(x, m, k, w, n, out)
+        }
+        match s2 {
+            CpuStorage::F32(w) => run(x, m, k, &w[a..b], n, &mut out),
+            CpuStorage::F16(w) => run(x, m, k, &w[a..b], n, &mut out),
+            CpuStorage::BF16(w) => run(x, m, k, &w[a..b], n, &mut out),
+            _ => candle_core::bail!("small-rows-matmul: weight must be f32, f16 or bf16"),
+        }
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_and_large_row_paths_agree_for_each_storage_dtype() -> Result<()> {
+        let dev = Device::Cpu;
+        let w = Tensor::randn(0f32, 1.0, (70, 96), &dev)?;
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let lin = Linear::from_weight(w.to_dtype(dtype)?)?;
+            let x = Tensor::randn(0f32, 1.0, (2, 20, 96), &dev)?;
+            let big = lin.forward(&x)?; // 40 rows: matmul path
+            let small = lin.forward(&x.narrow(1, 0, 3)?)?; // 6 rows: kernel path
+            let diff = (big.narrow(1, 0, 3)? - &small)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(diff < 1e-4, "{dtype:?}: {diff}");
+            assert_eq!(small.dims(), &[2, 3, 70]);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,344 @@
+//! `Qwen3VLTextModel` + `lm_head`: token embedding with image rows scattered in, the decoder
+//! layers with deepstack injection, final norm, logits of the last position of each row.
+use super::attention::{causal_mask, AttnRows, Step};
+use super::batch::{BatchInput, DecodeBatch, PrefillChunk};
+use super::kv_cache::PagedKvCache;
+use super::layer::DecoderLayer;
+use super::linear::Linear;
+use super::norm::RmsNorm;
+use super::rope::{MRope, Position3};
+use crate::config::{Qwen3VlConfig, TextConfig};
+use crate::error::{ModelError, Result};
+use crate::weights::var_builder;
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use std::path::Path;
+
+/// `embed_tokens`: (vocab, hidden) in the weight storage dtype; looked-up rows are f32.
+#[derive(Debug, Clone)]
+pub struct Embedding {
+    weight: Tensor,
+}
+
+impl Embedding {
+    /// `vb` at `model.language_model.embed_tokens`.
+    pub fn new(vocab: usize, hidden: usize, vb: VarBuilder) -> Result<Self> {
+        Ok(Embedding { weight: vb.get((vocab, hidden), "weight")?.contiguous()? })
+    }
+    pub fn weight(&self) -> &Tensor {
+        &self.weight
+    }
+    /// ids: n -> (n, hidden) f32.
+    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
+        let idx = Tensor::new(ids, self.weight.device())?;
+        Ok(self.weight.index_select(&idx, 0)?.to_dtype(DType::F32)?)
+    }
+}
+
+/// The Qwen3-VL language model (decoder + lm_head). Holds weights only: the KV cache is the
+/// caller's ([`PagedKvCache`]). Activations are f32 whatever the weight storage dtype.
+#[derive(Debug, Clone)]
+pub struct TextModel {
+    embed_tokens: Embedding,
+    layers: Vec<DecoderLayer>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    /// `lm_head` is `embed_tokens` (tie_word_embeddings).
+    tied: bool,
+    rope: MRope,
+    cfg: TextConfig,
+    image_token_id: u32,
+    deepstack_levels: usize,
+    weight_dtype: DType,
+    device: Device,
+}
+
+impl TextModel {
+    /// Loads the LM part of a checkpoint directory (tensors under `model.language_model` and
+    /// `lm_head` only), storing the linear and embedding weights as `dtype` (f32, f16 or bf16).
+    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<TextModel> {
+        let cfg = Qwen3VlConfig::from_dir(dir)?;
+        let vb = var_builder(dir, dtype, device)?;
+        Self::new(&cfg, vb)
+    }
+
+    /// Builds the model from a [`VarBuilder`] rooted at the checkpoint's top level; the weight
+    /// storage dtype is the builder's.
+    pub fn new(cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel> {
+        Self::build(cfg, vb).map_err(|e| match e {
+            ModelError::Candle(c) => ModelError::Weights(c.to_string()),
+            other => other,
+        })
+    }
+
+    fn build(cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel> {
+        let t = &cfg.text;
+        let weight_dtype = vb.dtype();
+        if !matches!(weight_dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(ModelError::invalid(format!(
+                "text weight dtype {weight_dtype:?} is not supported (f32, f16, bf16)"
+            )));
+        }
+        if t.num_attention_heads % t.num_key_value_heads != 0 || t.head_dim % 2 != 0 {
+            return Err(ModelError::Weights(format!(
+                "{} heads / {} kv heads / head_dim {} is not a valid Qwen3 attention",
+                t.num_attention_heads, t.num_key_value_heads, t.head_dim
+            )));
+        }
+        let deepstack_levels = cfg.vision.deepstack_visual_indexes.len();
+        if deepstack_levels > t.num_hidden_layers {
+            return Err(ModelError::Weights(format!(
+                "{deepstack_levels} deepstack levels but only {} text layers",
+                t.num_hidden_layers
+            )));
+        }
+        let lm = vb.pp("model.language_model");
+        let embed_tokens = Embedding::new(t.vocab_size, t.hidden_size, lm.pp("embed_tokens"))?;
+        let layers = (0..t.num_hidden_layers)
+            .map(|i| DecoderLayer::new(t, lm.pp("layers").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::new(t.hidden_size, t.rms_norm_eps, lm.pp("norm"))?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Linear::from_weight(embed_tokens.weight().clone())?
+        } else {
+            Linear::load(&vb.pp("lm_head"), t.hidden_size, t.vocab_size)?
+        };
+        Ok(TextModel {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            tied: cfg.tie_word_embeddings,
+            rope: MRope::new(t),
+            cfg: t.clone(),
+            image_token_id: cfg.image_token_id,
+            deepstack_levels,
+            weight_dtype,
+            device: vb.device().clone(),
+        })
+    }
+
+    pub fn config(&self) -> &TextConfig {
+        &self.cfg
+    }
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+    /// Storage dtype of the linear and embedding weights.
+    pub fn weight_dtype(&self) -> DType {
+        self.weight_dtype
+    }
+    pub fn image_token_id(&self) -> u32 {
+        self.image_token_id
+    }
+    /// Deepstack levels each image brings (added after text layers 0..levels).
+    pub fn deepstack_levels(&self) -> usize {
+        self.deepstack_levels
+    }
+
+    /// Bytes of the weights as stored (a tied lm_head counted once).
+    pub fn weight_bytes(&self) -> usize {
+        let t = &self.cfg;
+        let s = self.weight_dtype.size_in_bytes();
+        let per_layer = s
+            * (2 * t.hidden_size * t.num_attention_heads * t.head_dim
+                + 2 * t.hidden_size * t.num_key_value_heads * t.head_dim
+                + 3 * t.hidden_size * t.intermediate_size)
+            + 4 * (2 * t.hidden_size + 2 * t.head_dim);
+        let head = if self.tied {
+            0
+        } else {
+            s * t.vocab_size * t.hidden_size
+        };
+        s * t.vocab_size * t.hidden_size + head + t.num_hidden_layers * per_layer + 4 * t.hidden_size
+    }
+
+    /// A paged KV cache shaped for this model, on its device.
+    pub fn new_kv_cache(&self, num_blocks: usize, block_len: usize) -> Result<PagedKvCache> {
+        PagedKvCache::new(&self.cfg, num_blocks, block_len, &self.device)
+    }
+
+    /// Token embeddings, ids: n -> (n, hidden) f32 (no image rows).
+    pub fn embed_tokens(&self, ids: &[u32]) -> Result<Tensor> {
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
+            return Err(ModelError::invalid(format!(
+                "token id {bad} is out of the vocabulary (size {})",
+                self.cfg.vocab_size
+            )));
+        }
+        self.embed_tokens.forward(ids)
+    }
+
+    /// One step: writes the step's K/V into `kv` and returns the logits of the last position of
+    /// each row, (rows, vocab) f32: one row for a prefill chunk, the bucket size for decode.
+    pub fn forward(&self, input: &BatchInput, kv: &mut PagedKvCache) -> Result<Tensor> {
+        self.check_cache(kv)?;
+        match input {
+            BatchInput::Prefill(chunk) => self.prefill(chunk, kv),
+            BatchInput::Decode(batch) => self.decode(batch, kv),
+        }
+    }
+
+    fn check_cache(&self, kv: &PagedKvCache) -> Result<()> {
+        if kv.num_layers() != self.layers.len() {
+            return Err(ModelError::KvCache(format!(
+                "the cache has {} layers, the model {}",
+                kv.num_layers(),
+                self.layers.len()
+            )));
+        }
+        let (k, _) = kv.layer(0);
+        let dims = k.dims();
+        if dims[1] != self.cfg.num_key_value_heads || dims[3] != self.cfg.head_dim {
+            return Err(ModelError::KvCache(format!(
+                "the cache is shaped {dims:?}, the model has {} kv heads of dim {}",
+                self.cfg.num_key_value_heads, self.cfg.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    fn prefill(&self, c: &PrefillChunk, kv: &PagedKvCache) -> Result<Tensor> {
+        let n = c.tokens.len();
+        if n == 0 || c.positions.len() != n {
+            return Err(ModelError::invalid(format!(
+                "a prefill chunk needs one position per token ({} tokens, {} positions)",
+                n,
+                c.positions.len()
+            )));
+        }
+        kv.check_table(&c.block_table, c.start + n, "prefill chunk")?;
+        self.check_image_rows(c)?;
+        let hidden = self.cfg.hidden_size;
+
+        // 1. (n, hidden): token embeddings, image rows replaced by the vision embeddings.
+        let x = self.embed_tokens(&c.tokens)?;
+        for r in &c.images {
+            let rows = r.image.embeds.narrow(0, r.src_start, r.len)?.to_dtype(DType::F32)?;
+            x.slice_set(&rows.contiguous()?, 0, r.dst_start)?;
+        }
+        // 2. Per deepstack level, (n, hidden) zero except at the image rows.
+        let mut deepstack = Vec::new();
+        if !c.images.is_empty() {
+            for level in 0..self.deepstack_levels {
+                let add = Tensor::zeros((n, hidden), DType::F32, &self.device)?;
+                for r in &c.images {
+                    let rows = r.image.deepstack[level].narrow(0, r.src_start, r.len)?.to_dtype(DType::F32)?;
+                    add.slice_set(&rows.contiguous()?, 0, r.dst_start)?;
+                }
+                deepstack.push(add);
+            }
+        }
+        // 3. layers.
+        let (cos, sin) = self.rope.tables(&c.positions, &self.device)?;
+        let mask = if n > 1 { Some(causal_mask(c.start, n, &self.device)?) } else { None };
+        let step = Step {
+            cos,
+            sin,
+            rope: &self.rope,
+            rows: AttnRows::Chunk { start: c.start, table: &c.block_table, mask: mask.as_ref() },
+            kv,
+        };
+        let mut x = x;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x, &step, i)?;
+            if let Some(add) = deepstack.get(i) {
+                x = (x + add)?;
+            }
+        }
+        // 4. (1, vocab)
+        self.logits(&x.narrow(0, n - 1, 1)?)
+    }
+
+    /// The chunk's image rows must be in bounds, not overlap, and cover exactly the rows whose
+    /// token is the image token.
+    fn check_image_rows(&self, c: &PrefillChunk) -> Result<()> {
+        let n = c.tokens.len();
+        let hidden = self.cfg.hidden_size;
+        let mut covered = vec![false; n];
+        for (k, r) in c.images.iter().enumerate() {
+            let img = &r.image;
+            if img.embeds.dims() != [img.tokens(), hidden] {
+                return Err(ModelError::invalid(format!(
+                    "image rows {k}: embeddings shaped {:?}, expected (tokens, {hidden})",
+                    img.embeds.dims()
+                )));
+            }
+            if img.deepstack.len() != self.deepstack_levels
+                || img.deepstack.iter().any(|d| d.dims() != img.embeds.dims())
+            {
+                return Err(ModelError::invalid(format!(
+                    "image rows {k}: {} deepstack features, the model takes {} shaped like the embeddings",
+                    img.deepstack.len(),
+                    self.deepstack_levels
+                )));
+            }
+            if r.len == 0 || r.src_start + r.len > img.tokens() || r.dst_start + r.len > n {
+                return Err(ModelError::invalid(format!(
+                    "image rows {k}: rows {}..{} of a {}-token image into chunk rows {}..{} of {n}",
+                    r.src_start,
+                    r.src_start + r.len,
+                    img.tokens(),
+                    r.dst_start,
+                    r.dst_start + r.len
+                )));
+            }
+            for row in &mut covered[r.dst_start..r.dst_start + r.len] {
+                if *row {
+                    return Err(ModelError::invalid(format!("image rows {k} overlap another image")));
+                }
+                *row = true;
+            }
+        }
+        if let Some(i) = (0..n).find(|&i| covered[i] != (c.tokens[i] == self.image_token_id)) {
+            return Err(ModelError::invalid(format!(
+                "chunk row {i} (token {} at cache index {}) is {} but {} by image embeddings; the \
+                 image rows must cover exactly the image tokens (id {})",
+                c.tokens[i],
+                c.start + i,
+                if c.tokens[i] == self.image_token_id { "an image token" } else { "a text token" },
+                if covered[i] { "covered" } else { "not covered" },
+                self.image_token_id
+            )));
+        }
+        Ok(())
+    }
+
+    fn decode(&self, d: &DecodeBatch, kv: &PagedKvCache) -> Result<Tensor> {
+        let b = d.rows.len();
+        if b == 0 {
+            return Err(ModelError::invalid("a decode step needs at least one row"));
+        }
+        let mut tokens = Vec::with_capacity(b);
+        let mut positions: Vec<Position3> = Vec::with_capacity(b);
+        let mut rows = Vec::with_capacity(b);
+        for (i, row) in d.rows.iter().enumerate() {
+            match row {
+                Some(r) => {
+                    kv.check_table(&r.block_table, r.context_len + 1, &format!("decode row {i}"))?;
+                    tokens.push(r.token);
+                    positions.push([r.position; 3]);
+                    rows.push(Some((r.context_len, r.block_table.as_slice())));
+                }
+                None => {
+                    tokens.push(0);
+                    positions.push([0; 3]);
+                    rows.push(None);
+                }
+            }
+        }
+        let x = self.embed_tokens(&tokens)?; // (b, hidden)
+        let (cos, sin) = self.rope.tables(&positions, &self.device)?;
+        let step = Step { cos, sin, rope: &self.rope, rows: AttnRows::Decode(&rows), kv };
+        let mut x = x;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = layer.forward(&x, &step, i)?;
+        }
+        self.logits(&x)
+    }
+
+    /// x: (rows, hidden) -> (rows, vocab) f32.
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(&self.norm.forward(x)?)
+    }
+}

@@ -1,0 +1,1 @@
+//! The checkpoint tokenizer and chat template.

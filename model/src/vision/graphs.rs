@@ -1,0 +1,136 @@
+//! Fixed-shape ViT runs ("bucket graphs"): an image of n raw patches runs padded to the smallest
+//! bucket >= n. Padding rows carry zero pixels and zero position embeddings, padding keys are
+//! never attended (every real row's keys lie inside its own frame), padding query rows are
+//! computed and discarded, and the outputs are sliced back to the real rows.
+use super::model::VisionModel;
+use crate::embeds::ImageEmbeds;
+use crate::error::{ModelError, Result};
+use crate::preprocess::PixelValues;
+use candle_core::{DType, Tensor};
+use std::sync::Arc;
+
+/// What one bucketed run returns.
+#[derive(Debug, Clone)]
+pub struct BucketRun {
+    /// Sliced to the image's real rows.
+    pub embeds: ImageEmbeds,
+    /// The bucket (raw patches) the image ran in.
+    pub bucket: usize,
+    /// Share of the bucket's rows that were padding, in [0, 1).
+    pub padding_fraction: f32,
+}
+
+/// One bucket: its length and the per-bucket plan fixed at load.
+#[derive(Debug, Clone)]
+struct Bucket {
+    len: usize,
+    memory_bytes: u64,
+}
+
+/// The vision model prepared for a set of input-length buckets.
+#[derive(Debug, Clone)]
+pub struct VisionGraphs {
+    model: Arc<VisionModel>,
+    /// Ascending, deduplicated.
+    buckets: Vec<Bucket>,
+}
+
+impl VisionGraphs {
+    /// Prepares one fixed-shape run per bucket (raw patches per image; multiples of the merge
+    /// unit, 4).
+    pub fn new(model: Arc<VisionModel>, buckets: &[usize]) -> Result<VisionGraphs> {
+        let unit = model.config().merge_unit();
+        if buckets.is_empty() {
+            return Err(ModelError::invalid("no ViT buckets given"));
+        }
+        if let Some(&bad) = buckets.iter().find(|&&b| b == 0 || b % unit != 0) {
+            return Err(ModelError::invalid(format!(
+                "ViT bucket {bad} must be a positive multiple of {unit} (the merge unit)"
+            )));
+        }
+        let mut lens = buckets.to_vec();
+        lens.sort_unstable();
+        lens.dedup();
+        let buckets = lens
+            .into_iter()
+            .map(|len| Bucket { len, memory_bytes: estimate_memory_bytes(&model, len) })
+            .collect();
+        Ok(VisionGraphs { model, buckets })
+    }
+
+    pub fn model(&self) -> &Arc<VisionModel> {
+        &self.model
+    }
+
+    /// The bucket lengths, ascending.
+    pub fn buckets(&self) -> Vec<usize> {
+        self.buckets.iter().map(|b| b.len).collect()
+    }
+
+    /// The largest bucket.
+    pub fn max_bucket(&self) -> usize {
+        self.buckets.last().map(|b| b.len).unwrap_or(0)
+    }
+
+    /// The smallest bucket holding `patches` raw patches, or None when none does.
+    pub fn bucket_for(&self, patches: usize) -> Option<usize> {
+        self.buckets.iter().map(|b| b.len).find(|&len| len >= patches)
+    }
+
+    /// Estimated bytes one run of `bucket` holds at its peak (activations and scratch buffers,
+    /// not weights). None for a length that is not a bucket.
+    pub fn memory_bytes(&self, bucket: usize) -> Option<u64> {
+        self.buckets.iter().find(|b| b.len == bucket).map(|b| b.memory_bytes)
+    }
+
+    /// Runs one image (t == 1) padded to its bucket. Over the largest bucket -> InvalidInput.
+    pub fn encode(&self, pv: &PixelValues) -> Result<BucketRun> {
+        let grid = pv.grid_thw;
+        self.model.check_input(&pv.values, grid)?;
+        let rows = pv.rows();
+        let bucket = self.bucket_for(rows).ok_or_else(|| {
+            ModelError::invalid(format!(
+                "image has {rows} patches (grid {}x{}x{}), over the largest ViT bucket of {} patches",
+                grid[0],
+                grid[1],
+                grid[2],
+                self.max_bucket()
+            ))
+        })?;
+        let values = pv.values.to_dtype(DType::F32)?;
+        let padded = if bucket > rows {
+            let pad = Tensor::zeros((bucket - rows, values.dim(1)?), DType::F32, values.device())?;
+            Tensor::cat(&[&values, &pad], 0)?
+        } else {
+            values
+        };
+        let (merged, deepstack) = self.model.run_rows(&padded, grid, bucket, None)?;
+        let tokens = rows / self.model.config().merge_unit();
+        let embeds = merged.narrow(0, 0, tokens)?;
+        let deepstack = deepstack
+            .into_iter()
+            .map(|d| Ok(d.narrow(0, 0, tokens)?))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(BucketRun {
+            embeds: ImageEmbeds { embeds, deepstack, grid_thw: grid },
+            bucket,
+            padding_fraction: (bucket - rows) as f32 / bucket as f32,
+        })
+    }
+}
+
+/// Peak activation bytes of one run at `rows`: the residual stream, the norm output, qkv, the
+/// attention output, the MLP hidden, one block of attention scores, the merger buffers, the
+/// deepstack outputs and the rope / position tables. All f32.
+pub fn estimate_memory_bytes(model: &VisionModel, rows: usize) -> u64 {
+    let cfg = model.config();
+    let (d, i, h) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads);
+    let tokens = rows / cfg.merge_unit().max(1);
+    let merged = d * cfg.merge_unit();
+    let per_row = d /* x */ + d /* norm */ + 3 * d /* qkv */ + 3 * d /* q, k, v per head */
+        + d /* attn out */ + i /* mlp hidden */ + cfg.patch_dim() /* pixels */
+        + d /* pos */ + cfg.head_dim() /* cos, sin */;
+    let scores = super::attention::SCORE_BLOCK_ELEMS.min(h * rows * rows);
+    let merger = tokens * (2 * merged + cfg.out_hidden_size * (1 + cfg.deepstack_visual_indexes.len()));
+    4 * (rows * per_row + scores + merger) as u64
+}

@@ -1,0 +1,30 @@
+//! `patch_embed.proj`: Conv3d(C, D, kernel = stride = (T, P, P), bias) on
+//! `pixel_values.view(-1, C, T, P, P)`, which is exactly a matmul with the kernel flattened
+//! `[c][t][py][px]` (reference: Qwen3VLVisionPatchEmbed).
+use super::linear::Linear;
+use crate::config::VisionConfig;
+use crate::error::Result;
+use candle_core::{DType, Tensor};
+use candle_nn::VarBuilder;
+
+#[derive(Debug, Clone)]
+pub struct PatchEmbed {
+    /// weight (D, C*T*P*P), bias (D,).
+    pub proj: Linear,
+}
+
+impl PatchEmbed {
+    pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
+        let vb = vb.pp("proj");
+        let (d, c, t, p) = (cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size);
+        // (D, C, T, P, P) -> (D, C*T*P*P)
+        let weight = vb.to_dtype(dtype).get((d, c, t, p, p), "weight")?.reshape((d, c * t * p * p))?;
+        let bias = vb.to_dtype(DType::F32).get(d, "bias")?;
+        Ok(PatchEmbed { proj: Linear::from_parts(weight, bias)? })
+    }
+
+    /// (N, C*T*P*P) f32 -> (N, D) f32.
+    pub fn forward(&self, pixel_values: &Tensor) -> Result<Tensor> {
+        self.proj.forward(pixel_values)
+    }
+}
