@@ -13,6 +13,7 @@ mod preset;
 mod vocab;
 mod writer;
 
+pub use bpe::byte_alphabet;
 pub use manifest::{weight_manifest, Init, TensorSpec};
 pub use preset::Preset;
 pub use vocab::{VocabLayout, ADDED_TOKENS, CHAT_TEMPLATE};

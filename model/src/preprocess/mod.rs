@@ -106,8 +106,14 @@ pub fn downscale_target(
     max_patches: usize,
 ) -> Result<(u32, u32)> {
     let capped = cfg.capped_to_patches(max_patches);
-    let (w, h) = capped.target_size(width, height)?;
-    let patches = (w as usize / cfg.patch_size) * (h as usize / cfg.patch_size);
+    let patches_of = |(w, h): (u32, u32)| (w as usize / cfg.patch_size) * (h as usize / cfg.patch_size);
+    let mut size = capped.target_size(width, height)?;
+    if patches_of(size) > max_patches {
+        // The upscale branch rounds each side up and can overshoot: do not upscale at all.
+        size = PreprocessConfig { min_pixels: 0, ..capped }.target_size(width, height)?;
+    }
+    let (w, h) = size;
+    let patches = patches_of(size);
     if patches > max_patches {
         return Err(ModelError::invalid(format!(
             "image {width}x{height} cannot be downscaled to at most {max_patches} patches \

@@ -1,0 +1,9 @@
+//! What every vlm service shares, wired once: logging and tracing setup, the Prometheus
+//! endpoint, `grpc.health.v1` + reflection, the shutdown signal, and core pinning for the CPU
+//! device pool.
+
+pub mod affinity;
+pub mod grpc;
+pub mod metrics_http;
+pub mod shutdown;
+pub mod telemetry;
