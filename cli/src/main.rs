@@ -19,6 +19,10 @@ enum Command {
     /// Show the resize, patch count, image tokens and ViT bucket of an image size, or the
     /// decode graph of an active batch.
     Bucket(cmd::bucket::BucketArgs),
+    /// Will a layout fit? Memory per device before loading, and bucket advice from traffic.
+    Plan(cmd::plan::PlanArgs),
+    /// Write a checkpoint in the real Hugging Face layout with random weights.
+    MakeModel(cmd::make_model::MakeModelArgs),
 }
 
 fn main() -> ExitCode {
@@ -26,6 +30,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Config(c) => cmd::config::run(c),
         Command::Bucket(a) => cmd::bucket::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::MakeModel(a) => cmd::make_model::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

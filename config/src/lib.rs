@@ -17,6 +17,7 @@ pub mod file;
 pub mod geometry;
 pub mod keys;
 mod parse;
+pub mod plan;
 mod rules;
 pub mod types;
 

@@ -1,3 +1,5 @@
 //! One module per subcommand.
 pub mod bucket;
 pub mod config;
+pub mod make_model;
+pub mod plan;
