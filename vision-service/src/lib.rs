@@ -1,1 +1,321 @@
-//! placeholder
+//! The vision service: the Qwen3-VL ViT, prepared at every configured input-length bucket,
+//! behind `vlm.v1.Vision` (Encode streams merged embeddings and deepstack features in chunks;
+//! Info describes the replica and its queue), with `grpc.health.v1`, reflection, Prometheus
+//! metrics on a separate HTTP port and a graceful drain on SIGTERM.
+//!
+//! [`run`] is the whole life of the service; [`bind`] + [`Bound::serve`] are its two halves for
+//! embedders that want the bound addresses first (benchmarks, tests).
+pub mod convert;
+pub mod encoder;
+pub mod error;
+pub mod service;
+
+pub use error::{ServeError, VisionError};
+
+use encoder::{DeviceSlot, Encoder, EncoderConfig};
+use service::{EncoderSlot, VisionService};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio_stream::StreamExt;
+use vlm_config::VisualConfig;
+use vlm_model::vision::{VisionGraphs, VisionModel};
+
+/// The gRPC service name reported by `grpc.health.v1`.
+pub const SERVICE_NAME: &str = "vlm.v1.Vision";
+
+/// Everything the service runs with, validated by the binary.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Checkpoint directory (config.json + safetensors).
+    pub model_dir: PathBuf,
+    /// The `visual` section of the deployment config (device overrides applied).
+    pub visual: VisualConfig,
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    /// Images admitted and unfinished at most.
+    pub queue_capacity: usize,
+    /// Header width * height above which an image is refused before decoding.
+    pub max_decode_pixels: u64,
+    /// Most raw bytes per streamed chunk (at most 1 MiB).
+    pub max_chunk_bytes: usize,
+    /// Largest Encode request accepted, in bytes.
+    pub max_request_bytes: usize,
+    /// On shutdown, how long to keep accepting calls after reporting NOT_SERVING (so that load
+    /// balancers and the gateway's health checks see it first).
+    pub drain_delay: std::time::Duration,
+}
+
+impl Options {
+    /// Defaults for everything but the checkpoint; the config's `visual` defaults.
+    pub fn new(model_dir: impl Into<PathBuf>) -> Options {
+        Options {
+            model_dir: model_dir.into(),
+            visual: vlm_config::DeployConfig::default_config().visual,
+            listen: SocketAddr::from(([0, 0, 0, 0], 50061)),
+            metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9461)),
+            queue_capacity: 16,
+            max_decode_pixels: vlm_model::preprocess::DEFAULT_MAX_DECODE_PIXELS,
+            max_chunk_bytes: encoder::chunk::MAX_CHUNK_BYTES,
+            max_request_bytes: 64 << 20,
+            drain_delay: std::time::Duration::ZERO,
+        }
+    }
+
+    /// Cross-field checks, before anything is loaded.
+    pub fn validate(&self) -> Result<(), ServeError> {
+        if self.queue_capacity == 0 {
+            return Err(ServeError::Config("--queue-capacity must be at least 1 image".into()));
+        }
+        if self.max_chunk_bytes == 0 || self.max_chunk_bytes > encoder::chunk::MAX_CHUNK_BYTES {
+            return Err(ServeError::Config(format!(
+                "--max-chunk-bytes is {}; it must be in 1..={}",
+                self.max_chunk_bytes,
+                encoder::chunk::MAX_CHUNK_BYTES
+            )));
+        }
+        if self.visual.device.is_empty() || self.visual.device.len() != self.visual.num_devices as usize {
+            return Err(ServeError::Config(format!(
+                "visual.num_devices is {} but visual.device lists {} ids ({:?})",
+                self.visual.num_devices,
+                self.visual.device.len(),
+                self.visual.device
+            )));
+        }
+        if self.max_decode_pixels == 0 {
+            return Err(ServeError::Config("--max-decode-pixels must be positive".into()));
+        }
+        Ok(())
+    }
+
+    fn compute_dtype(&self) -> candle_core::DType {
+        match self.visual.dtype {
+            vlm_config::Dtype::F32 => candle_core::DType::F32,
+            vlm_config::Dtype::F16 => candle_core::DType::F16,
+            vlm_config::Dtype::Bf16 => candle_core::DType::BF16,
+        }
+    }
+}
+
+/// The service's whole life: a dry run when `visual.create_runtimes` is false; otherwise bind,
+/// print `listening grpc=ADDR metrics=ADDR` on stdout, load, serve until `shutdown`, drain.
+pub async fn run(opts: Options, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    opts.validate()?;
+    if !opts.visual.create_runtimes {
+        return dry_run(&opts).await;
+    }
+    let bound = bind(opts).await?;
+    println!("listening grpc={} metrics={}", bound.grpc_addr, bound.metrics_addr);
+    bound.serve(shutdown).await
+}
+
+/// Sockets bound, nothing loaded yet.
+pub struct Bound {
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    grpc: tokio::net::TcpListener,
+    metrics_stop: tokio::sync::watch::Sender<bool>,
+    cores: Vec<Option<usize>>,
+    opts: Options,
+}
+
+/// Checks the device pool and binds both ports (port 0 picks a free one).
+pub async fn bind(opts: Options) -> Result<Bound, ServeError> {
+    opts.validate()?;
+    let cores = device_cores(&opts)?;
+    let grpc = tokio::net::TcpListener::bind(opts.listen).await.map_err(|source| ServeError::Bind {
+        what: "gRPC",
+        addr: opts.listen,
+        source,
+    })?;
+    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind { what: "gRPC", addr: opts.listen, source })?;
+    let (metrics_stop, mut stopped) = tokio::sync::watch::channel(false);
+    let metrics_addr = vlm_service_kit::metrics_http::serve(
+        opts.metrics_listen,
+        vlm_service_kit::metrics_http::recorder(),
+        async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        },
+    )
+    .await
+    .map_err(|source| ServeError::Bind { what: "metrics", addr: opts.metrics_listen, source })?;
+    Ok(Bound { grpc_addr, metrics_addr, grpc, metrics_stop, cores, opts })
+}
+
+/// The core each device's compute thread is pinned to (CPU build), or None (CUDA build: the ids
+/// are GPU ordinals).
+fn device_cores(opts: &Options) -> Result<Vec<Option<usize>>, ServeError> {
+    if cfg!(feature = "cuda") {
+        return Ok(opts.visual.device.iter().map(|_| None).collect());
+    }
+    let cores = vlm_service_kit::affinity::resolve(&opts.visual.device, "visual.device")?;
+    Ok(cores.into_iter().map(Some).collect())
+}
+
+impl Bound {
+    /// Serves health (NOT_SERVING) and reflection at once, loads the weights and prepares every
+    /// bucket, reports SERVING, and on `shutdown` drains: NOT_SERVING first, then in-flight
+    /// calls finish, then the compute threads stop.
+    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+        let Bound { grpc_addr, grpc, metrics_stop, cores, opts, .. } = self;
+        let (reporter, health) = vlm_service_kit::grpc::health();
+        vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, false).await;
+        let reflection = vlm_service_kit::grpc::reflection().map_err(|e| ServeError::Reflection(e.to_string()))?;
+        let slot: EncoderSlot = Arc::new(std::sync::OnceLock::new());
+        let vision = vlm_proto::v1::vision_server::VisionServer::new(VisionService::new(Arc::clone(&slot)))
+            .max_decoding_message_size(opts.max_request_bytes)
+            .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10));
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|s| {
+            s.inspect(|s| {
+                let _ = s.set_nodelay(true);
+            })
+        });
+        let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .add_service(reflection)
+                .add_service(vision)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = drain_rx.await;
+                }),
+        );
+        tracing::info!(%grpc_addr, "gRPC up (NOT_SERVING until the ViT is ready)");
+
+        tokio::pin!(shutdown);
+        let loaded = tokio::select! {
+            r = prepare(&opts, &cores) => Some(r),
+            _ = &mut shutdown => None,
+        };
+        let encoder = match loaded {
+            Some(Ok(devices)) => {
+                let model_id = model_id(&opts);
+                let cfg = EncoderConfig {
+                    visual: opts.visual.clone(),
+                    max_decode_pixels: opts.max_decode_pixels,
+                    queue_capacity: opts.queue_capacity,
+                    max_chunk_bytes: opts.max_chunk_bytes,
+                };
+                let encoder = Encoder::start(devices, cfg, model_id)?;
+                let _ = slot.set(encoder.clone());
+                vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, true).await;
+                tracing::info!(
+                    queue_capacity = opts.queue_capacity,
+                    devices = ?opts.visual.device,
+                    "SERVING vlm.v1.Vision"
+                );
+                shutdown.await;
+                Some(encoder)
+            }
+            Some(Err(e)) => {
+                let _ = drain_tx.send(());
+                let _ = metrics_stop.send(true);
+                let _ = server.await;
+                return Err(e);
+            }
+            None => None,
+        };
+        tracing::info!("draining: NOT_SERVING, finishing in-flight calls");
+        vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, false).await;
+        if !opts.drain_delay.is_zero() {
+            tokio::time::sleep(opts.drain_delay).await;
+        }
+        let _ = drain_tx.send(());
+        let served = server.await.map_err(|e| ServeError::Thread(format!("gRPC server task: {e}")))?;
+        if let Some(encoder) = encoder {
+            tokio::task::spawn_blocking(move || encoder.shutdown())
+                .await
+                .map_err(|e| ServeError::Thread(e.to_string()))?;
+        }
+        let _ = metrics_stop.send(true);
+        tracing::info!("drained; bye");
+        served.map_err(ServeError::from)
+    }
+}
+
+/// The checkpoint's model id (`_name_or_path` or the directory name).
+fn model_id(opts: &Options) -> String {
+    vlm_model::Qwen3VlConfig::from_dir(&opts.model_dir)
+        .map(|c| c.model_id)
+        .unwrap_or_else(|_| opts.model_dir.display().to_string())
+}
+
+/// Loads the weights once per distinct compute device and prepares every bucket; logs one line
+/// per bucket with the memory it holds.
+async fn prepare(opts: &Options, cores: &[Option<usize>]) -> Result<Vec<DeviceSlot>, ServeError> {
+    let opts = opts.clone();
+    let cores = cores.to_vec();
+    tokio::task::spawn_blocking(move || prepare_blocking(&opts, &cores))
+        .await
+        .map_err(|e| ServeError::Thread(format!("loading task: {e}")))?
+}
+
+fn prepare_blocking(opts: &Options, cores: &[Option<usize>]) -> Result<Vec<DeviceSlot>, ServeError> {
+    let dtype = opts.compute_dtype();
+    let buckets: Vec<usize> = opts.visual.max_seq_len.iter().map(|&b| b as usize).collect();
+    let started = std::time::Instant::now();
+    let load_error = |source| ServeError::Load { dir: opts.model_dir.clone(), source };
+    // The graphs are sized for the one thread each compute thread runs them on.
+    let one_thread = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .map_err(|e| ServeError::Thread(format!("rayon pool: {e}")))?;
+    let mut slots = Vec::with_capacity(opts.visual.device.len());
+    let mut cpu_model: Option<Arc<VisionModel>> = None;
+    for (&id, &core) in opts.visual.device.iter().zip(cores) {
+        let device = vlm_model::device::device_for(id as usize).map_err(load_error)?;
+        // Weights are loaded once per distinct device: once for the whole CPU pool.
+        let model = match (&cpu_model, device.is_cpu()) {
+            (Some(m), true) => Arc::clone(m),
+            _ => {
+                let m = Arc::new(VisionModel::load(&opts.model_dir, &device, dtype).map_err(load_error)?);
+                if device.is_cpu() {
+                    cpu_model = Some(Arc::clone(&m));
+                }
+                m
+            }
+        };
+        // Each device gets its own bucket buffers, so devices never wait on each other.
+        let graphs = one_thread.install(|| VisionGraphs::new(model, &buckets)).map_err(ServeError::Graphs)?;
+        for b in graphs.buckets() {
+            let bytes = graphs.memory_bytes(b).unwrap_or(0);
+            tracing::info!(
+                device = id,
+                bucket = b,
+                memory_bytes = bytes,
+                "bucket {b} prepared on device {id}: holds {:.1} MiB",
+                bytes as f64 / (1 << 20) as f64
+            );
+        }
+        slots.push(DeviceSlot { id, core, graphs });
+    }
+    tracing::info!(seconds = started.elapsed().as_secs_f64(), model = %opts.model_dir.display(), ?dtype, "ViT loaded");
+    Ok(slots)
+}
+
+/// `visual.create_runtimes: false`: load and prepare, print what would be held, serve nothing.
+async fn dry_run(opts: &Options) -> Result<(), ServeError> {
+    let cores = device_cores(opts)?;
+    let devices = prepare(opts, &cores).await?;
+    let graphs = &devices[0].graphs;
+    println!("dry run (visual.create_runtimes = false): model {} prepared, nothing served", opts.model_dir.display());
+    // The CPU engine allocates every bucket's buffers at load; candle ops allocate per run.
+    let held_at_once = graphs.backend() == vlm_model::vision::GraphBackend::CpuF32;
+    let mut per_device = 0u64;
+    for b in graphs.buckets() {
+        let bytes = graphs.memory_bytes(b).unwrap_or(0);
+        per_device = if held_at_once { per_device + bytes } else { per_device.max(bytes) };
+        println!("bucket {b}: would hold {bytes} bytes ({:.1} MiB)", bytes as f64 / (1 << 20) as f64);
+    }
+    println!(
+        "devices {:?} ({:?} graphs): {} compute thread(s), {per_device} bytes of ViT buffers per device, \
+         {} bytes in all; queue capacity {} images",
+        opts.visual.device,
+        graphs.backend(),
+        devices.len(),
+        per_device * devices.len() as u64,
+        opts.queue_capacity
+    );
+    Ok(())
+}

@@ -1,1 +1,90 @@
-fn main() {}
+//! `vision-service`: parses flags (each also an environment variable), reads the deployment
+//! config, applies the overrides, and runs the service until SIGTERM / Ctrl-C.
+use anyhow::Context;
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use vlm_vision_service::Options;
+
+#[derive(Debug, Parser)]
+#[command(name = "vision-service", version, about = "Qwen3-VL ViT behind gRPC (vlm.v1.Vision)")]
+struct Args {
+    /// Checkpoint directory (config.json + *.safetensors).
+    #[arg(long, env = "VLM_MODEL")]
+    model: PathBuf,
+    /// Deployment config (JSON, YAML or TOML); without it, vlm-config's defaults.
+    #[arg(long, env = "VLM_CONFIG")]
+    config: Option<PathBuf>,
+    /// gRPC address (port 0: any free port; the bound one is printed).
+    #[arg(long, env = "VLM_VISION_LISTEN", default_value = "0.0.0.0:50061")]
+    listen: SocketAddr,
+    /// Prometheus `/metrics` address.
+    #[arg(long, env = "VLM_VISION_METRICS_LISTEN", default_value = "0.0.0.0:9461")]
+    metrics_listen: SocketAddr,
+    /// Device pool, overriding `visual.device` (comma-separated ids: CPU cores, or GPU ordinals
+    /// in the CUDA build).
+    #[arg(long, env = "VLM_VISION_DEVICE", value_delimiter = ',')]
+    device: Option<Vec<u32>>,
+    /// Images admitted and not finished at most; more is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "VLM_VISION_QUEUE_CAPACITY", default_value_t = 16)]
+    queue_capacity: usize,
+    /// Images whose header says more pixels than this are refused before decoding.
+    #[arg(long, env = "VLM_VISION_MAX_DECODE_PIXELS", default_value_t = vlm_model::preprocess::DEFAULT_MAX_DECODE_PIXELS)]
+    max_decode_pixels: u64,
+    /// Most raw value bytes per streamed chunk (at most 1 MiB).
+    #[arg(long, env = "VLM_VISION_MAX_CHUNK_BYTES", default_value_t = 1 << 20)]
+    max_chunk_bytes: usize,
+    /// Largest Encode request accepted, in bytes.
+    #[arg(long, env = "VLM_VISION_MAX_REQUEST_BYTES", default_value_t = 64 << 20)]
+    max_request_bytes: usize,
+    /// On SIGTERM, milliseconds to keep accepting calls after reporting NOT_SERVING.
+    #[arg(long, env = "VLM_VISION_DRAIN_DELAY_MS", default_value_t = 0)]
+    drain_delay_ms: u64,
+}
+
+fn options(args: Args) -> anyhow::Result<Options> {
+    let cfg = match &args.config {
+        Some(path) => {
+            let loaded =
+                vlm_config::DeployConfig::from_path(path).with_context(|| format!("config {}", path.display()))?;
+            for w in &loaded.warnings {
+                tracing::warn!("config {}: {w}", path.display());
+            }
+            loaded.config
+        }
+        None => vlm_config::DeployConfig::default_config(),
+    };
+    let mut visual = cfg.visual;
+    if let Some(device) = args.device {
+        anyhow::ensure!(!device.is_empty(), "--device lists no device");
+        visual.num_devices = device.len() as u32;
+        visual.device = device;
+    }
+    let opts = Options {
+        model_dir: args.model,
+        visual,
+        listen: args.listen,
+        metrics_listen: args.metrics_listen,
+        queue_capacity: args.queue_capacity,
+        max_decode_pixels: args.max_decode_pixels,
+        max_chunk_bytes: args.max_chunk_bytes,
+        max_request_bytes: args.max_request_bytes,
+        drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
+    };
+    opts.validate()?;
+    Ok(opts)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _telemetry = vlm_service_kit::telemetry::init("vision-service");
+    let opts = options(args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("vision-io")
+        .enable_all()
+        .build()
+        .context("tokio runtime")?;
+    runtime.block_on(vlm_vision_service::run(opts, vlm_service_kit::shutdown::shutdown_signal()))?;
+    Ok(())
+}

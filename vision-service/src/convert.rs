@@ -1,0 +1,144 @@
+//! The only place that touches the generated `vlm.v1` types: proto -> domain for requests,
+//! domain -> proto for chunks and info, and the caller's deadline from gRPC metadata.
+use crate::encoder::request::{Chunk, EncodeRequest, ImageInput, ImageSource, WireDtype};
+use crate::encoder::Info;
+use crate::error::VisionError;
+use std::time::Duration;
+use vlm_proto::v1 as pb;
+
+/// The wire dtype asked for; `None` for UNSPECIFIED.
+fn dtype_from_proto(value: i32) -> Result<Option<WireDtype>, VisionError> {
+    match pb::DType::try_from(value) {
+        Ok(pb::DType::DtypeUnspecified) => Ok(None),
+        Ok(pb::DType::DtypeF32) => Ok(Some(WireDtype::F32)),
+        Ok(pb::DType::DtypeF16) => Ok(Some(WireDtype::F16)),
+        Ok(pb::DType::DtypeBf16) => Ok(Some(WireDtype::Bf16)),
+        Err(_) => Err(VisionError::invalid_request(format!(
+            "dtype {value} is not a vlm.v1.DType (use DTYPE_F32, DTYPE_F16 or DTYPE_BF16)"
+        ))),
+    }
+}
+
+pub fn dtype_to_proto(d: WireDtype) -> pb::DType {
+    match d {
+        WireDtype::F32 => pb::DType::DtypeF32,
+        WireDtype::F16 => pb::DType::DtypeF16,
+        WireDtype::Bf16 => pb::DType::DtypeBf16,
+    }
+}
+
+/// An Encode request in domain terms. Structural problems (no source) are refused here; the
+/// image checks proper are the encoder's.
+pub fn encode_request(req: pb::EncodeRequest) -> Result<EncodeRequest, VisionError> {
+    let dtype = dtype_from_proto(req.dtype)?;
+    let images = req
+        .images
+        .into_iter()
+        .enumerate()
+        .map(|(i, img)| {
+            let source = match img.source {
+                Some(pb::image_input::Source::Encoded(e)) => {
+                    ImageSource::Encoded { data: e.data, mime_type: e.mime_type }
+                }
+                Some(pb::image_input::Source::Pixels(p)) => {
+                    ImageSource::Pixels { width: p.width, height: p.height, rgb8: p.rgb8 }
+                }
+                None => return Err(VisionError::invalid(i, "no image source: set `encoded` or `pixels`")),
+            };
+            Ok(ImageInput {
+                source,
+                content_hash: img.content_hash,
+                expected_grid: img.expected_grid.map(|g| [g.t, g.h, g.w]),
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EncodeRequest { request_id: req.request_id, images, dtype })
+}
+
+pub fn chunk_to_proto(c: Chunk) -> pb::EmbeddingChunk {
+    pb::EmbeddingChunk {
+        image_index: c.image_index,
+        content_hash: c.content_hash.as_ref().clone(),
+        grid: Some(pb::ImageGrid { t: c.grid[0], h: c.grid[1], w: c.grid[2] }),
+        row_start: c.row_start,
+        row_end: c.row_end,
+        total_rows: c.total_rows,
+        hidden_size: c.hidden_size,
+        dtype: dtype_to_proto(c.dtype) as i32,
+        embeds: c.embeds,
+        deepstack: c.deepstack,
+        bucket: c.bucket,
+    }
+}
+
+pub fn info_to_proto(info: Info) -> pb::VisionInfo {
+    let f = info.fixed;
+    pb::VisionInfo {
+        model_id: f.model_id,
+        buckets: f.buckets,
+        patch_size: f.patch_size,
+        spatial_merge_size: f.spatial_merge_size,
+        temporal_patch_size: f.temporal_patch_size,
+        out_hidden_size: f.out_hidden_size,
+        deepstack_levels: f.deepstack_levels,
+        dtype: dtype_to_proto(f.dtype) as i32,
+        device: f.device,
+        min_pixels: f.min_pixels,
+        max_pixels: f.max_pixels,
+        oversize: f.oversize.to_string(),
+        queue_capacity: f.queue_capacity,
+        queue_depth: info.queue_depth,
+        images_in_flight: info.images_in_flight,
+    }
+}
+
+/// The caller's timeout from the `grpc-timeout` header ("<digits><unit>", unit one of H M S m u
+/// n); None when absent or malformed.
+pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
+    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
+    parse_grpc_timeout(v)
+}
+
+fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (digits, unit) = v.split_at(v.len() - 1);
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("10x"), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
+    }
+
+    #[test]
+    fn request_without_a_source_names_the_image() {
+        let req = pb::EncodeRequest {
+            request_id: "r".into(),
+            images: vec![pb::ImageInput::default(), pb::ImageInput::default()],
+            dtype: 0,
+        };
+        let e = encode_request(req).unwrap_err();
+        assert!(e.to_string().starts_with("image 0: no image source"), "{e}");
+        let bad = pb::EncodeRequest { request_id: "r".into(), images: vec![], dtype: 9 };
+        assert!(encode_request(bad).unwrap_err().to_string().contains("dtype 9"));
+    }
+}

@@ -1,0 +1,128 @@
+//! Compute threads: one per device of the pool, pinned to its core, each running one image at a
+//! time through its bucket graph. Candle's and the preprocessor's data parallelism goes through
+//! a one-thread rayon pool created on (and so pinned like) the compute thread, so a pool of n
+//! cores really runs on those n cores and no others.
+use super::chunk::{to_chunks, ChunkHeader};
+use super::plan::{Limits, PlannedImage};
+use super::queue::{JobQueue, Permit};
+use super::request::{Chunk, WireDtype};
+use crate::error::VisionError;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+use vlm_model::vision::VisionGraphs;
+
+/// One image of one request, waiting for a compute thread.
+pub struct Job {
+    pub image: PlannedImage,
+    pub dtype: WireDtype,
+    pub cancel: CancellationToken,
+    pub results: UnboundedSender<Outcome>,
+    pub permit: Permit,
+    /// The request's span; the image's span is its child.
+    pub span: tracing::Span,
+}
+
+/// What a compute thread reports for one image.
+pub enum Outcome {
+    /// The image's chunks, in row order; the permit goes back once they are handed on.
+    Done {
+        index: usize,
+        chunks: Vec<Chunk>,
+        permit: Permit,
+    },
+    Failed {
+        error: VisionError,
+    },
+}
+
+/// What every compute thread shares.
+pub struct Shared {
+    pub limits: Limits,
+    pub max_chunk_bytes: usize,
+    pub in_flight: AtomicUsize,
+}
+
+/// Runs jobs from `queue` until it is closed and empty. `core` is the physical core to pin to
+/// (None: no pinning, e.g. GPU ordinals).
+pub fn run(graphs: VisionGraphs, shared: Arc<Shared>, queue: Arc<JobQueue<Job>>, core: Option<usize>, name: String) {
+    if let Some(c) = core {
+        if !vlm_service_kit::affinity::pin_current_thread(&[c]) {
+            tracing::warn!(thread = %name, core = c, "could not pin the compute thread to its core");
+        }
+    }
+    // Created after pinning: its worker thread inherits this thread's affinity.
+    let pool = match rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(move |_| "vision-intra".into()).build()
+    {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(error = %e, "no per-device rayon pool; using the global one");
+            None
+        }
+    };
+    while let Some(job) = queue.pop() {
+        if job.cancel.is_cancelled() {
+            continue; // dropping the job frees its slot
+        }
+        shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        metrics::gauge!("vlm_vision_images_in_flight").increment(1.0);
+        let work = || std::panic::catch_unwind(AssertUnwindSafe(|| encode_one(&graphs, &shared, &job)));
+        let result = match &pool {
+            Some(p) => p.install(work),
+            None => work(),
+        };
+        shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+        metrics::gauge!("vlm_vision_images_in_flight").decrement(1.0);
+        let Job { image, results, permit, .. } = job;
+        let outcome = match result {
+            Ok(Ok(Some(chunks))) => Outcome::Done { index: image.index, chunks, permit },
+            Ok(Ok(None)) => continue, // cancelled mid-way
+            Ok(Err(error)) => Outcome::Failed { error },
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(image = image.index, panic = %what, "compute thread caught a panic");
+                Outcome::Failed { error: VisionError::Model { image: image.index, message: format!("panic: {what}") } }
+            }
+        };
+        // The request may be gone; then the outcome (and its permit) is simply dropped.
+        let _ = results.send(outcome);
+    }
+}
+
+/// Preprocess, run the bucket graph, cut into chunks. `Ok(None)` when the caller went away.
+fn encode_one(graphs: &VisionGraphs, shared: &Shared, job: &Job) -> Result<Option<Vec<Chunk>>, VisionError> {
+    let image = &job.image;
+    let span = tracing::info_span!(parent: &job.span, "vision.encode_image", image = image.index, bucket = image.bucket, patches = image.patches());
+    let _enter = span.enter();
+    let pv = image.pixel_values(&shared.limits)?;
+    if job.cancel.is_cancelled() {
+        return Ok(None);
+    }
+    let started = Instant::now();
+    let run = graphs.encode(&pv).map_err(|e| VisionError::Model { image: image.index, message: e.to_string() })?;
+    let seconds = started.elapsed().as_secs_f64();
+    let bucket = run.bucket.to_string();
+    metrics::histogram!("vlm_vision_encode_seconds", "bucket" => bucket.clone()).record(seconds);
+    metrics::counter!("vlm_vision_images_total", "bucket" => bucket).increment(1);
+    metrics::histogram!("vlm_vision_padding_fraction").record(run.padding_fraction as f64);
+    if run.bucket as u32 != image.bucket {
+        tracing::warn!(planned = image.bucket, ran = run.bucket, "image ran in another bucket than planned");
+    }
+    tracing::debug!(seconds, padding = run.padding_fraction, "image encoded");
+    let header = ChunkHeader {
+        image_index: image.index as u32,
+        content_hash: Arc::clone(&image.content_hash),
+        grid: image.grid,
+        bucket: run.bucket as u32,
+    };
+    let chunks = to_chunks(&header, &run.embeds, job.dtype, shared.max_chunk_bytes)
+        .map_err(|e| VisionError::Model { image: image.index, message: e.to_string() })?;
+    Ok(Some(chunks))
+}
