@@ -23,6 +23,9 @@ enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Write a checkpoint in the real Hugging Face layout with random weights.
     MakeModel(cmd::make_model::MakeModelArgs),
+    /// Run preprocessing, the ViT, prefill and greedy decoding in-process and write every
+    /// intermediate to a safetensors file.
+    Inspect(cmd::inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +35,7 @@ fn main() -> ExitCode {
         Command::Bucket(a) => cmd::bucket::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::MakeModel(a) => cmd::make_model::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Inspect(a) => cmd::inspect::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

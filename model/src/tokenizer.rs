@@ -202,7 +202,12 @@ fn tojson(value: &JinjaValue, kwargs: Kwargs) -> std::result::Result<JinjaValue,
     Ok(JinjaValue::from_safe_string(out))
 }
 
-fn write_json(out: &mut String, v: &JinjaValue, indent: Option<usize>, depth: usize) -> std::result::Result<(), minijinja::Error> {
+fn write_json(
+    out: &mut String,
+    v: &JinjaValue,
+    indent: Option<usize>,
+    depth: usize,
+) -> std::result::Result<(), minijinja::Error> {
     let newline = |out: &mut String, depth: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -221,7 +226,9 @@ fn write_json(out: &mut String, v: &JinjaValue, indent: Option<usize>, depth: us
                 out.push_str(&serde_json::to_string(&f).unwrap_or_else(|_| "NaN".into()));
             }
         }
-        ValueKind::String => out.push_str(&serde_json::to_string(v.as_str().unwrap_or("")).unwrap_or_default()),
+        ValueKind::String => {
+            out.push_str(&serde_json::to_string(v.as_str().unwrap_or("")).unwrap_or_default())
+        }
         ValueKind::Map => {
             out.push('{');
             let mut first = true;
@@ -273,8 +280,8 @@ impl ChatTokenizer {
                 std::io::Error::new(std::io::ErrorKind::NotFound, "the checkpoint has no tokenizer.json"),
             ));
         }
-        let tokenizer = Tokenizer::from_file(&tok_path)
-            .map_err(|e| tok_err(&format!("{}", tok_path.display()), e))?;
+        let tokenizer =
+            Tokenizer::from_file(&tok_path).map_err(|e| tok_err(&format!("{}", tok_path.display()), e))?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
         let template = find_template(dir, tok_config.as_ref())?;
         let get = |k: &str| token_string(tok_config.as_ref().and_then(|c| c.get(k)));
@@ -452,9 +459,9 @@ impl Inner {
             .map(|(id, _)| id)
             .collect();
         let byte_decoder = match tokenizer.get_decoder() {
-            Some(DecoderWrapper::ByteLevel(_)) => Some(
-                crate::make::byte_alphabet().into_iter().map(|(b, c)| (c, b)).collect(),
-            ),
+            Some(DecoderWrapper::ByteLevel(_)) => {
+                Some(crate::make::byte_alphabet().into_iter().map(|(b, c)| (c, b)).collect())
+            }
             _ => None,
         };
         let has_template = template.is_some();
@@ -525,7 +532,14 @@ pub struct IncrementalDecoder {
 
 impl IncrementalDecoder {
     pub fn new(tok: ChatTokenizer, skip_special: bool) -> Self {
-        IncrementalDecoder { tok, skip_special, pending: Vec::new(), ids: Vec::new(), prefix: String::new(), prefix_index: 0 }
+        IncrementalDecoder {
+            tok,
+            skip_special,
+            pending: Vec::new(),
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        }
     }
 
     /// Adds one id; returns the text it completes, if any.
@@ -552,7 +566,12 @@ impl IncrementalDecoder {
     /// Ends the stream: returns what is still held (an incomplete character becomes U+FFFD).
     pub fn finish(&mut self) -> Result<Option<String>> {
         if self.tok.inner.byte_decoder.is_none() {
-            let all = self.tok.inner.tokenizer.decode(&self.ids, self.skip_special).map_err(|e| tok_err("decode", e))?;
+            let all = self
+                .tok
+                .inner
+                .tokenizer
+                .decode(&self.ids, self.skip_special)
+                .map_err(|e| tok_err("decode", e))?;
             let rest = all.get(self.prefix.len()..).unwrap_or("").to_string();
             self.ids.clear();
             self.prefix.clear();
@@ -603,6 +622,14 @@ fn take_complete(pending: &mut Vec<u8>, last: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shareable_across_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        fn send<T: Send>() {}
+        send_sync::<ChatTokenizer>();
+        send::<IncrementalDecoder>();
+    }
 
     #[test]
     fn take_complete_matches_lossy_decoding() {

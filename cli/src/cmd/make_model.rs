@@ -44,13 +44,7 @@ pub fn run(args: MakeModelArgs) -> anyhow::Result<()> {
     let made = make_model(&args.out, &opts)
         .with_context(|| format!("making a {} checkpoint in {}", args.preset, args.out.display()))?;
     let secs = start.elapsed().as_secs_f64();
-    println!(
-        "{} checkpoint (seed {}, {}) in {}",
-        args.preset,
-        args.seed,
-        opts.dtype(),
-        made.dir.display()
-    );
+    println!("{} checkpoint (seed {}, {}) in {}", args.preset, args.seed, opts.dtype(), made.dir.display());
     println!(
         "{} tensors, {} parameters, {:.1} MB of weights in {} file(s), {secs:.1} s",
         made.tensors,

@@ -32,7 +32,8 @@ pub fn tensor_key(seed: u64, name: &str) -> u64 {
 #[inline]
 fn unit_normalish(key: u64, i: u64) -> f32 {
     let r = mix(key.wrapping_add(i.wrapping_add(1).wrapping_mul(GOLDEN)));
-    let s = (r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48);
+    let s =
+        (r & 0xFFFF).wrapping_add((r >> 16) & 0xFFFF).wrapping_add((r >> 32) & 0xFFFF).wrapping_add(r >> 48);
     // mean 4 * 65535/2, std 65536/sqrt(3) (four uniforms of variance 65536^2/12).
     const MEAN: f32 = 131_070.0;
     const INV_STD: f32 = 1.732_050_8 / 65_536.0;
@@ -41,27 +42,42 @@ fn unit_normalish(key: u64, i: u64) -> f32 {
 
 /// Writes values `start..start + out.len()/dtype_size` of the tensor into `out` (little endian).
 pub fn fill(out: &mut [u8], key: u64, start: u64, init: Init, dtype: WeightDtype) {
-    let value = |i: u64| match init {
-        Init::Constant(c) => c,
-        Init::Normal { std } => std * unit_normalish(key, i),
-    };
+    match init {
+        Init::Constant(c) => fill_with(out, dtype, start, |_| c),
+        Init::Normal { std } => fill_with(out, dtype, start, |i| std * unit_normalish(key, i)),
+    }
+}
+
+#[inline(always)]
+fn fill_with(out: &mut [u8], dtype: WeightDtype, start: u64, value: impl Fn(u64) -> f32) {
+    let mut i = start;
     match dtype {
         WeightDtype::F32 => {
-            for (j, o) in out.chunks_exact_mut(4).enumerate() {
-                o.copy_from_slice(&value(start + j as u64).to_le_bytes());
+            for o in out.chunks_exact_mut(4) {
+                o.copy_from_slice(&value(i).to_le_bytes());
+                i = i.wrapping_add(1);
             }
         }
         WeightDtype::F16 => {
-            for (j, o) in out.chunks_exact_mut(2).enumerate() {
-                o.copy_from_slice(&half::f16::from_f32(value(start + j as u64)).to_le_bytes());
+            for o in out.chunks_exact_mut(2) {
+                o.copy_from_slice(&half::f16::from_f32(value(i)).to_le_bytes());
+                i = i.wrapping_add(1);
             }
         }
         WeightDtype::BF16 => {
-            for (j, o) in out.chunks_exact_mut(2).enumerate() {
-                o.copy_from_slice(&half::bf16::from_f32(value(start + j as u64)).to_le_bytes());
+            for o in out.chunks_exact_mut(2) {
+                o.copy_from_slice(&bf16_bits(value(i)).to_le_bytes());
+                i = i.wrapping_add(1);
             }
         }
     }
+}
+
+/// f32 -> bf16 with round-to-nearest-even (values here are finite: no NaN handling needed).
+#[inline(always)]
+fn bf16_bits(v: f32) -> u16 {
+    let b = v.to_bits();
+    (b.wrapping_add(0x7FFF).wrapping_add((b >> 16) & 1) >> 16) as u16
 }
 
 /// [`fill`] split over `threads` scoped threads.
@@ -110,5 +126,14 @@ mod tests {
         assert_eq!(a, b);
         assert_ne!(tensor_key(7, "a"), tensor_key(8, "a"));
         assert_ne!(tensor_key(7, "a"), tensor_key(7, "b"));
+    }
+
+    #[test]
+    fn bf16_rounding_matches_half() {
+        // two exact ties (round to even: down, then up) among ordinary values
+        let ties = [f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000)];
+        for v in [0.0f32, -0.0, 1.0, 0.1, -3.3, 1e-30, 123456.7].into_iter().chain(ties) {
+            assert_eq!(bf16_bits(v), half::bf16::from_f32(v).to_bits(), "{v}");
+        }
     }
 }

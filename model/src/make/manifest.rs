@@ -25,6 +25,10 @@ impl TensorSpec {
     }
 }
 
+/// Weight of the decoder's q_norm / k_norm: attention scores get a spread of about
+/// QK_NORM_WEIGHT^2 (about 6) instead of 1 (near-uniform attention).
+pub const QK_NORM_WEIGHT: f32 = 2.5;
+
 /// Std of a bias: small, non-zero so that a loader that drops biases is caught.
 const BIAS_STD: f32 = 0.02;
 
@@ -52,14 +56,21 @@ impl Builder {
     fn rms_norm(&mut self, p: &str, dim: usize) {
         self.push(format!("{p}.weight"), vec![dim], Init::Constant(1.0));
     }
+    /// q_norm / k_norm: weight QK_NORM_WEIGHT, see [`weight_manifest`].
+    fn qk_norm(&mut self, p: &str, dim: usize) {
+        self.push(format!("{p}.weight"), vec![dim], Init::Constant(QK_NORM_WEIGHT));
+    }
 }
 
 /// The checkpoint's tensors in `state_dict` order: vision tower, language model, then
 /// `lm_head.weight` only when the embeddings are untied.
 ///
-/// Init keeps activations O(1): linears N(0, 1/fan_in), norms 1, biases N(0, 0.02^2), and
-/// embeddings N(0, 1/hidden), so tied logits have unit spread and the residual stream is not
-/// dominated by the input token's own embedding (which makes tied random models repeat it).
+/// Init keeps activations O(1) and greedy decoding lively: linears N(0, 1/fan_in), norms 1,
+/// biases N(0, 0.02^2), embeddings N(0, 1/hidden) (tied logits get unit spread and the
+/// residual stream is not dominated by the input token's own embedding), and q_norm / k_norm
+/// weights [`QK_NORM_WEIGHT`]: with weight 1 the attention of a random model is nearly uniform,
+/// its output is the same context average at every step, and greedy decoding falls into
+/// repeating one token (see tests/make_generation.rs).
 pub fn weight_manifest(cfg: &Qwen3VlConfig) -> Vec<TensorSpec> {
     let v = &cfg.vision;
     let t = &cfg.text;
@@ -109,8 +120,8 @@ pub fn weight_manifest(cfg: &Qwen3VlConfig) -> Vec<TensorSpec> {
         b.linear(&format!("{p}.self_attn.k_proj"), kv, h, t.attention_bias);
         b.linear(&format!("{p}.self_attn.v_proj"), kv, h, t.attention_bias);
         b.linear(&format!("{p}.self_attn.o_proj"), h, q, t.attention_bias);
-        b.rms_norm(&format!("{p}.self_attn.q_norm"), t.head_dim);
-        b.rms_norm(&format!("{p}.self_attn.k_norm"), t.head_dim);
+        b.qk_norm(&format!("{p}.self_attn.q_norm"), t.head_dim);
+        b.qk_norm(&format!("{p}.self_attn.k_norm"), t.head_dim);
         b.linear(&format!("{p}.mlp.gate_proj"), t.intermediate_size, h, false);
         b.linear(&format!("{p}.mlp.up_proj"), t.intermediate_size, h, false);
         b.linear(&format!("{p}.mlp.down_proj"), h, t.intermediate_size, false);

@@ -157,7 +157,10 @@ pub fn make_model(dir: &Path, opts: &MakeOptions) -> Result<MadeCheckpoint> {
         made.weight_files.push(path);
     }
     if sharded {
-        write_json(&dir.join("model.safetensors.index.json"), &writer::index_json(&specs, &shards, &names, dtype))?;
+        write_json(
+            &dir.join("model.safetensors.index.json"),
+            &writer::index_json(&specs, &shards, &names, dtype),
+        )?;
     }
     Ok(made)
 }
@@ -187,7 +190,9 @@ fn prepare_dir(dir: &Path) -> Result<()> {
         if !ours {
             return Err(ModelError::Config {
                 path: config,
-                message: "the directory holds a checkpoint that make-model did not write; refusing to overwrite it".into(),
+                message:
+                    "the directory holds a checkpoint that make-model did not write; refusing to overwrite it"
+                        .into(),
             });
         }
     }
@@ -220,10 +225,8 @@ fn write_metadata(dir: &Path, preset: Preset, config_json: &Value) -> Result<Qwe
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(value).map_err(|e| ModelError::Config {
-        path: path.to_path_buf(),
-        message: e.to_string(),
-    })?;
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() })?;
     std::fs::write(path, text + "\n").map_err(|e| ModelError::io(path, e))
 }
 

@@ -7,6 +7,7 @@ use crate::error::{ModelError, Result};
 use serde_json::{json, Map, Value};
 use std::io::Write;
 use std::path::Path;
+use std::sync::mpsc;
 
 /// Values generated per chunk (then written): bounds memory at 8 Mi values (32 MB in f32).
 const CHUNK_VALUES: usize = 8 << 20;
@@ -70,34 +71,71 @@ fn header(specs: &[&TensorSpec], dtype: WeightDtype) -> Result<Vec<u8>> {
 }
 
 /// Writes one safetensors file holding `specs`, values generated from `seed`. Returns the
-/// number of data bytes written.
-pub fn write_file(path: &Path, specs: &[&TensorSpec], dtype: WeightDtype, seed: u64, threads: usize) -> Result<u64> {
+/// number of data bytes written. Generation (on `threads` threads) and writing overlap: a
+/// writer thread takes filled chunks while the next one is generated.
+pub fn write_file(
+    path: &Path,
+    specs: &[&TensorSpec],
+    dtype: WeightDtype,
+    seed: u64,
+    threads: usize,
+) -> Result<u64> {
     let io = |e| ModelError::io(path, e);
     let mut file = std::fs::File::create(path).map_err(io)?;
     file.write_all(&header(specs, dtype)?).map_err(io)?;
     let size = dtype.size_in_bytes();
     let largest = specs.iter().map(|s| s.numel()).max().unwrap_or(0);
-    let mut buf = vec![0u8; largest.min(CHUNK_VALUES) * size];
-    let mut written = 0u64;
-    for s in specs {
-        let key = init::tensor_key(seed, &s.name);
-        let n = s.numel();
-        let mut start = 0usize;
-        while start < n {
-            let len = (n - start).min(CHUNK_VALUES);
-            let chunk = &mut buf[..len * size];
-            init::fill_parallel(chunk, key, start as u64, s.init, dtype, threads);
-            file.write_all(chunk).map_err(io)?;
-            start += len;
-            written += chunk.len() as u64;
-        }
+    let cap = largest.min(CHUNK_VALUES) * size;
+    let (full_tx, full_rx) = mpsc::sync_channel::<Vec<u8>>(1);
+    let (empty_tx, empty_rx) = mpsc::channel::<Vec<u8>>();
+    for _ in 0..2 {
+        // cannot fail: the receiver is alive
+        let _ = empty_tx.send(Vec::with_capacity(cap));
     }
-    file.flush().map_err(io)?;
+    let mut written = 0u64;
+    let written_ref = &mut written;
+    std::thread::scope(|s| -> Result<()> {
+        let writer = s.spawn(move || -> std::io::Result<()> {
+            for chunk in full_rx {
+                file.write_all(&chunk)?;
+                // the generator may be gone already (it stops on our error only)
+                let _ = empty_tx.send(chunk);
+            }
+            file.flush()
+        });
+        'gen: for spec in specs {
+            let key = init::tensor_key(seed, &spec.name);
+            let n = spec.numel();
+            let mut start = 0usize;
+            while start < n {
+                let len = (n - start).min(CHUNK_VALUES);
+                // a closed channel means the writer failed: its error is reported below
+                let Ok(mut buf) = empty_rx.recv() else { break 'gen };
+                buf.resize(len * size, 0);
+                init::fill_parallel(&mut buf, key, start as u64, spec.init, dtype, threads);
+                *written_ref += buf.len() as u64;
+                if full_tx.send(buf).is_err() {
+                    break 'gen;
+                }
+                start += len;
+            }
+        }
+        drop(full_tx);
+        match writer.join() {
+            Ok(r) => r.map_err(io),
+            Err(_) => Err(ModelError::Weights(format!("writer thread for {} panicked", path.display()))),
+        }
+    })?;
     Ok(written)
 }
 
 /// `model.safetensors.index.json` for a sharded checkpoint.
-pub fn index_json(specs: &[TensorSpec], shards: &[Vec<usize>], names: &[String], dtype: WeightDtype) -> Value {
+pub fn index_json(
+    specs: &[TensorSpec],
+    shards: &[Vec<usize>],
+    names: &[String],
+    dtype: WeightDtype,
+) -> Value {
     let mut map = Map::new();
     for (shard, file) in shards.iter().zip(names) {
         for &i in shard {

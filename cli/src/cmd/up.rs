@@ -1,0 +1,325 @@
+//! `vlm up`: the whole system on this machine. Starts vision-service, lm-service and gateway as
+//! child processes on loopback with disjoint core pools, waits until all three report SERVING,
+//! prints the addresses, and on Ctrl-C (or SIGTERM) drains them (SIGTERM to each child).
+//!
+//! Without `--model` it uses the tiny random checkpoint, made once and cached under
+//! `$XDG_CACHE_HOME/vlm/tiny-s0` (or `~/.cache/vlm/tiny-s0`). Without `--config` it runs the
+//! embedded `config/examples/local.yaml`, with the cores split between vision and LM.
+use anyhow::{bail, Context};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+/// The embedded default deployment config.
+pub const LOCAL_CONFIG: &str = include_str!("../../../config/examples/local.yaml");
+
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Checkpoint directory; the cached tiny random checkpoint when omitted.
+    #[arg(long, env = "VLM_MODEL")]
+    pub model: Option<PathBuf>,
+    /// Deployment config; the embedded local.yaml when omitted.
+    #[arg(long, env = "VLM_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Gateway gRPC address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub listen: String,
+    /// Gateway HTTP address (OpenAI API, /health, /metrics).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub http_listen: String,
+    /// Seconds to wait for every service to report SERVING.
+    #[arg(long, default_value_t = 300)]
+    pub ready_timeout_s: u64,
+    /// Extra arguments for the gateway (e.g. "--max-in-flight=4"), repeatable.
+    #[arg(long = "gateway-arg", allow_hyphen_values = true)]
+    pub gateway_args: Vec<String>,
+}
+
+pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(up(args))
+}
+
+/// Where `vlm up` caches the tiny checkpoint.
+pub fn cache_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("vlm");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".cache").join("vlm"),
+        None => std::env::temp_dir().join("vlm-cache"),
+    }
+}
+
+/// The tiny random checkpoint (seed 0) in `dir`, made the first time.
+pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
+    let has_weights = dir.join("config.json").is_file()
+        && std::fs::read_dir(dir)
+            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
+            .unwrap_or(false);
+    if has_weights {
+        return Ok(());
+    }
+    eprintln!("making the tiny random checkpoint in {} (once)", dir.display());
+    let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
+    vlm_model::make::make_model(dir, &opts).with_context(|| format!("making the tiny checkpoint in {}", dir.display()))?;
+    Ok(())
+}
+
+/// Splits the cores this process may use into (vision, lm) device lists.
+pub fn split_cores() -> (Vec<u32>, Vec<u32>) {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u32;
+    if n < 2 {
+        return (vec![0], vec![0]);
+    }
+    let vision = (n / 2).max(1);
+    ((0..vision).collect(), (vision..n).collect())
+}
+
+fn join(ids: &[u32]) -> String {
+    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+}
+
+/// A started child and the address it reported.
+pub struct Service {
+    pub name: &'static str,
+    pub child: Child,
+    pub grpc: String,
+    /// The gateway's HTTP address (empty for the others).
+    pub http: String,
+}
+
+/// Starts `bin` with `args`, waits for its `listening grpc=ADDR ...` line (its other output is
+/// forwarded to stderr with a prefix), and returns it.
+pub fn spawn_service(name: &'static str, bin: &Path, args: &[String], timeout: Duration) -> anyhow::Result<Service> {
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    let stdout = child.stdout.take().context("child stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut tx = Some(tx);
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("listening ") {
+                if let Some(t) = tx.take() {
+                    let _ = t.send(rest.to_string());
+                    continue;
+                }
+            }
+            eprintln!("[{name}] {line}");
+        }
+    });
+    let deadline = Instant::now() + timeout;
+    loop {
+        match rx.recv_timeout(Duration::from_millis(200)) {
+            Ok(fields) => {
+                let field = |k: &str| {
+                    fields
+                        .split_whitespace()
+                        .find_map(|f| f.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
+                        .unwrap_or("")
+                        .to_string()
+                };
+                let grpc = field("grpc");
+                if grpc.is_empty() {
+                    let _ = child.kill();
+                    bail!("{name} printed `listening {fields}` without grpc=ADDR");
+                }
+                return Ok(Service { name, child, grpc, http: field("http") });
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(status) = child.try_wait()? {
+                    bail!("{name} exited with {status} before it was listening");
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    bail!("{name} did not report its address within {timeout:?}");
+                }
+            }
+            Err(_) => {
+                let status = child.wait()?;
+                bail!("{name} exited with {status} before it was listening");
+            }
+        }
+    }
+}
+
+/// Polls `grpc.health.v1` at `addr` until it answers SERVING.
+pub async fn wait_serving(name: &str, addr: &str, timeout: Duration) -> anyhow::Result<()> {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let deadline = Instant::now() + timeout;
+    let url = if addr.starts_with("http") { addr.to_string() } else { format!("http://{addr}") };
+    let mut last = String::from("no answer yet");
+    while Instant::now() < deadline {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.clone())?.connect().await {
+            match HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+                Ok(r) if r.get_ref().status == ServingStatus::Serving as i32 => return Ok(()),
+                Ok(r) => last = format!("status {:?}", r.get_ref().status),
+                Err(s) => last = s.message().to_string(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("{name} at {addr} was not SERVING within {timeout:?} ({last})")
+}
+
+/// Sends SIGTERM (graceful drain), waits up to `grace`, then kills.
+pub fn stop_child(child: &mut Child, grace: Duration) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    #[cfg(unix)]
+    unsafe {
+        // SAFETY: plain syscall on a pid we spawned and have not reaped.
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// The directory holding the service binaries: the running executable's.
+pub fn bin_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("locating the vlm executable")?;
+    Ok(exe.parent().context("the vlm executable has no directory")?.to_path_buf())
+}
+
+fn binary(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
+    let p = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !p.is_file() {
+        bail!("{} not found next to vlm; build it with `cargo build -p vlm-{name}`", p.display());
+    }
+    Ok(p)
+}
+
+async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
+    let dir = bin_dir()?;
+    let bins = [binary(&dir, "vision-service")?, binary(&dir, "lm-service")?, binary(&dir, "gateway")?];
+    let model = match args.model {
+        Some(m) => m,
+        None => {
+            let m = cache_dir().join("tiny-s0");
+            ensure_tiny_checkpoint(&m)?;
+            m
+        }
+    };
+    let (config, devices) = match args.config {
+        Some(c) => (c, None),
+        None => {
+            let p = cache_dir().join("local.yaml");
+            std::fs::create_dir_all(cache_dir())?;
+            std::fs::write(&p, LOCAL_CONFIG).with_context(|| format!("writing {}", p.display()))?;
+            (p, Some(split_cores()))
+        }
+    };
+    let timeout = Duration::from_secs(args.ready_timeout_s);
+    let common = |listen: &str| {
+        vec![
+            "--model".to_string(),
+            model.display().to_string(),
+            "--config".into(),
+            config.display().to_string(),
+            "--listen".into(),
+            listen.to_string(),
+            "--metrics-listen".into(),
+            "127.0.0.1:0".into(),
+        ]
+    };
+    let mut services: Vec<Service> = Vec::new();
+    let result: anyhow::Result<()> = async {
+        let mut va = common("127.0.0.1:0");
+        let mut la = common("127.0.0.1:0");
+        if let Some((v, l)) = &devices {
+            va.extend(["--device".into(), join(v)]);
+            la.extend(["--device".into(), join(l)]);
+        }
+        services.push(spawn_service("vision", &bins[0], &va, timeout)?);
+        services.push(spawn_service("lm", &bins[1], &la, timeout)?);
+        let mut ga = vec![
+            "--model".to_string(),
+            model.display().to_string(),
+            "--config".into(),
+            config.display().to_string(),
+            "--listen".into(),
+            args.listen.clone(),
+            "--http-listen".into(),
+            args.http_listen.clone(),
+            "--vision".into(),
+            services[0].grpc.clone(),
+            "--lm".into(),
+            services[1].grpc.clone(),
+        ];
+        ga.extend(args.gateway_args.iter().cloned());
+        services.push(spawn_service("gateway", &bins[2], &ga, timeout)?);
+        for s in &services {
+            wait_serving(s.name, &s.grpc, timeout).await?;
+        }
+        Ok(())
+    }
+    .await;
+    if let Err(e) = result {
+        for s in services.iter_mut().rev() {
+            stop_child(&mut s.child, Duration::from_secs(5));
+        }
+        return Err(e);
+    }
+    println!("vision  grpc={}", services[0].grpc);
+    println!("lm      grpc={}", services[1].grpc);
+    println!("gateway grpc={} http={}", services[2].grpc, services[2].http);
+    println!("model   {}", model.display());
+    println!("ready: try `vlm generate --gateway {} \"Describe the image\" --image PATH`", services[2].grpc);
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+
+    // Wait for Ctrl-C / SIGTERM, or a child dying.
+    let exited = loop {
+        tokio::select! {
+            _ = shutdown_signal() => break None,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        if let Some(s) = services.iter_mut().find_map(|s| matches!(s.child.try_wait(), Ok(Some(_))).then_some(s.name)) {
+            break Some(s);
+        }
+    };
+    eprintln!("draining: SIGTERM to gateway, lm, vision");
+    for s in services.iter_mut().rev() {
+        stop_child(&mut s.child, Duration::from_secs(30));
+    }
+    match exited {
+        Some(name) => {
+            eprintln!("error: {name} exited; stopped the others");
+            Ok(ExitCode::FAILURE)
+        }
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
