@@ -1,1 +1,272 @@
-//! placeholder
+//! The LM service: owns the decoder graphs and the paged KV cache, pulls image embeddings from
+//! vision replicas (cached by content hash), and decodes with continuous batching.
+//!
+//! Layers: [`service`] (tonic adapter) → [`generate`] (validation, embeddings) → [`engine`]
+//! (the step loop on its own thread) → [`scheduler`] (pure plan: admission, chunked prefill,
+//! decode bucket, preemption) over [`kv`] (block ids) → [`runner`] (model + KV tensors).
+//!
+//! Sampling (greedy, temperature, top-k, top-p, seed), stop token ids, EOS and `max_tokens`
+//! are handled here. Stop *strings* are not: the gateway owns detokenization and ends the
+//! stream (by cancelling it) when one appears.
+pub mod convert;
+pub mod embed_cache;
+pub mod engine;
+pub mod error;
+pub mod generate;
+pub mod kv;
+pub mod runner;
+pub mod sampler;
+pub mod scheduler;
+pub mod service;
+pub mod vision_client;
+
+pub use error::{LmError, ServeError};
+
+use engine::{EngineHandle, EngineOptions};
+use generate::Context;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use vlm_config::DeployConfig;
+use vlm_service_kit::{affinity, grpc, metrics_http};
+
+/// gRPC service name for health.
+pub const SERVICE_NAME: &str = "vlm.v1.Lm";
+/// Default size of the embedding cache.
+pub const DEFAULT_EMBEDDING_CACHE_BYTES: usize = 256 << 20;
+
+/// Everything `run` needs.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    pub model_dir: PathBuf,
+    pub deploy: DeployConfig,
+    pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
+    pub embedding_cache_bytes: usize,
+}
+
+/// Blocks in the KV pool: `kvcache_num_blocks`, or when 0 the memory planner's answer
+/// ([`vlm_config::plan::resolve_kv_blocks`]: the largest count that fits this machine after the
+/// weights and graph buffers, capped at `batch_size` full-length sequences), so the plan
+/// (`vlm plan`) and the running service agree.
+pub fn resolve_num_blocks(d: &DeployConfig, model_dir: &std::path::Path) -> Result<u32, ServeError> {
+    if d.kvcache_num_blocks != 0 {
+        return Ok(d.kvcache_num_blocks);
+    }
+    let dims = vlm_config::plan::ModelDims::from_dir(model_dir).map_err(|e| ServeError::Config(e.to_string()))?;
+    let kind = device_kind()?;
+    vlm_config::plan::resolve_kv_blocks(d, &dims, &kind).map_err(|e| ServeError::Config(e.to_string()))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
+    vlm_config::plan::DeviceKind::cpu().map_err(|e| ServeError::Config(e.to_string()))
+}
+
+#[cfg(feature = "cuda")]
+fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
+    Ok(vlm_config::plan::DeviceKind::h200())
+}
+
+/// What the service would hold, without loading anything (`create_runtimes: false`).
+pub fn dry_run(cfg: &ServeConfig) -> Result<String, ServeError> {
+    let model = vlm_model::Qwen3VlConfig::from_dir(&cfg.model_dir).map_err(|e| ServeError::Model(e.to_string()))?;
+    let d = &cfg.deploy;
+    let blocks = resolve_num_blocks(d, &cfg.model_dir)?;
+    let kv = vlm_model::text::PagedKvCache::bytes_for(&model.text, blocks as usize, d.kvcache_partition_len as usize);
+    let weights: u64 = std::fs::read_dir(&cfg.model_dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok().map(|m| m.len()))
+                .sum()
+        })
+        .unwrap_or(0);
+    Ok(format!(
+        "dry run (create_runtimes: false): model {} ({} layers, hidden {}, vocab {}); checkpoint files {:.1} MiB; \
+         KV pool {} blocks x {} tokens = {} tokens, {:.1} MiB ({}); decode graphs {:?}; prefill chunk {}; \
+         batch_size {}; max_seq_len {}; device {:?}",
+        model.model_id,
+        model.text.num_hidden_layers,
+        model.text.hidden_size,
+        model.text.vocab_size,
+        weights as f64 / (1 << 20) as f64,
+        blocks,
+        d.kvcache_partition_len,
+        blocks as u64 * d.kvcache_partition_len as u64,
+        kv as f64 / (1 << 20) as f64,
+        if d.kvcache_num_blocks == 0 {
+            "automatic: the memory planner's count for this machine"
+        } else {
+            "kvcache_num_blocks"
+        },
+        d.decoder_batch_sizes,
+        d.prefill_chunk_size,
+        d.batch_size,
+        d.max_seq_len,
+        d.device,
+    ))
+}
+
+fn register_metrics(graphs: &[u32]) {
+    for name in [
+        "vlm_lm_preemptions_total",
+        "vlm_lm_embedding_cache_hits_total",
+        "vlm_lm_embedding_cache_misses_total",
+        "vlm_lm_generated_tokens_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    for g in graphs {
+        metrics::counter!("vlm_lm_decode_steps_total", "graph" => g.to_string()).increment(0);
+    }
+    metrics::describe_histogram!(
+        "vlm_lm_time_to_first_token_seconds",
+        metrics::Unit::Seconds,
+        "request received to first token"
+    );
+    metrics::describe_histogram!(
+        "vlm_lm_time_per_output_token_seconds",
+        metrics::Unit::Seconds,
+        "time between consecutive tokens of a stream"
+    );
+    metrics::describe_counter!("vlm_lm_decode_steps_total", "decode steps by decode graph (bucket) run");
+    metrics::describe_gauge!("vlm_lm_kv_blocks_used", "KV blocks held by sequences");
+}
+
+/// Binds `cfg.listen` and `cfg.metrics_listen` (printing `listening grpc=ADDR metrics=ADDR`),
+/// serves health (NOT_SERVING) and reflection while it loads the model and warms every graph,
+/// then flips to SERVING and serves `vlm.v1.Lm` until `shutdown` completes; then drains
+/// (NOT_SERVING, new requests refused, running ones finished) and returns.
+pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    let d = cfg.deploy.clone();
+    let cores = affinity::resolve(&d.device, "device").map_err(|e| ServeError::Config(e.to_string()))?;
+    let num_blocks = resolve_num_blocks(&d, &cfg.model_dir)?;
+    let recorder = metrics_http::recorder();
+    register_metrics(&d.decoder_batch_sizes);
+    let (reporter, health) = grpc::health();
+    grpc::set_serving(&reporter, SERVICE_NAME, false).await;
+
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: cfg.listen.to_string(),
+            source,
+        })?;
+    let grpc_addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: cfg.listen.to_string(),
+        source,
+    })?;
+    let stop_metrics = CancellationToken::new();
+    let metrics_addr = metrics_http::serve(cfg.metrics_listen, recorder, stop_metrics.clone().cancelled_owned())
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: cfg.metrics_listen.to_string(),
+            source,
+        })?;
+    println!("listening grpc={grpc_addr} metrics={metrics_addr}");
+
+    // The server runs from now on; `Lm` answers UNAVAILABLE until the context is set.
+    let cell: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
+    let stop = CancellationToken::new();
+    let drain_cell = cell.clone();
+    let drain_reporter = reporter.clone();
+    let drain_stop = stop.clone();
+    let drain = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = drain_stop.cancelled() => {}
+        }
+        grpc::set_serving(&drain_reporter, SERVICE_NAME, false).await;
+        if let Some(ctx) = drain_cell.get() {
+            ctx.draining.store(true, Ordering::SeqCst);
+            tracing::info!("draining: waiting for running and queued sequences");
+            loop {
+                let l = ctx.engine.load();
+                if l.running == 0 && l.waiting == 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            tracing::info!("drained");
+        }
+    };
+    let reflection = grpc::reflection().map_err(|e| ServeError::Transport(e.to_string()))?;
+    let lm =
+        vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone())).max_decoding_message_size(256 << 20);
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(lm)
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), drain),
+    );
+
+    let opts = EngineOptions {
+        model_dir: cfg.model_dir.clone(),
+        deploy: d.clone(),
+        num_blocks,
+        cores: cores.clone(),
+    };
+    let started = tokio::task::spawn_blocking(move || EngineHandle::start(opts))
+        .await
+        .map_err(|e| ServeError::Model(format!("engine start panicked: {e}")))
+        .and_then(|r| r.map_err(|e| ServeError::Model(e.to_string())));
+    let (engine, thread) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            stop.cancel();
+            let _ = server.await;
+            stop_metrics.cancel();
+            return Err(e);
+        }
+    };
+    let info = engine.info().clone();
+    tracing::info!(
+        model = %info.model.model_id,
+        weights_mib = info.weight_bytes as f64 / (1 << 20) as f64,
+        kv_blocks = info.num_blocks,
+        block_len = info.block_len,
+        kv_tokens = info.pool_tokens(),
+        kv_mib = info.kv_bytes as f64 / (1 << 20) as f64,
+        decode_graphs = ?d.decoder_batch_sizes,
+        prefill_chunk = d.prefill_chunk_size,
+        batch_size = d.batch_size,
+        cores = ?cores,
+        "LM engine ready: prefill path and decode graphs warmed, KV pool allocated"
+    );
+    let ctx = Arc::new(Context {
+        engine: engine.clone(),
+        cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
+        vision: vision_client::VisionClients::new(info.device.clone()),
+        draining: AtomicBool::new(false),
+    });
+    let _ = cell.set(ctx);
+    if !stop.is_cancelled() {
+        grpc::set_serving(&reporter, SERVICE_NAME, true).await;
+        tracing::info!(%grpc_addr, %metrics_addr, "SERVING");
+    }
+    // If the engine thread ever dies, stop advertising this replica.
+    let watch_engine = engine.clone();
+    let watch_reporter = reporter.clone();
+    let watcher = tokio::spawn(async move {
+        while watch_engine.is_alive() {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        tracing::error!("the LM engine thread has stopped; reporting NOT_SERVING");
+        grpc::set_serving(&watch_reporter, SERVICE_NAME, false).await;
+    });
+
+    let served = server
+        .await
+        .map_err(|e| ServeError::Transport(format!("server task: {e}")))?;
+    watcher.abort();
+    stop_metrics.cancel();
+    engine.shutdown();
+    let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    served.map_err(|e| ServeError::Transport(e.to_string()))
+}

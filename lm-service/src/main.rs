@@ -1,1 +1,68 @@
-fn main() {}
+//! `lm-service`: the LM replica binary. Parses flags (each also an environment variable),
+//! loads the deployment config, and calls [`vlm_lm_service::run`].
+use anyhow::Context as _;
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use vlm_config::DeployConfig;
+use vlm_lm_service::{ServeConfig, DEFAULT_EMBEDDING_CACHE_BYTES};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "lm-service",
+    about = "Qwen3-VL LM replica: decoder graphs, paged KV cache, continuous batching"
+)]
+struct Args {
+    /// Checkpoint directory (config.json, *.safetensors).
+    #[arg(long, env = "VLM_MODEL")]
+    model: PathBuf,
+    /// Deployment config (JSON, YAML or TOML); defaults apply when absent.
+    #[arg(long, env = "VLM_CONFIG")]
+    config: Option<PathBuf>,
+    /// gRPC address; port 0 picks a free port (printed on stdout).
+    #[arg(long, env = "VLM_LM_LISTEN", default_value = "0.0.0.0:50062")]
+    listen: SocketAddr,
+    /// Prometheus /metrics address.
+    #[arg(long, env = "VLM_LM_METRICS_LISTEN", default_value = "0.0.0.0:9462")]
+    metrics_listen: SocketAddr,
+    /// Device pool (CPU cores), e.g. "0,1,2,3"; overrides the config's `device`.
+    #[arg(long, env = "VLM_LM_DEVICE", value_delimiter = ',')]
+    device: Option<Vec<u32>>,
+    /// Bytes of image embeddings kept by content hash.
+    #[arg(long, env = "VLM_LM_EMBEDDING_CACHE_BYTES", default_value_t = DEFAULT_EMBEDDING_CACHE_BYTES)]
+    embedding_cache_bytes: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _telemetry = vlm_service_kit::telemetry::init("lm-service");
+    let mut deploy = match &args.config {
+        Some(path) => {
+            let loaded = DeployConfig::from_path(path).with_context(|| format!("config {}", path.display()))?;
+            for w in &loaded.warnings {
+                tracing::warn!("config: {w}");
+            }
+            loaded.config
+        }
+        None => DeployConfig::default_config(),
+    };
+    if let Some(device) = args.device {
+        anyhow::ensure!(!device.is_empty(), "--device needs at least one core id");
+        deploy.num_devices = device.len() as u32;
+        deploy.device = device;
+    }
+    let cfg = ServeConfig {
+        model_dir: args.model,
+        deploy,
+        listen: args.listen,
+        metrics_listen: args.metrics_listen,
+        embedding_cache_bytes: args.embedding_cache_bytes,
+    };
+    if !cfg.deploy.create_runtimes {
+        println!("{}", vlm_lm_service::dry_run(&cfg)?);
+        return Ok(());
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(vlm_lm_service::run(cfg, vlm_service_kit::shutdown::shutdown_signal()))?;
+    Ok(())
+}

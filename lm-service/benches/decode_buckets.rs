@@ -1,0 +1,183 @@
+//! Decode step time per decode graph, buckets [1, 2, 4, 8] against a single [8] graph, for
+//! active batches 1..=8 at contexts 256 and 8192; then total output tokens/s of the engine at
+//! 1, 4 and 8 concurrent streams.
+//!
+//! `cargo bench -p vlm-lm-service --bench decode_buckets` (model: $VLM_BENCH_MODEL, else the
+//! tiny golden checkpoint). A context over the checkpoint's max_position_embeddings is still
+//! timed (positions have no hard limit here) and marked as such.
+use candle_core::{DType, Device};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use vlm_config::DeployConfig;
+use vlm_lm_service::engine::{EngineHandle, EngineOptions, SeqRequest};
+use vlm_lm_service::runner::Runner;
+use vlm_lm_service::sampler::SamplingConfig;
+use vlm_model::text::{DecodeRow, PromptLayout};
+use vlm_model::Qwen3VlConfig;
+
+const BATCH: usize = 8;
+const BLOCK_LEN: usize = 256;
+
+fn model_dir() -> PathBuf {
+    std::env::var_os("VLM_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny"))
+}
+
+/// Median seconds of `f` over at least 3 runs and about `budget` of time.
+fn time_it(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f(); // warm
+    let mut samples = Vec::new();
+    let t0 = Instant::now();
+    while samples.len() < 3 || (t0.elapsed() < budget && samples.len() < 200) {
+        let t = Instant::now();
+        f();
+        samples.push(t.elapsed().as_secs_f64());
+    }
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn smallest(buckets: &[usize], n: usize) -> usize {
+    buckets.iter().copied().find(|&b| b >= n).unwrap_or(BATCH)
+}
+
+fn decode_table(dir: &Path, cfg: &Qwen3VlConfig) {
+    let max_pos = cfg.text.max_position_embeddings;
+    println!("\n## decode step time (ms), buckets [1,2,4,8] vs single [8]\n");
+    println!("| context | active | graph | ms/step [1,2,4,8] | ms/step [8] | [8]/[1,2,4,8] |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for context in [256usize, 8192] {
+        if context + 1 > max_pos {
+            // Rotary positions have no hard limit in this implementation: the timing is valid,
+            // the numbers the model would produce there are not.
+            println!("| {context} | (beyond max_position_embeddings {max_pos}: timing only) | | | | |");
+        }
+        let per_seq = (context + 1).div_ceil(BLOCK_LEN);
+        let mut runner = Runner::load(dir, &Device::Cpu, DType::F32, per_seq * BATCH, BLOCK_LEN).expect("load model");
+        let rows_for = |n: usize| -> Vec<DecodeRow> {
+            (0..n)
+                .map(|i| DecodeRow {
+                    token: 5 + i as u32,
+                    position: context as i64,
+                    context_len: context,
+                    block_table: ((i * per_seq) as u32..((i + 1) * per_seq) as u32).collect(),
+                })
+                .collect()
+        };
+        let budget = Duration::from_millis(400);
+        for n in 1..=BATCH {
+            let g = smallest(&[1, 2, 4, 8], n);
+            let a = time_it(budget, || {
+                runner.decode(g, rows_for(n)).expect("decode");
+            });
+            let b = time_it(budget, || {
+                runner.decode(8, rows_for(n)).expect("decode");
+            });
+            println!(
+                "| {context} | {n} | {g} | {:.3} | {:.3} | {:.2}x |",
+                a * 1e3,
+                b * 1e3,
+                b / a
+            );
+        }
+    }
+}
+
+fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
+    let mut deploy = DeployConfig::default_config();
+    deploy.batch_size = BATCH as u32;
+    deploy.decoder_batch_sizes = vec![1, 2, 4, 8];
+    deploy.max_seq_len = 2048;
+    deploy.kvcache_partition_len = BLOCK_LEN as u32;
+    let num_blocks = vlm_lm_service::resolve_num_blocks(&deploy, dir).expect("KV blocks");
+    let (engine, thread) = EngineHandle::start(EngineOptions {
+        model_dir: dir.to_path_buf(),
+        deploy: deploy.clone(),
+        num_blocks,
+        cores: Vec::new(),
+    })
+    .expect("start engine");
+    let (prompt_len, new_tokens) = (64usize, 128usize);
+    println!(
+        "\n## engine output tokens/s (prompt {prompt_len}, {new_tokens} new tokens per stream, buckets [1,2,4,8])\n"
+    );
+    println!("| streams | wall s | output tokens | tokens/s | TTFT avg ms |");
+    println!("|---:|---:|---:|---:|---:|");
+    for streams in [1usize, 4, 8] {
+        let t0 = Instant::now();
+        let mut rxs = Vec::new();
+        for s in 0..streams {
+            let ids: Vec<u32> = (0..prompt_len as u32)
+                .map(|i| (i * 7 + s as u32 * 13) % 900 + 5)
+                .collect();
+            let layout = PromptLayout::new(&ids, &[], cfg).expect("layout");
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+            engine
+                .submit(SeqRequest {
+                    request_id: format!("bench-{s}"),
+                    prompt: ids,
+                    images: Vec::new(),
+                    layout,
+                    image_tokens: 0,
+                    sampling: SamplingConfig::greedy(),
+                    max_new_tokens: new_tokens,
+                    stop_ids: Vec::new(),
+                    deadline: None,
+                    events: tx,
+                    span: tracing::Span::none(),
+                    received: Instant::now(),
+                })
+                .expect("submit");
+            rxs.push(rx);
+        }
+        // Drain every stream at once so each first token is timed when it arrives.
+        let mut total = 0usize;
+        let mut ttft = 0.0;
+        let mut first = vec![true; streams];
+        let mut open = streams;
+        while open > 0 {
+            let mut idle = true;
+            for (i, rx) in rxs.iter_mut().enumerate() {
+                while let Ok(ev) = rx.try_recv() {
+                    idle = false;
+                    let ev = ev.expect("generation");
+                    if first[i] {
+                        ttft += t0.elapsed().as_secs_f64();
+                        first[i] = false;
+                    }
+                    total += ev.tokens.len();
+                    if ev.finish.is_some() {
+                        open -= 1;
+                    }
+                }
+            }
+            if idle {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        println!(
+            "| {streams} | {wall:.3} | {total} | {:.1} | {:.1} |",
+            total as f64 / wall,
+            ttft / streams as f64 * 1e3
+        );
+    }
+    engine.shutdown();
+    let _ = thread.join();
+}
+
+fn main() {
+    let dir = model_dir();
+    let cfg = Qwen3VlConfig::from_dir(&dir).expect("read config.json");
+    println!(
+        "model {} ({} layers, hidden {}, vocab {}), f32 weights, block_len {BLOCK_LEN}, {} CPU threads",
+        cfg.model_id,
+        cfg.text.num_hidden_layers,
+        cfg.text.hidden_size,
+        cfg.text.vocab_size,
+        std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+    );
+    decode_table(&dir, &cfg);
+    throughput_table(&dir, &cfg);
+}

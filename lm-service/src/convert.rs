@@ -1,0 +1,122 @@
+//! Wire types (vlm.v1) to domain types and back. The only module besides the vision client
+//! that touches generated proto types.
+use crate::engine::{EngineInfo, Finish, GenEvent};
+use crate::generate::{GenerateInput, ImageIn, SamplingIn};
+use crate::scheduler::SchedulerLoad;
+use candle_core::DType;
+use std::time::{Duration, Instant};
+use vlm_proto as pb;
+
+pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> GenerateInput {
+    let s = r.sampling.unwrap_or_default();
+    GenerateInput {
+        request_id: r.request_id,
+        input_ids: r.input_ids,
+        images: r
+            .images
+            .into_iter()
+            .map(|i| ImageIn {
+                content_hash: i.content_hash,
+                grid: i.grid.map(|g| [g.t as usize, g.h as usize, g.w as usize]),
+                input: i.input,
+            })
+            .collect(),
+        vision_endpoint: r.vision_endpoint,
+        sampling: SamplingIn {
+            max_tokens: s.max_tokens,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            seed: s.seed,
+            stop_token_ids: s.stop_token_ids,
+            ignore_eos: s.ignore_eos,
+        },
+        deadline,
+    }
+}
+
+pub fn token_event(e: GenEvent) -> pb::TokenEvent {
+    pb::TokenEvent {
+        token_ids: e.tokens,
+        finish_reason: match e.finish {
+            None => pb::FinishReason::Unspecified,
+            Some(Finish::Stop) => pb::FinishReason::Stop,
+            Some(Finish::Length) => pb::FinishReason::Length,
+            Some(Finish::Cancelled) => pb::FinishReason::Cancelled,
+        } as i32,
+        usage: Some(pb::Usage {
+            prompt_tokens: e.usage.prompt_tokens,
+            image_tokens: e.usage.image_tokens,
+            completion_tokens: e.usage.completion_tokens,
+        }),
+    }
+}
+
+pub fn wire_dtype(d: DType) -> pb::DType {
+    match d {
+        DType::F32 => pb::DType::DtypeF32,
+        DType::F16 => pb::DType::DtypeF16,
+        DType::BF16 => pb::DType::DtypeBf16,
+        _ => pb::DType::DtypeUnspecified,
+    }
+}
+
+pub fn info(i: &EngineInfo) -> pb::LmInfo {
+    pb::LmInfo {
+        model_id: i.model.model_id.clone(),
+        max_seq_len: i.deploy.max_seq_len,
+        batch_size: i.deploy.batch_size,
+        decoder_batch_sizes: i.deploy.decoder_batch_sizes.clone(),
+        kvcache_partition_len: i.block_len,
+        kvcache_num_blocks: i.num_blocks,
+        prefill_chunk_size: i.deploy.prefill_chunk_size,
+        vocab_size: i.model.text.vocab_size as u32,
+        eos_token_ids: i.model.eos_token_ids.clone(),
+        image_token_id: i.model.image_token_id,
+        dtype: wire_dtype(i.dtype) as i32,
+        device: i.deploy.device.clone(),
+    }
+}
+
+pub fn load(l: SchedulerLoad, draining: bool) -> pb::LoadReport {
+    pb::LoadReport {
+        running: l.running,
+        waiting: l.waiting,
+        free_kv_blocks: l.free_blocks,
+        total_kv_blocks: l.total_blocks,
+        tokens_in_flight: l.tokens_in_flight,
+        draining,
+    }
+}
+
+/// The `grpc-timeout` header ("100m", "5S", ...) as a duration.
+pub fn grpc_timeout(value: &str) -> Option<Duration> {
+    if value.len() < 2 {
+        return None;
+    }
+    let (num, unit) = value.split_at(value.len() - 1);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.checked_mul(3600)?),
+        "M" => Duration::from_secs(n.checked_mul(60)?),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_grpc_timeouts() {
+        assert_eq!(grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(grpc_timeout("x"), None);
+        assert_eq!(grpc_timeout("10q"), None);
+    }
+}

@@ -1,0 +1,519 @@
+//! The step loop: one dedicated thread (pinned to the LM's cores) owns the scheduler, the
+//! runner and every sequence's tokens. Requests arrive as commands over a channel; each step
+//! the loop takes new commands, drops sequences whose caller went away, asks the scheduler for
+//! a plan, runs it, samples, and streams the tokens out.
+use crate::error::LmError;
+use crate::kv::SeqId;
+use crate::runner::{build_chunk, Runner};
+use crate::sampler::{Sampler, SamplingConfig};
+use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
+use candle_core::DType;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+use tracing::Span;
+use vlm_config::DeployConfig;
+use vlm_model::embeds::ImageEmbeds;
+use vlm_model::text::{DecodeRow, PromptLayout};
+use vlm_model::Qwen3VlConfig;
+
+/// How to start the engine.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub model_dir: PathBuf,
+    pub deploy: DeployConfig,
+    /// Blocks in the KV pool (already resolved from `kvcache_num_blocks`).
+    pub num_blocks: u32,
+    /// Physical cores the engine thread is pinned to (empty: not pinned).
+    pub cores: Vec<usize>,
+}
+
+/// What the engine holds, for `Lm.Info`, validation and logs.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    pub model: Qwen3VlConfig,
+    pub deploy: DeployConfig,
+    pub num_blocks: u32,
+    pub block_len: u32,
+    pub dtype: DType,
+    pub kv_bytes: usize,
+    pub weight_bytes: usize,
+    /// Where the model runs (image embeddings are put there).
+    pub device: candle_core::Device,
+}
+
+impl EngineInfo {
+    /// Tokens the pool can hold.
+    pub fn pool_tokens(&self) -> u64 {
+        self.num_blocks as u64 * self.block_len as u64
+    }
+    /// The longest sequence (prompt + generated) this replica runs.
+    pub fn max_sequence_tokens(&self) -> usize {
+        (self.deploy.max_seq_len as u64).min(self.pool_tokens()) as usize
+    }
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+/// Token accounting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub image_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// One streamed step of a generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenEvent {
+    pub tokens: Vec<u32>,
+    pub finish: Option<Finish>,
+    pub usage: Usage,
+}
+
+pub type EventSender = UnboundedSender<Result<GenEvent, LmError>>;
+
+/// A validated request with its image embeddings, ready to schedule.
+#[derive(Debug)]
+pub struct SeqRequest {
+    pub request_id: String,
+    pub prompt: Vec<u32>,
+    pub images: Vec<ImageEmbeds>,
+    pub layout: PromptLayout,
+    pub image_tokens: u32,
+    pub sampling: SamplingConfig,
+    /// Most tokens to generate (already capped to the context).
+    pub max_new_tokens: usize,
+    /// Token ids that end the generation (EOS unless ignored, plus the request's).
+    pub stop_ids: Vec<u32>,
+    pub deadline: Option<Instant>,
+    pub events: EventSender,
+    /// The handler's span; the engine's spans are its children.
+    pub span: Span,
+    pub received: Instant,
+}
+
+enum Command {
+    Generate(Box<SeqRequest>),
+    Shutdown,
+}
+
+/// A cheap handle to the engine thread.
+#[derive(Debug, Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Command>,
+    load: Arc<Mutex<SchedulerLoad>>,
+    info: Arc<EngineInfo>,
+    alive: Arc<AtomicBool>,
+}
+
+/// Clears the flag when the engine thread ends, by return or by panic.
+struct AliveGuard(Arc<AtomicBool>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Generate(r) => write!(f, "Generate({})", r.request_id),
+            Command::Shutdown => f.write_str("Shutdown"),
+        }
+    }
+}
+
+impl EngineHandle {
+    /// Starts the engine thread: pins it, loads the model, sizes the KV cache, runs every graph
+    /// once, then returns. Blocks until the engine is ready (or failed).
+    pub fn start(opts: EngineOptions) -> Result<(EngineHandle, JoinHandle<()>), LmError> {
+        let model_cfg = Qwen3VlConfig::from_dir(&opts.model_dir)?;
+        let dtype = match opts.deploy.dtype {
+            vlm_config::Dtype::F32 => DType::F32,
+            vlm_config::Dtype::F16 => DType::F16,
+            vlm_config::Dtype::Bf16 => DType::BF16,
+        };
+        let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<EngineInfo, LmError>>(1);
+        let (tx, rx) = mpsc::channel::<Command>();
+        let load = Arc::new(Mutex::new(SchedulerLoad::default()));
+        let load2 = load.clone();
+        let alive = Arc::new(AtomicBool::new(true));
+        let guard = AliveGuard(alive.clone());
+        let thread = std::thread::Builder::new()
+            .name("lm-engine".into())
+            .spawn(move || {
+                let _alive = guard;
+                if !opts.cores.is_empty() && !vlm_service_kit::affinity::pin_current_thread(&opts.cores) {
+                    tracing::warn!(cores = ?opts.cores, "could not pin the engine thread");
+                }
+                let block_len = opts.deploy.kvcache_partition_len;
+                let first = opts.deploy.device.first().copied().unwrap_or(0) as usize;
+                let started = (|| {
+                    let device = vlm_model::device::device_for(first)?;
+                    let mut runner = Runner::load(
+                        &opts.model_dir,
+                        &device,
+                        dtype,
+                        opts.num_blocks as usize,
+                        block_len as usize,
+                    )?;
+                    runner.warm_up(
+                        &opts.deploy.decoder_batch_sizes,
+                        opts.deploy.prefill_chunk_size as usize,
+                    )?;
+                    let info = EngineInfo {
+                        model: model_cfg,
+                        deploy: opts.deploy.clone(),
+                        num_blocks: opts.num_blocks,
+                        block_len,
+                        dtype,
+                        kv_bytes: runner.kv().bytes(),
+                        weight_bytes: runner.model().weight_bytes(),
+                        device: device.clone(),
+                    };
+                    Ok::<_, LmError>((runner, info))
+                })();
+                let runner = match started {
+                    Ok((runner, info)) => {
+                        let _ = ready_tx.send(Ok(info));
+                        runner
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let sched = Scheduler::new(SchedulerConfig::new(&opts.deploy, opts.num_blocks));
+                let mut engine = Engine {
+                    runner,
+                    sched,
+                    seqs: HashMap::new(),
+                    rx,
+                    load: load2,
+                };
+                engine.publish();
+                engine.run();
+            })
+            .map_err(|e| LmError::internal(format!("cannot spawn the engine thread: {e}")))?;
+        let info = ready_rx
+            .recv()
+            .map_err(|_| LmError::internal("the engine thread died while starting"))??;
+        Ok((
+            EngineHandle {
+                tx,
+                load,
+                info: Arc::new(info),
+                alive,
+            },
+            thread,
+        ))
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    /// False once the engine thread has ended (shut down, or a bug made it panic).
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Queues a request; its events arrive on `req.events`.
+    pub fn submit(&self, req: SeqRequest) -> Result<(), LmError> {
+        self.tx
+            .send(Command::Generate(Box::new(req)))
+            .map_err(|_| LmError::Unavailable("the LM engine has stopped".into()))
+    }
+
+    /// Counts as of the last step.
+    pub fn load(&self) -> SchedulerLoad {
+        self.load.lock().map(|l| *l).unwrap_or_default()
+    }
+
+    /// Stops the loop after the current step; queued sequences get UNAVAILABLE.
+    pub fn shutdown(&self) {
+        let _ = self.tx.send(Command::Shutdown);
+    }
+}
+
+static SEQ_IDS: AtomicU64 = AtomicU64::new(1);
+
+struct SeqState {
+    req: SeqRequest,
+    generated: Vec<u32>,
+    sampler: Sampler,
+    last_token_at: Option<Instant>,
+    /// Open from submission to admission.
+    queue_span: Option<Span>,
+}
+
+impl SeqState {
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.req.prompt.len() as u32,
+            image_tokens: self.req.image_tokens,
+            completion_tokens: self.generated.len() as u32,
+        }
+    }
+}
+
+struct Engine {
+    runner: Runner,
+    sched: Scheduler,
+    seqs: HashMap<SeqId, SeqState>,
+    rx: mpsc::Receiver<Command>,
+    load: Arc<Mutex<SchedulerLoad>>,
+}
+
+impl Engine {
+    fn run(&mut self) {
+        loop {
+            if self.sched.is_empty() {
+                match self.rx.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return self.stop();
+                        }
+                    }
+                    Err(_) => return self.stop(),
+                }
+            }
+            loop {
+                match self.rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            return self.stop();
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if self.sched.is_empty() {
+                            return self.stop();
+                        }
+                        break;
+                    }
+                }
+            }
+            self.reap_cancelled();
+            let plan = self.sched.schedule(Instant::now());
+            self.step(&plan);
+            self.publish();
+            if plan.is_idle() && !self.sched.is_empty() {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Shutdown => false,
+            Command::Generate(req) => {
+                let id = SEQ_IDS.fetch_add(1, Ordering::Relaxed);
+                let queue_span = tracing::info_span!(parent: &req.span, "queue", seq = id);
+                self.sched.add(id, req.prompt.len(), req.deadline);
+                let sampler = Sampler::new(req.sampling.clone());
+                self.seqs.insert(
+                    id,
+                    SeqState {
+                        req: *req,
+                        generated: Vec::new(),
+                        sampler,
+                        last_token_at: None,
+                        queue_span: Some(queue_span),
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    fn stop(&mut self) {
+        for (id, s) in self.seqs.drain() {
+            self.sched.finish(id);
+            let _ = s
+                .req
+                .events
+                .send(Err(LmError::Unavailable("the LM service is shutting down".into())));
+        }
+        self.publish();
+    }
+
+    /// Sequences whose caller went away leave now; their blocks go back to the pool.
+    fn reap_cancelled(&mut self) {
+        let gone: Vec<SeqId> = self
+            .seqs
+            .iter()
+            .filter(|(_, s)| s.req.events.is_closed())
+            .map(|(&id, _)| id)
+            .collect();
+        for id in gone {
+            if let Some(s) = self.seqs.remove(&id) {
+                tracing::info!(parent: &s.req.span, request_id = %s.req.request_id, "caller went away; sequence dropped");
+            }
+            self.sched.finish(id);
+        }
+    }
+
+    fn step(&mut self, plan: &StepPlan) {
+        for &id in &plan.expired {
+            if let Some(s) = self.seqs.remove(&id) {
+                tracing::info!(parent: &s.req.span, request_id = %s.req.request_id, "deadline passed; sequence dropped");
+                let _ = s.req.events.send(Ok(GenEvent {
+                    tokens: Vec::new(),
+                    finish: Some(Finish::Cancelled),
+                    usage: s.usage(),
+                }));
+            }
+        }
+        if !plan.preempted.is_empty() {
+            metrics::counter!("vlm_lm_preemptions_total").increment(plan.preempted.len() as u64);
+            for id in &plan.preempted {
+                if let Some(s) = self.seqs.get(id) {
+                    tracing::info!(parent: &s.req.span, request_id = %s.req.request_id, "preempted: KV blocks freed, will recompute");
+                }
+            }
+        }
+        for id in &plan.admitted {
+            if let Some(s) = self.seqs.get_mut(id) {
+                s.queue_span = None;
+            }
+        }
+
+        // Decode.
+        let mut decoded: Option<Result<Vec<Vec<f32>>, LmError>> = None;
+        if let Some(d) = &plan.decode {
+            let rows: Vec<DecodeRow> = d
+                .rows
+                .iter()
+                .filter_map(|r| {
+                    let s = self.seqs.get(&r.seq)?;
+                    Some(DecodeRow {
+                        token: *s.generated.last()?,
+                        position: s.req.layout.decode_position(r.context_len),
+                        context_len: r.context_len,
+                        block_table: r.block_table.clone(),
+                    })
+                })
+                .collect();
+            let span = tracing::info_span!("decode_step", graph = d.graph, rows = rows.len());
+            let _g = span.enter();
+            decoded = Some(if rows.len() == d.rows.len() {
+                self.runner.decode(d.graph as usize, rows)
+            } else {
+                Err(LmError::internal("a decode row's sequence is missing"))
+            });
+            metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string()).increment(1);
+        }
+
+        // Prefill chunk.
+        let mut prefilled: Option<Result<Vec<f32>, LmError>> = None;
+        if let Some(p) = &plan.prefill {
+            if let Some(s) = self.seqs.get(&p.seq) {
+                let span = tracing::info_span!(parent: &s.req.span, "prefill_chunk", start = p.start, len = p.len);
+                let _g = span.enter();
+                let r = build_chunk(
+                    &s.req.layout,
+                    &s.req.prompt,
+                    &s.generated,
+                    &s.req.images,
+                    p.start,
+                    p.len,
+                    p.block_table.clone(),
+                )
+                .and_then(|c| self.runner.prefill(c));
+                prefilled = Some(r);
+            }
+        }
+
+        self.sched.update(plan);
+
+        if let (Some(d), Some(out)) = (&plan.decode, decoded) {
+            match out {
+                Ok(logits) => {
+                    for (r, row) in d.rows.iter().zip(logits) {
+                        self.sample_and_emit(r.seq, &row);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "decode step failed");
+                    for r in &d.rows {
+                        self.fail(r.seq, e.clone());
+                    }
+                }
+            }
+        }
+        if let (Some(p), Some(out)) = (&plan.prefill, prefilled) {
+            match out {
+                Ok(logits) if p.sample => self.sample_and_emit(p.seq, &logits),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "prefill chunk failed");
+                    self.fail(p.seq, e);
+                }
+            }
+        }
+    }
+
+    fn sample_and_emit(&mut self, id: SeqId, logits: &[f32]) {
+        let Some(s) = self.seqs.get_mut(&id) else { return };
+        let token = s.sampler.sample(logits);
+        let now = Instant::now();
+        match s.last_token_at {
+            None => metrics::histogram!("vlm_lm_time_to_first_token_seconds")
+                .record(now.duration_since(s.req.received).as_secs_f64()),
+            Some(t) => {
+                metrics::histogram!("vlm_lm_time_per_output_token_seconds").record(now.duration_since(t).as_secs_f64())
+            }
+        }
+        metrics::counter!("vlm_lm_generated_tokens_total").increment(1);
+        s.last_token_at = Some(now);
+        s.generated.push(token);
+        let finish = if s.req.stop_ids.contains(&token) {
+            Some(Finish::Stop)
+        } else if s.generated.len() >= s.req.max_new_tokens {
+            Some(Finish::Length)
+        } else {
+            None
+        };
+        let sent = s.req.events.send(Ok(GenEvent {
+            tokens: vec![token],
+            finish,
+            usage: s.usage(),
+        }));
+        if finish.is_some() || sent.is_err() {
+            self.seqs.remove(&id);
+            self.sched.finish(id);
+        }
+    }
+
+    fn fail(&mut self, id: SeqId, e: LmError) {
+        if let Some(s) = self.seqs.remove(&id) {
+            let _ = s.req.events.send(Err(e));
+        }
+        self.sched.finish(id);
+    }
+
+    fn publish(&self) {
+        let l = self.sched.load();
+        metrics::gauge!("vlm_lm_running").set(l.running as f64);
+        metrics::gauge!("vlm_lm_waiting").set(l.waiting as f64);
+        metrics::gauge!("vlm_lm_kv_blocks_used").set((l.total_blocks - l.free_blocks) as f64);
+        metrics::gauge!("vlm_lm_kv_blocks_free").set(l.free_blocks as f64);
+        if let Ok(mut g) = self.load.lock() {
+            *g = l;
+        }
+    }
+}

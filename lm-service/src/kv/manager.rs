@@ -1,0 +1,124 @@
+//! Per-sequence KV policy: each sequence holds a block table long enough for its tokens.
+//! `allocate` answers yes (the new blocks) or no (nothing changes); the scheduler decides what
+//! to do about a no.
+use super::block_pool::BlockPool;
+use std::collections::HashMap;
+
+/// A sequence's id inside the LM service.
+pub type SeqId = u64;
+
+/// Blocks newly given to a sequence by one `allocate` call. Opaque to the scheduler beyond
+/// their count.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Blocks(pub Vec<u32>);
+
+impl Blocks {
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct KvManager {
+    pool: BlockPool,
+    block_len: u32,
+    tables: HashMap<SeqId, Vec<u32>>,
+}
+
+impl KvManager {
+    pub fn new(num_blocks: u32, block_len: u32) -> Self {
+        assert!(block_len > 0, "block_len must be positive");
+        KvManager {
+            pool: BlockPool::new(num_blocks),
+            block_len,
+            tables: HashMap::new(),
+        }
+    }
+
+    pub fn block_len(&self) -> u32 {
+        self.block_len
+    }
+    pub fn total_blocks(&self) -> u32 {
+        self.pool.total()
+    }
+    pub fn free_blocks(&self) -> u32 {
+        self.pool.free_count()
+    }
+    pub fn used_blocks(&self) -> u32 {
+        self.pool.used_count()
+    }
+    pub fn dummy_block(&self) -> u32 {
+        self.pool.dummy()
+    }
+
+    /// Blocks needed for `tokens` tokens.
+    pub fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_len as usize)
+    }
+
+    /// Tokens the whole pool can hold.
+    pub fn capacity_tokens(&self) -> u64 {
+        self.pool.total() as u64 * self.block_len as u64
+    }
+
+    /// Grows `seq`'s table to cover `tokens` tokens. `Some(new blocks)` (possibly empty) on
+    /// success, `None` when the pool lacks them (nothing is taken then).
+    pub fn allocate(&mut self, seq: SeqId, tokens: usize) -> Option<Blocks> {
+        let have = self.tables.get(&seq).map_or(0, Vec::len);
+        let need = self.blocks_for(tokens).saturating_sub(have);
+        let new = self.pool.take(need)?;
+        self.tables.entry(seq).or_default().extend_from_slice(&new);
+        Some(Blocks(new))
+    }
+
+    /// Whether `allocate(seq, tokens)` would succeed now.
+    pub fn can_allocate(&self, seq: SeqId, tokens: usize) -> bool {
+        let have = self.tables.get(&seq).map_or(0, Vec::len);
+        self.blocks_for(tokens).saturating_sub(have) <= self.pool.free_count() as usize
+    }
+
+    /// Returns all of `seq`'s blocks to the pool; the number freed.
+    pub fn free(&mut self, seq: SeqId) -> usize {
+        match self.tables.remove(&seq) {
+            Some(t) => {
+                let n = t.len();
+                self.pool.give_back(t);
+                n
+            }
+            None => 0,
+        }
+    }
+
+    /// `seq`'s block table (empty when it holds none).
+    pub fn table(&self, seq: SeqId) -> &[u32] {
+        self.tables.get(&seq).map_or(&[], Vec::as_slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allocate_grows_and_refuses_without_side_effects() {
+        let mut m = KvManager::new(5, 4);
+        assert_eq!(m.allocate(1, 5).unwrap().len(), 2); // 5 tokens -> 2 blocks
+        assert_eq!(m.allocate(1, 8).unwrap().len(), 0); // still 2 blocks
+        assert_eq!(m.allocate(1, 9).unwrap().len(), 1);
+        assert_eq!(m.table(1).len(), 3);
+        assert!(m.allocate(2, 12).is_none(), "needs 3, 2 free");
+        assert_eq!(m.free_blocks(), 2);
+        assert!(m.table(2).is_empty());
+        assert!(m.can_allocate(2, 8));
+        assert_eq!(m.allocate(2, 8).unwrap().len(), 2);
+        assert_eq!(m.free_blocks(), 0);
+        assert_eq!(m.free(1), 3);
+        assert_eq!(m.free(1), 0);
+        assert_eq!(m.free_blocks(), 3);
+        let dummy = m.dummy_block();
+        assert!(m.table(2).iter().all(|&b| b != dummy));
+    }
+}

@@ -1,0 +1,74 @@
+//! The tonic adapter: decode the request, call the plain async function, map the error.
+use crate::convert;
+use crate::generate::{self, Context};
+use futures::{Stream, StreamExt};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+use vlm_proto as pb;
+
+/// The `vlm.v1.Lm` handlers. The context is set once the engine has warmed up; until then
+/// every call is UNAVAILABLE (and health says NOT_SERVING).
+pub struct LmService {
+    ctx: Arc<OnceLock<Arc<Context>>>,
+}
+
+impl LmService {
+    pub fn new(ctx: Arc<OnceLock<Arc<Context>>>) -> Self {
+        LmService { ctx }
+    }
+
+    fn ctx(&self) -> Result<&Arc<Context>, Status> {
+        self.ctx
+            .get()
+            .ok_or_else(|| Status::unavailable("the LM service is loading the model and warming up its graphs"))
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TokenEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::lm_server::Lm for LmService {
+    type GenerateStream = EventStream;
+
+    async fn generate(&self, request: Request<pb::LmGenerateRequest>) -> Result<Response<EventStream>, Status> {
+        let deadline = request
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(convert::grpc_timeout)
+            .map(|d| Instant::now() + d);
+        let span = tracing::info_span!(
+            "generate",
+            request_id = tracing::field::Empty,
+            prompt_tokens = tracing::field::Empty
+        );
+        vlm_service_kit::telemetry::extract(request.metadata(), &span);
+        let req = request.into_inner();
+        span.record("request_id", req.request_id.as_str());
+        span.record("prompt_tokens", req.input_ids.len());
+        let input = convert::generate_input(req, deadline);
+        let ctx = self.ctx()?;
+        let rx = generate::generate(ctx, input, span.clone())
+            .instrument(span.clone())
+            .await
+            .map_err(|e| {
+                tracing::info!(parent: &span, error = %e, kind = e.kind(), "generate refused");
+                Status::from(e)
+            })?;
+        let stream = UnboundedReceiverStream::new(rx).map(|r| r.map(convert::token_event).map_err(Status::from));
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn info(&self, _: Request<pb::LmInfoRequest>) -> Result<Response<pb::LmInfo>, Status> {
+        Ok(Response::new(convert::info(self.ctx()?.engine.info())))
+    }
+
+    async fn load(&self, _: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
+        let ctx = self.ctx()?;
+        Ok(Response::new(convert::load(ctx.engine.load(), ctx.is_draining())))
+    }
+}
