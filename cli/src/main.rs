@@ -13,6 +13,11 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Run the whole system locally: vision-service, lm-service and gateway as child processes
+    /// on loopback (the tiny random checkpoint when no --model is given).
+    Up(cmd::up::UpArgs),
+    /// Send a prompt (and images) to a gateway and print the stream as it arrives.
+    Generate(cmd::generate::GenerateArgs),
     /// Work with the nested deployment config.
     #[command(subcommand)]
     Config(cmd::config::ConfigCommand),
@@ -31,6 +36,8 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Up(a) => cmd::up::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
         Command::Config(c) => cmd::config::run(c),
         Command::Bucket(a) => cmd::bucket::run(a),
         Command::Plan(a) => cmd::plan::run(a),

@@ -1,1 +1,164 @@
-//! placeholder
+//! The gateway: the public face of the split Qwen3-VL service. gRPC `vlm.v1.Gateway` and an
+//! OpenAI-compatible HTTP API in front of LM and vision replicas.
+//!
+//! A request flows `validation` (a [`validation::ValidRequest`]) -> `admission` (a permit, or
+//! RESOURCE_EXHAUSTED / 429 at once) -> `routing` (an LM and a vision replica) -> `generate`
+//! (the LM stream turned into text deltas by `stream`) -> the edge (`service` or `openai`).
+pub mod admission;
+pub mod auth;
+pub mod client;
+pub mod error;
+pub mod generate;
+pub mod metrics;
+pub mod openai;
+pub mod routing;
+pub mod service;
+pub mod stream;
+pub mod validation;
+
+pub use error::{GatewayError, ServeError};
+
+use admission::{Admission, AdmissionLimits};
+use auth::ApiKeys;
+use routing::{ReplicaSource, Router, RoutingOptions};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+use validation::{Limits, Validator};
+use vlm_config::DeployConfig;
+
+/// Everything `run` needs, already validated by the binary.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    pub lm: ReplicaSource,
+    pub vision: ReplicaSource,
+    /// Checkpoint directory (tokenizer and chat template).
+    pub model_dir: PathBuf,
+    pub deploy: DeployConfig,
+    pub api_keys: ApiKeys,
+    pub admission: AdmissionLimits,
+    pub max_images: usize,
+    pub max_body_bytes: usize,
+    pub allow_image_hosts: Vec<String>,
+    pub routing: RoutingOptions,
+}
+
+/// A bound gateway: addresses known, not serving yet.
+pub struct Bound {
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    grpc: tokio::net::TcpListener,
+    http: tokio::net::TcpListener,
+    core: generate::Core,
+    cfg: GatewayConfig,
+}
+
+/// Loads the tokenizer and binds both listeners.
+pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
+    let _ = vlm_service_kit::metrics_http::recorder();
+    crate::metrics::describe();
+    let tokenizer = vlm_model::tokenizer::ChatTokenizer::from_dir(&cfg.model_dir).map_err(|e| ServeError::Tokenizer {
+        dir: cfg.model_dir.display().to_string(),
+        message: e.to_string(),
+    })?;
+    let model_id = cfg
+        .model_dir
+        .canonicalize()
+        .unwrap_or_else(|_| cfg.model_dir.clone())
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into());
+    let limits = Limits::from_config(&cfg.deploy, cfg.max_images, cfg.max_body_bytes);
+    let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id);
+    let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing);
+    let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
+    let grpc = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .map_err(|source| ServeError::Bind { what: "gRPC", addr: cfg.listen.to_string(), source })?;
+    let http = tokio::net::TcpListener::bind(cfg.http_listen)
+        .await
+        .map_err(|source| ServeError::Bind { what: "HTTP", addr: cfg.http_listen.to_string(), source })?;
+    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind { what: "gRPC", addr: cfg.listen.to_string(), source })?;
+    let http_addr =
+        http.local_addr().map_err(|source| ServeError::Bind { what: "HTTP", addr: cfg.http_listen.to_string(), source })?;
+    Ok(Bound { grpc_addr, http_addr, grpc, http, core, cfg })
+}
+
+impl Bound {
+    /// Serves until `shutdown` completes, then drains: health goes NOT_SERVING, new requests
+    /// are refused, and running streams finish before this returns.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+        let Bound { grpc, http, core, cfg, .. } = self;
+        let stop = CancellationToken::new();
+        let router = core.router().clone();
+        router.start(stop.clone()).await;
+
+        let (reporter, health) = vlm_service_kit::grpc::health();
+        let reflection = vlm_service_kit::grpc::reflection().map_err(|e| ServeError::Reflection(e.to_string()))?;
+        // Health follows replica readiness until draining.
+        {
+            let reporter = reporter.clone();
+            let mut ready = router.ready();
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                loop {
+                    let r = *ready.borrow_and_update();
+                    vlm_service_kit::grpc::set_serving(&reporter, "vlm.v1.Gateway", r).await;
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        c = ready.changed() => if c.is_err() { break },
+                    }
+                }
+            });
+        }
+
+        let drain = stop.clone();
+        let admission = core.admission().clone();
+        let reporter2 = reporter.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            tracing::info!("draining: refusing new requests, finishing running ones");
+            drain.cancel();
+            admission.drain();
+            vlm_service_kit::grpc::set_serving(&reporter2, "vlm.v1.Gateway", false).await;
+        });
+
+        let svc = tonic::service::interceptor::InterceptedService::new(
+            vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(core.clone()))
+                // Room over the body limit, so that validation answers an oversized request with
+                // INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
+                .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
+            cfg.api_keys.interceptor(),
+        );
+        let grpc_stop = stop.clone();
+        let grpc_task = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(svc)
+            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), async move {
+                grpc_stop.cancelled().await
+            });
+
+        let state = openai::HttpState {
+            core: core.clone(),
+            keys: cfg.api_keys.clone(),
+            ready: router.ready(),
+            metrics: vlm_service_kit::metrics_http::recorder(),
+            allow_image_hosts: cfg.allow_image_hosts.clone(),
+        };
+        let http_stop = stop.clone();
+        let http_task = axum::serve(http, openai::router(state))
+            .with_graceful_shutdown(async move { http_stop.cancelled().await });
+        let (g, h) = tokio::join!(grpc_task, async { http_task.await });
+        g.map_err(|e| ServeError::Grpc(e.to_string()))?;
+        h.map_err(|e| ServeError::Grpc(format!("HTTP: {e}")))?;
+        Ok(())
+    }
+}
+
+/// [`bind`] then [`Bound::serve`].
+pub async fn run(cfg: GatewayConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+    bind(cfg).await?.serve(shutdown).await
+}

@@ -1,1 +1,105 @@
-fn main() {}
+//! `gateway`: parses flags (each also an environment variable), validates, calls the library.
+use anyhow::Context;
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use vlm_gateway::admission::AdmissionLimits;
+use vlm_gateway::auth::ApiKeys;
+use vlm_gateway::routing::{ReplicaSource, RoutingOptions};
+use vlm_gateway::GatewayConfig;
+
+#[derive(Parser, Debug)]
+#[command(name = "gateway", version, about = "vlm gateway: gRPC and OpenAI-compatible HTTP in front of LM and vision replicas")]
+struct Args {
+    /// gRPC listen address.
+    #[arg(long, env = "VLM_GATEWAY_LISTEN", default_value = "0.0.0.0:50051")]
+    listen: SocketAddr,
+    /// HTTP listen address (OpenAI API, /health, /metrics).
+    #[arg(long, env = "VLM_GATEWAY_HTTP_LISTEN", default_value = "0.0.0.0:8080")]
+    http_listen: SocketAddr,
+    /// Vision replicas: host:port,... or dns:///name:port.
+    #[arg(long, env = "VLM_VISION_ADDRS")]
+    vision: String,
+    /// LM replicas: host:port,... or dns:///name:port.
+    #[arg(long, env = "VLM_LM_ADDRS")]
+    lm: String,
+    /// Checkpoint directory (tokenizer.json and the chat template).
+    #[arg(long, env = "VLM_MODEL")]
+    model: PathBuf,
+    /// Deployment config (JSON, YAML or TOML); the defaults when absent.
+    #[arg(long, env = "VLM_CONFIG")]
+    config: Option<PathBuf>,
+    /// File of API keys, one per line.
+    #[arg(long, env = "VLM_API_KEY_FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Requests generating at once.
+    #[arg(long, env = "VLM_GATEWAY_MAX_IN_FLIGHT", default_value_t = 64)]
+    max_in_flight: usize,
+    /// Requests waiting for admission; beyond this, RESOURCE_EXHAUSTED / 429.
+    #[arg(long, env = "VLM_GATEWAY_MAX_QUEUE", default_value_t = 256)]
+    max_queue: usize,
+    /// KV tokens (prompt + max_tokens) of running requests; 0 = no budget.
+    #[arg(long, env = "VLM_GATEWAY_MAX_KV_TOKENS_IN_FLIGHT", default_value_t = 0)]
+    max_kv_tokens_in_flight: u64,
+    /// Images per request.
+    #[arg(long, env = "VLM_GATEWAY_MAX_IMAGES", default_value_t = 8)]
+    max_images: usize,
+    /// Bytes of one request body.
+    #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
+    max_body_bytes: usize,
+    /// Hosts http(s) image URLs may be fetched from (repeatable); none by default.
+    #[arg(long = "allow-image-host", env = "VLM_GATEWAY_ALLOW_IMAGE_HOSTS", value_delimiter = ',')]
+    allow_image_host: Vec<String>,
+    /// How often replicas are polled for health and load, in milliseconds.
+    #[arg(long, env = "VLM_GATEWAY_POLL_MS", default_value_t = 500)]
+    poll_ms: u64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let _telemetry = vlm_service_kit::telemetry::init("gateway");
+    let a = Args::parse();
+    if a.max_in_flight == 0 {
+        anyhow::bail!("--max-in-flight must be at least 1");
+    }
+    let deploy = match &a.config {
+        Some(p) => {
+            let loaded = vlm_config::DeployConfig::from_path(p).with_context(|| format!("config {}", p.display()))?;
+            for w in &loaded.warnings {
+                tracing::warn!("config: {w}");
+            }
+            loaded.config
+        }
+        None => vlm_config::DeployConfig::default_config(),
+    };
+    let api_keys = ApiKeys::load(a.api_key_file.as_deref(), std::env::var("VLM_API_KEY").ok())
+        .with_context(|| format!("reading --api-key-file {:?}", a.api_key_file))?;
+    let cfg = GatewayConfig {
+        listen: a.listen,
+        http_listen: a.http_listen,
+        lm: ReplicaSource::parse(&a.lm).map_err(|e| anyhow::anyhow!("--lm: {e}"))?,
+        vision: ReplicaSource::parse(&a.vision).map_err(|e| anyhow::anyhow!("--vision: {e}"))?,
+        model_dir: a.model,
+        deploy,
+        api_keys,
+        admission: AdmissionLimits {
+            max_in_flight: a.max_in_flight,
+            max_queue: a.max_queue,
+            max_kv_tokens: a.max_kv_tokens_in_flight,
+        },
+        max_images: a.max_images,
+        max_body_bytes: a.max_body_bytes,
+        allow_image_hosts: a.allow_image_host,
+        routing: RoutingOptions { poll_interval: Duration::from_millis(a.poll_ms.max(10)), ..Default::default() },
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(async move {
+        let bound = vlm_gateway::bind(cfg).await?;
+        println!("listening grpc={} http={}", bound.grpc_addr, bound.http_addr);
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        bound.serve(vlm_service_kit::shutdown::shutdown_signal()).await?;
+        tracing::info!("drained; bye");
+        Ok(())
+    })
+}

@@ -1,6 +1,8 @@
 //! One module per subcommand.
 pub mod bucket;
 pub mod config;
+pub mod generate;
 pub mod inspect;
 pub mod make_model;
 pub mod plan;
+pub mod up;

@@ -1,0 +1,639 @@
+//! End-to-end: the three real binaries (vision-service, lm-service, gateway) on a tiny random
+//! checkpoint, driven through the gateway's gRPC and HTTP APIs.
+//!
+//! The binaries are taken from the directory of `vlm` (`target/<profile>/`); when one is
+//! missing the test builds them with `cargo build -p vlm-vision-service -p vlm-lm-service
+//! -p vlm-gateway`. Tests start their own processes on loopback port 0 and run one at a time.
+// Each test has its own runtime on its own thread; the std mutex only serialises them.
+#![allow(clippy::await_holding_lock)]
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+use vlm_proto::v1 as pb;
+
+// ---------------------------------------------------------------- harness
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    // Next to `vlm`; (a test binary lives in <target>/<profile>/deps).
+    let dir = match option_env!("CARGO_BIN_EXE_vlm") {
+        Some(vlm) => Path::new(vlm).parent().unwrap().to_path_buf(),
+        None => std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf(),
+    };
+    let path = |n: &str| dir.join(format!("{n}{}", std::env::consts::EXE_SUFFIX));
+    BUILT.get_or_init(|| {
+        if ["vision-service", "lm-service", "gateway"].iter().all(|n| path(n).is_file()) {
+            return;
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace_root())
+            .args(["build", "-p", "vlm-vision-service", "-p", "vlm-lm-service", "-p", "vlm-gateway"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("running cargo build");
+        assert!(status.success(), "cargo build of the service binaries failed");
+    });
+    path(name)
+}
+
+/// The tiny random checkpoint (seed 0), made once per target directory.
+fn tiny_model() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-tiny-s0");
+        let done = dir.join(".complete");
+        if !done.is_file() {
+            let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
+            vlm_model::make::make_model(&dir, &opts).expect("make the tiny checkpoint");
+            std::fs::write(&done, b"").unwrap();
+        }
+        dir
+    })
+    .clone()
+}
+
+const CONFIG: &str = "\
+visual:
+  max_seq_len: [1024, 4096, 16384]
+  num_devices: 1
+  device: [0]
+  oversize: reject
+max_seq_len: 4096
+kvcache_partition_len: 256
+kvcache_num_blocks: 64
+batch_size: 8
+decoder_batch_sizes: [1, 2, 4, 8]
+prefill_chunk_size: 128
+num_devices: 1
+device: [LM_DEVICE]
+";
+
+fn config_file() -> PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let lm = if cores > 1 { "1" } else { "0" };
+        let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-local.yaml");
+        std::fs::write(&p, CONFIG.replace("LM_DEVICE", lm)).unwrap();
+        p
+    })
+    .clone()
+}
+
+/// A child process, killed when dropped.
+struct Proc {
+    name: String,
+    child: Child,
+    /// Fields of its `listening k=v ...` line.
+    addrs: Vec<(String, String)>,
+}
+
+impl Proc {
+    fn spawn(name: &str, bin: &Path, args: &[String]) -> Proc {
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tag = name.to_string();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening ") {
+                    if let Some(t) = tx.take() {
+                        let kv: Vec<(String, String)> = rest
+                            .split_whitespace()
+                            .filter_map(|f| f.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                            .collect();
+                        let _ = t.send(kv);
+                        continue;
+                    }
+                }
+                eprintln!("[{tag}] {line}");
+            }
+        });
+        let addrs = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("{name} did not print its listening line");
+            }
+        };
+        Proc { name: name.to_string(), child, addrs }
+    }
+
+    fn addr(&self, key: &str) -> String {
+        self.addrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone()).unwrap_or_else(|| panic!("{}: no {key}=", self.name))
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+async fn channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+}
+
+async fn wait_serving(addr: &str) {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await {
+            if let Ok(r) = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+                if r.get_ref().status == ServingStatus::Serving as i32 {
+                    return;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "{addr} never became SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn service_args(listen_metrics: bool) -> Vec<String> {
+    let mut a = vec![
+        "--model".to_string(),
+        tiny_model().display().to_string(),
+        "--config".into(),
+        config_file().display().to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+    ];
+    if listen_metrics {
+        a.extend(["--metrics-listen".into(), "127.0.0.1:0".into()]);
+    }
+    a
+}
+
+struct Cluster {
+    gateway: Proc,
+    lms: Vec<Proc>,
+    _vision: Proc,
+}
+
+impl Cluster {
+    async fn start(lms: usize, gateway_args: &[&str]) -> Cluster {
+        let vision = Proc::spawn("vision", &bin("vision-service"), &service_args(true));
+        let lms: Vec<Proc> = (0..lms).map(|i| Proc::spawn(&format!("lm{i}"), &bin("lm-service"), &service_args(true))).collect();
+        wait_serving(&vision.addr("grpc")).await;
+        for lm in &lms {
+            wait_serving(&lm.addr("grpc")).await;
+        }
+        let gateway = Self::gateway(&vision, &lms, gateway_args).await;
+        Cluster { gateway, lms, _vision: vision }
+    }
+
+    /// One more gateway in front of the same replicas.
+    async fn gateway(vision: &Proc, lms: &[Proc], extra: &[&str]) -> Proc {
+        let lm_list = lms.iter().map(|l| l.addr("grpc")).collect::<Vec<_>>().join(",");
+        let mut args = vec![
+            "--model".to_string(),
+            tiny_model().display().to_string(),
+            "--config".into(),
+            config_file().display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--http-listen".into(),
+            "127.0.0.1:0".into(),
+            "--vision".into(),
+            vision.addr("grpc"),
+            "--lm".into(),
+            lm_list,
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let g = Proc::spawn("gateway", &bin("gateway"), &args);
+        wait_serving(&g.addr("grpc")).await;
+        g
+    }
+
+    fn grpc(&self) -> String {
+        self.gateway.addr("grpc")
+    }
+    fn http(&self) -> String {
+        self.gateway.addr("http")
+    }
+}
+
+fn png(w: u32, h: u32, seed: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([(x as u8).wrapping_mul(3).wrapping_add(seed), (y as u8).wrapping_mul(5), seed.wrapping_mul(7) ^ (x ^ y) as u8])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+/// A one-colour image: large in pixels, small in bytes.
+fn png_flat(w: u32, h: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_pixel(w, h, image::Rgb([90, 120, 200]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+fn grpc_request(images: &[Vec<u8>], text: &str, max_tokens: u32) -> pb::GenerateRequest {
+    use pb::content_part::Part;
+    let mut content: Vec<pb::ContentPart> = images
+        .iter()
+        .map(|d| pb::ContentPart { part: Some(Part::Image(pb::ImagePart { data: d.clone(), mime_type: "image/png".into() })) })
+        .collect();
+    content.push(pb::ContentPart { part: Some(Part::Text(text.into())) });
+    pb::GenerateRequest {
+        messages: vec![pb::ChatMessage { role: "user".into(), content }],
+        sampling: Some(pb::SamplingParams { max_tokens, temperature: 0.0, ..Default::default() }),
+        model: String::new(),
+    }
+}
+
+fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+    use base64::Engine;
+    let mut parts: Vec<serde_json::Value> = images
+        .iter()
+        .map(|d| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(d);
+            serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}})
+        })
+        .collect();
+    parts.push(serde_json::json!({"type": "text", "text": text}));
+    serde_json::json!({
+        "messages": [{"role": "user", "content": parts}],
+        "max_tokens": max_tokens, "temperature": 0, "stream": stream
+    })
+}
+
+/// Collected output of one gRPC generation.
+#[derive(Debug, Default)]
+struct Output {
+    text: String,
+    tokens: Vec<u32>,
+    finish: i32,
+    usage: pb::Usage,
+}
+
+async fn generate(addr: &str, req: pb::GenerateRequest) -> Result<Output, tonic::Status> {
+    let mut client = pb::gateway_client::GatewayClient::new(channel(addr).await).max_decoding_message_size(64 << 20);
+    let mut stream = client.generate(req).await?.into_inner();
+    let mut out = Output::default();
+    while let Some(m) = stream.message().await? {
+        out.text.push_str(&m.text);
+        out.tokens.extend(m.token_ids);
+        if m.finish_reason != 0 {
+            out.finish = m.finish_reason;
+            out.usage = m.usage.unwrap_or_default();
+        }
+    }
+    Ok(out)
+}
+
+/// A minimal HTTP/1.1 client: (status, body), chunked bodies decoded.
+fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    http_with(addr, method, path, body, "")
+}
+
+fn http_with(addr: &str, method: &str, path: &str, body: &[u8], extra_headers: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra_headers}Connection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut body = raw[split + 4..].to_vec();
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16).unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+            rest = &rest[eol + 2 + size + 2..];
+        }
+        body = out;
+    }
+    (status, String::from_utf8(body).unwrap())
+}
+
+fn post_json(addr: &str, v: &serde_json::Value) -> (u16, String) {
+    http(addr, "POST", "/v1/chat/completions", v.to_string().as_bytes())
+}
+
+// ---------------------------------------------------------------- tests
+
+/// A greedy request with two images gives the tokens of the in-process pipeline, and the HTTP
+/// API answers it identically, streaming and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_images_greedy_matches_in_process_and_http() {
+    let _g = serial();
+    let images = vec![png(96, 64, 1), png(200, 150, 2)];
+    let prompt = "Compare the two images.";
+    let max_tokens = 12;
+
+    // In-process oracle.
+    let dir = tiny_model();
+    let tok = vlm_model::tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
+    let pipeline =
+        vlm_model::pipeline::Pipeline::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap().with_block_len(256);
+    let pre = vlm_model::preprocess::PreprocessConfig::default();
+    let pixels: Vec<_> = images.iter().map(|b| vlm_model::preprocess::preprocess_bytes(b, &pre).unwrap()).collect();
+    let embeds = pipeline.encode_images(&pixels).unwrap();
+    use vlm_model::tokenizer::{ChatMessage, ChatPart};
+    let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Image, ChatPart::Text(prompt.into())]);
+    let counts: Vec<usize> = embeds.iter().map(|e| e.tokens()).collect();
+    let ids = tok.encode_prompt(&[msg], &counts).unwrap();
+    let want = pipeline.generate_greedy(&ids, &embeds, max_tokens as usize, tok.eos_ids()).unwrap().tokens;
+    drop(pipeline);
+
+    let c = Cluster::start(1, &[]).await;
+    let got = generate(&c.grpc(), grpc_request(&images, prompt, max_tokens)).await.unwrap();
+    assert_eq!(got.tokens, want, "gateway tokens differ from the in-process pipeline");
+    assert_eq!(got.usage.prompt_tokens as usize, ids.len());
+    assert_eq!(got.usage.image_tokens as usize, counts.iter().sum::<usize>());
+    assert_eq!(got.usage.completion_tokens as usize, want.len());
+    assert_eq!(got.text, tok.decode_skip_special(&want).unwrap());
+
+    // HTTP, not streaming.
+    let (status, body) = post_json(&c.http(), &http_body(&images, prompt, max_tokens, false));
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], got.text.as_str());
+    assert_eq!(v["usage"]["completion_tokens"], want.len());
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+
+    // HTTP, streaming: SSE chunks ending with [DONE].
+    let (status, body) = post_json(&c.http(), &http_body(&images, prompt, max_tokens, true));
+    assert_eq!(status, 200, "{body}");
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(*events.last().unwrap(), "data: [DONE]");
+    let mut text = String::new();
+    let mut usage = serde_json::Value::Null;
+    for e in &events[..events.len() - 1] {
+        let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+        assert_eq!(v["object"], "chat.completion.chunk");
+        text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+        if !v["usage"].is_null() {
+            usage = v["usage"].clone();
+        }
+    }
+    assert_eq!(text, got.text);
+    assert_eq!(usage["completion_tokens"], want.len());
+
+    let (status, body) = http(&c.http(), "GET", "/v1/models", b"");
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = http(&c.http(), "GET", "/metrics", b"");
+    assert_eq!(status, 200);
+    for name in [
+        "vlm_gateway_requests_total",
+        "vlm_gateway_queue_depth",
+        "vlm_gateway_in_flight",
+        "vlm_gateway_time_to_first_token_seconds",
+        "vlm_gateway_request_duration_seconds",
+        "vlm_gateway_prompt_tokens_total",
+        "vlm_gateway_completion_tokens_total",
+    ] {
+        assert!(body.contains(name), "/metrics lacks {name}");
+    }
+}
+
+/// Every refusal is INVALID_ARGUMENT / HTTP 400 with a message naming the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_name_their_limit() {
+    let _g = serial();
+    let c = Cluster::start(1, &["--max-images", "2", "--max-body-bytes", "3000000"]).await;
+    let small = png(64, 64, 3);
+    let cases: Vec<(pb::GenerateRequest, &str)> = vec![
+        (grpc_request(&[small.clone(), small.clone(), small.clone()], "x", 4), "limit of 2 images"),
+        (grpc_request(&[], "x", 5000), "context limit of 4096"),
+        (grpc_request(&[png_flat(4096, 4096)], "x", 4), "16384"),
+        (grpc_request(&[b"not an image".to_vec()], "x", 4), "image 0"),
+        (grpc_request(&[vec![0u8; 3_100_000]], "x", 4), "3000000"),
+    ];
+    for (req, needle) in cases {
+        let e = generate(&c.grpc(), req).await.err().unwrap_or_else(|| panic!("expected a refusal naming {needle}"));
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(e.message().contains(needle), "message {:?} lacks {needle:?}", e.message());
+    }
+    let http_cases = vec![
+        (http_body(&[small.clone(), small.clone(), small.clone()], "x", 4, false), "limit of 2 images"),
+        (http_body(&[], "x", 5000, true), "context limit of 4096"),
+        (http_body(&[vec![7u8; 2_400_000]], "x", 4, false), "3000000"),
+    ];
+    for (body, needle) in http_cases {
+        let (status, text) = post_json(&c.http(), &body);
+        assert_eq!(status, 400, "{text}");
+        assert!(text.contains(needle), "{text} lacks {needle:?}");
+    }
+    let (status, text) = post_json(&c.http(), &serde_json::json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}));
+    assert_eq!(status, 400);
+    assert!(text.contains("--allow-image-host"), "{text}");
+    // The gateway still serves after every refusal.
+    generate(&c.grpc(), grpc_request(&[], "still there?", 2)).await.unwrap();
+}
+
+/// Beyond in-flight + queue: RESOURCE_EXHAUSTED / 429 at once, while admitted requests finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overload_is_refused_at_once_and_admitted_requests_complete() {
+    let _g = serial();
+    let c = Cluster::start(1, &["--max-in-flight", "1", "--max-queue", "1"]).await;
+    let long = |n| {
+        let mut r = grpc_request(&[], "count", n);
+        r.sampling.as_mut().unwrap().ignore_eos = true;
+        r
+    };
+    // One running (first message seen), one queued.
+    let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
+    let mut running = client.generate(long(1500)).await.unwrap().into_inner();
+    let first = running.message().await.unwrap().unwrap();
+    assert!(!first.token_ids.is_empty());
+    let addr = c.grpc();
+    let queued = tokio::spawn(async move { generate(&addr, long(50)).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let t = Instant::now();
+    let e = generate(&c.grpc(), long(10)).await.expect_err("over the queue: refused");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("--max-queue"), "{}", e.message());
+    let mut b = http_body(&[], "count", 10, false);
+    b["ignore_eos"] = true.into();
+    let (status, text) = post_json(&c.http(), &b);
+    assert_eq!(status, 429, "{text}");
+    assert!(text.contains("queue"), "{text}");
+    assert!(t.elapsed() < Duration::from_secs(30));
+
+    let mut n = first.token_ids.len();
+    let mut finish = 0;
+    while let Some(m) = running.message().await.unwrap() {
+        n += m.token_ids.len();
+        finish = m.finish_reason;
+    }
+    assert_eq!(n, 1500);
+    assert_eq!(finish, pb::FinishReason::Length as i32);
+    let q = queued.await.unwrap().unwrap();
+    assert_eq!(q.tokens.len(), 50);
+    let (_, metrics) = http(&c.http(), "GET", "/metrics", b"");
+    assert!(metrics.contains("vlm_gateway_admission_refusals_total{reason=\"queue_full\"}"), "{metrics}");
+}
+
+/// One of two LM replicas dies before the first token: the request is retried on the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_an_lm_replica_before_the_first_token_still_completes() {
+    let _g = serial();
+    // Polls far apart: the gateway learns of the death only from the failed call.
+    let mut c = Cluster::start(2, &["--poll-ms", "600000"]).await;
+    // With equal loads the first replica in the list is chosen: kill that one.
+    c.lms[0].kill();
+    let out = generate(&c.grpc(), grpc_request(&[png(64, 64, 9)], "still works?", 6)).await.unwrap();
+    assert_eq!(out.tokens.len(), out.usage.completion_tokens as usize);
+    assert!(!out.tokens.is_empty());
+    // And again, now that the dead replica is out of rotation.
+    generate(&c.grpc(), grpc_request(&[], "again", 3)).await.unwrap();
+}
+
+/// A client that goes away mid-stream frees the LM's KV blocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_frees_lm_blocks() {
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let lm_addr = c.lms[0].addr("grpc");
+    let mut lm = pb::lm_client::LmClient::new(channel(&lm_addr).await);
+    let idle = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
+    assert_eq!(idle.free_kv_blocks, idle.total_kv_blocks);
+
+    let mut req = grpc_request(&[png(128, 128, 4)], "go on forever", 3000);
+    req.sampling.as_mut().unwrap().ignore_eos = true;
+    {
+        let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
+        let mut stream = client.generate(req).await.unwrap().into_inner();
+        stream.message().await.unwrap().unwrap();
+        stream.message().await.unwrap().unwrap();
+        let busy = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
+        assert!(busy.free_kv_blocks < busy.total_kv_blocks, "{busy:?}");
+        // Dropping the stream and the client: the caller goes away.
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let l = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
+        if l.free_kv_blocks == l.total_kv_blocks && l.running == 0 && l.waiting == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the LM still holds blocks after the client left: {l:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// With an API key configured, both APIs want it; /health does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_required_on_both_apis() {
+    let _g = serial();
+    let keys = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-api-keys");
+    std::fs::write(&keys, "# keys\nsecret-1\n").unwrap();
+    let c = Cluster::start(1, &["--api-key-file", keys.to_str().unwrap()]).await;
+
+    let e = generate(&c.grpc(), grpc_request(&[], "hi", 2)).await.expect_err("no key: refused");
+    assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
+    let mut req = tonic::Request::new(grpc_request(&[], "hi", 2));
+    req.metadata_mut().insert("authorization", "Bearer secret-1".parse().unwrap());
+    let mut s = client.generate(req).await.unwrap().into_inner();
+    while s.message().await.unwrap().is_some() {}
+
+    let body = http_body(&[], "hi", 2, false).to_string();
+    let (status, _) = http(&c.http(), "POST", "/v1/chat/completions", body.as_bytes());
+    assert_eq!(status, 401);
+    let (status, text) =
+        http_with(&c.http(), "POST", "/v1/chat/completions", body.as_bytes(), "Authorization: Bearer secret-1\r\n");
+    assert_eq!(status, 200, "{text}");
+    let (status, _) = http(&c.http(), "GET", "/health", b"");
+    assert_eq!(status, 200);
+}
+
+/// The LM dies after the first token: the stream ends with UNAVAILABLE (no silent retry, since
+/// text has already gone out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lm_dying_after_the_first_token_is_unavailable() {
+    let _g = serial();
+    let mut c = Cluster::start(1, &[]).await;
+    let mut req = grpc_request(&[], "keep going", 3000);
+    req.sampling.as_mut().unwrap().ignore_eos = true;
+    let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    stream.message().await.unwrap().unwrap();
+    c.lms[0].kill();
+    let err = loop {
+        match stream.message().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended cleanly although the LM died"),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("after the first token"), "{}", err.message());
+}
+
+/// SIGTERM to the gateway: a running stream still finishes, then the process exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_the_gateway() {
+    let _g = serial();
+    let mut c = Cluster::start(1, &[]).await;
+    let mut req = grpc_request(&[], "drain me", 400);
+    req.sampling.as_mut().unwrap().ignore_eos = true;
+    let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    let mut n = stream.message().await.unwrap().unwrap().token_ids.len();
+    unsafe {
+        libc::kill(c.gateway.child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let mut finish = 0;
+    while let Some(m) = stream.message().await.unwrap() {
+        n += m.token_ids.len();
+        finish = m.finish_reason;
+    }
+    assert_eq!((n, finish), (400, pb::FinishReason::Length as i32));
+    drop(stream);
+    drop(client);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = c.gateway.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the gateway did not exit after draining");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+}

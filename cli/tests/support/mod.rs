@@ -1,0 +1,505 @@
+//! The end-to-end harness shared by the `cli/tests/*` that run the real services: it finds (or
+//! builds) the `vision-service`, `lm-service` and `gateway` binaries next to `vlm`, makes the
+//! tiny random checkpoint once, spawns the services on loopback port 0, waits for gRPC health
+//! SERVING, and talks to them (gRPC Generate, a minimal HTTP/1.1 client, Prometheus text).
+//!
+//! Use it with `mod support;` from a test file; [`otlp`] is an in-process trace collector.
+// Each test file uses a different part of it.
+#![allow(dead_code)]
+
+pub mod otlp;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+use vlm_proto::v1 as pb;
+
+/// Serialises the tests of one test binary (each starts its own processes).
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// A service binary next to `vlm` (`target/<profile>/`); builds all three when one is missing.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    // Next to `vlm`; (a test binary lives in <target>/<profile>/deps).
+    let dir = match option_env!("CARGO_BIN_EXE_vlm") {
+        Some(vlm) => Path::new(vlm).parent().unwrap().to_path_buf(),
+        None => std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf(),
+    };
+    let path = |n: &str| dir.join(format!("{n}{}", std::env::consts::EXE_SUFFIX));
+    BUILT.get_or_init(|| {
+        if ["vision-service", "lm-service", "gateway"].iter().all(|n| path(n).is_file()) {
+            return;
+        }
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(workspace_root())
+            .args(["build", "-p", "vlm-vision-service", "-p", "vlm-lm-service", "-p", "vlm-gateway"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("running cargo build");
+        assert!(status.success(), "cargo build of the service binaries failed");
+    });
+    path(name)
+}
+
+/// The tiny random checkpoint (seed 0), made once per target directory. It is written to a
+/// temporary directory and renamed into place, so test binaries running at once never see a
+/// half-written checkpoint.
+pub fn tiny_model() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-tiny-s0");
+        let done = dir.join(".complete");
+        if !done.is_file() {
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("e2e-tiny-s0.tmp-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&tmp);
+            let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
+            vlm_model::make::make_model(&tmp, &opts).expect("make the tiny checkpoint");
+            std::fs::write(tmp.join(".complete"), b"").unwrap();
+            if !done.is_file() {
+                // A leftover without `.complete` is an interrupted older run.
+                let _ = std::fs::remove_dir_all(&dir);
+                if std::fs::rename(&tmp, &dir).is_err() {
+                    assert!(done.is_file(), "could not move the tiny checkpoint into {}", dir.display());
+                }
+            }
+            let _ = std::fs::remove_dir_all(&tmp);
+        }
+        dir
+    })
+    .clone()
+}
+
+const CONFIG: &str = "\
+visual:
+  max_seq_len: [1024, 4096, 16384]
+  num_devices: 1
+  device: [0]
+  oversize: reject
+max_seq_len: 4096
+kvcache_partition_len: 256
+kvcache_num_blocks: 64
+batch_size: 8
+decoder_batch_sizes: [1, 2, 4, 8]
+prefill_chunk_size: 128
+num_devices: 1
+device: [LM_DEVICE]
+";
+
+/// The nested config every service of the harness reads (vision on core 0, the LM on core 1
+/// when there is one).
+pub fn config_file() -> PathBuf {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let lm = if cores > 1 { "1" } else { "0" };
+        let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-local.yaml");
+        std::fs::write(&p, CONFIG.replace("LM_DEVICE", lm)).unwrap();
+        p
+    })
+    .clone()
+}
+
+/// Variables the children never inherit from the test's environment (a developer's shell may
+/// point them at a real collector); pass them in `env` to set them.
+const SCRUBBED_ENV: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_RESOURCE_ATTRIBUTES",
+];
+
+/// A child process, killed when dropped.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    /// Fields of its `listening k=v ...` line.
+    pub addrs: Vec<(String, String)>,
+}
+
+impl Proc {
+    pub fn spawn(name: &str, bin: &Path, args: &[String]) -> Proc {
+        Self::spawn_env(name, bin, args, &[])
+    }
+
+    /// Starts `bin` with `env` added (`RUST_LOG` defaults to the test's own, else `warn`) and
+    /// waits for its `listening ...` line. Its other stdout lines go to stderr, tagged.
+    pub fn spawn_env(name: &str, bin: &Path, args: &[String], env: &[(String, String)]) -> Proc {
+        let mut cmd = Command::new(bin);
+        cmd.args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for k in SCRUBBED_ENV {
+            cmd.env_remove(k);
+        }
+        cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let tag = name.to_string();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(rest) = line.strip_prefix("listening ") {
+                    if let Some(t) = tx.take() {
+                        let kv: Vec<(String, String)> = rest
+                            .split_whitespace()
+                            .filter_map(|f| f.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                            .collect();
+                        let _ = t.send(kv);
+                        continue;
+                    }
+                }
+                eprintln!("[{tag}] {line}");
+            }
+        });
+        let addrs = match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(a) => a,
+            Err(_) => {
+                // Exited early (stdout closed), or still silent after 120 s.
+                let exited = child.try_wait().ok().flatten();
+                let _ = child.kill();
+                let _ = child.wait();
+                match exited {
+                    Some(st) => panic!("{name} exited ({st}) before printing its listening line; its stderr is above"),
+                    None => panic!("{name} did not print its listening line within 120 s"),
+                }
+            }
+        };
+        Proc { name: name.to_string(), child, addrs }
+    }
+
+    pub fn addr(&self, key: &str) -> String {
+        self.addrs
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("{}: no {key}=", self.name))
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGTERM (graceful drain; trace export is flushed on the way out).
+    pub fn terminate(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // SAFETY: kill(2) on our own child's pid; it has not been reaped (try_wait above).
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit: its exit status, or None (still running).
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub async fn channel(addr: &str) -> tonic::transport::Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+}
+
+/// Polls `grpc.health.v1` (service "") until SERVING; panics after 180 s.
+pub async fn wait_serving(addr: &str) {
+    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await {
+            if let Ok(r) = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+                if r.get_ref().status == ServingStatus::Serving as i32 {
+                    return;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "{addr} never became SERVING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `--model`, `--config`, `--listen 127.0.0.1:0` (and `--metrics-listen 127.0.0.1:0`).
+pub fn service_args(listen_metrics: bool) -> Vec<String> {
+    let mut a = vec![
+        "--model".to_string(),
+        tiny_model().display().to_string(),
+        "--config".into(),
+        config_file().display().to_string(),
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+    ];
+    if listen_metrics {
+        a.extend(["--metrics-listen".into(), "127.0.0.1:0".into()]);
+    }
+    a
+}
+
+/// One vision service, `lms` LM replicas and a gateway in front of them.
+pub struct Cluster {
+    pub gateway: Proc,
+    pub lms: Vec<Proc>,
+    pub vision: Proc,
+}
+
+impl Cluster {
+    pub async fn start(lms: usize, gateway_args: &[&str]) -> Cluster {
+        Self::start_env(lms, gateway_args, &[]).await
+    }
+
+    /// Like [`Cluster::start`], with `env` set for all three kinds of process.
+    pub async fn start_env(lms: usize, gateway_args: &[&str], env: &[(String, String)]) -> Cluster {
+        let vision = Proc::spawn_env("vision", &bin("vision-service"), &service_args(true), env);
+        let lms: Vec<Proc> = (0..lms)
+            .map(|i| Proc::spawn_env(&format!("lm{i}"), &bin("lm-service"), &service_args(true), env))
+            .collect();
+        wait_serving(&vision.addr("grpc")).await;
+        for lm in &lms {
+            wait_serving(&lm.addr("grpc")).await;
+        }
+        let gateway = Self::gateway_env(&vision, &lms, gateway_args, env).await;
+        Cluster { gateway, lms, vision }
+    }
+
+    /// One more gateway in front of the same replicas.
+    pub async fn gateway(vision: &Proc, lms: &[Proc], extra: &[&str]) -> Proc {
+        Self::gateway_env(vision, lms, extra, &[]).await
+    }
+
+    pub async fn gateway_env(vision: &Proc, lms: &[Proc], extra: &[&str], env: &[(String, String)]) -> Proc {
+        let lm_list = lms.iter().map(|l| l.addr("grpc")).collect::<Vec<_>>().join(",");
+        let mut args = vec![
+            "--model".to_string(),
+            tiny_model().display().to_string(),
+            "--config".into(),
+            config_file().display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--http-listen".into(),
+            "127.0.0.1:0".into(),
+            "--vision".into(),
+            vision.addr("grpc"),
+            "--lm".into(),
+            lm_list,
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let g = Proc::spawn_env("gateway", &bin("gateway"), &args, env);
+        wait_serving(&g.addr("grpc")).await;
+        g
+    }
+
+    pub fn grpc(&self) -> String {
+        self.gateway.addr("grpc")
+    }
+
+    pub fn http(&self) -> String {
+        self.gateway.addr("http")
+    }
+
+    /// SIGTERM to every process (gateway first), then waits up to `timeout` for each to exit.
+    /// Returns the names of those that did not exit in time (they are killed on drop).
+    pub fn terminate_all(&mut self, timeout: Duration) -> Vec<String> {
+        self.gateway.terminate();
+        for lm in &mut self.lms {
+            lm.terminate();
+        }
+        self.vision.terminate();
+        let deadline = Instant::now() + timeout;
+        let mut stuck = Vec::new();
+        for p in std::iter::once(&mut self.gateway).chain(self.lms.iter_mut()).chain(std::iter::once(&mut self.vision)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match p.wait_exit(left) {
+                Some(st) if !st.success() => eprintln!("{} exited with {st} after SIGTERM", p.name),
+                Some(_) => {}
+                None => stuck.push(p.name.clone()),
+            }
+        }
+        stuck
+    }
+}
+
+// ---------------------------------------------------------------- requests
+
+/// A noisy RGB PNG of `w` x `h`.
+pub fn png(w: u32, h: u32, seed: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([
+            (x as u8).wrapping_mul(3).wrapping_add(seed),
+            (y as u8).wrapping_mul(5),
+            seed.wrapping_mul(7) ^ (x ^ y) as u8,
+        ])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+/// A one-colour image: large in pixels, small in bytes.
+pub fn png_flat(w: u32, h: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_pixel(w, h, image::Rgb([90, 120, 200]));
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+/// One user message: the images, then `text`; greedy, at most `max_tokens`.
+pub fn grpc_request(images: &[Vec<u8>], text: &str, max_tokens: u32) -> pb::GenerateRequest {
+    use pb::content_part::Part;
+    let mut content: Vec<pb::ContentPart> = images
+        .iter()
+        .map(|d| pb::ContentPart {
+            part: Some(Part::Image(pb::ImagePart { data: d.clone(), mime_type: "image/png".into() })),
+        })
+        .collect();
+    content.push(pb::ContentPart { part: Some(Part::Text(text.into())) });
+    pb::GenerateRequest {
+        messages: vec![pb::ChatMessage { role: "user".into(), content }],
+        sampling: Some(pb::SamplingParams { max_tokens, temperature: 0.0, ..Default::default() }),
+        model: String::new(),
+    }
+}
+
+/// Collected output of one gRPC generation.
+#[derive(Debug, Default)]
+pub struct Output {
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub finish: i32,
+    pub usage: pb::Usage,
+}
+
+/// Gateway.Generate, read to the end.
+pub async fn generate(addr: &str, req: pb::GenerateRequest) -> Result<Output, tonic::Status> {
+    let mut client = pb::gateway_client::GatewayClient::new(channel(addr).await).max_decoding_message_size(64 << 20);
+    let mut stream = client.generate(req).await?.into_inner();
+    let mut out = Output::default();
+    while let Some(m) = stream.message().await? {
+        out.text.push_str(&m.text);
+        out.tokens.extend(m.token_ids);
+        if m.finish_reason != 0 {
+            out.finish = m.finish_reason;
+            out.usage = m.usage.unwrap_or_default();
+        }
+    }
+    Ok(out)
+}
+
+// ---------------------------------------------------------------- HTTP
+
+/// A minimal HTTP/1.1 client: (status, body), chunked bodies decoded.
+pub fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {
+    http_with(addr, method, path, body, "")
+}
+
+pub fn http_with(addr: &str, method: &str, path: &str, body: &[u8], extra_headers: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra_headers}Connection: close\r\n\r\n",
+        body.len()
+    )
+    .unwrap();
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut body = raw[split + 4..].to_vec();
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        let mut out = Vec::new();
+        let mut rest = &body[..];
+        while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16).unwrap_or(0);
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+            rest = &rest[eol + 2 + size + 2..];
+        }
+        body = out;
+    }
+    (status, String::from_utf8(body).unwrap())
+}
+
+/// `GET /metrics` from `addr`, parsed.
+pub fn scrape(addr: &str) -> Metrics {
+    let (status, body) = http(addr, "GET", "/metrics", b"");
+    assert_eq!(status, 200, "GET http://{addr}/metrics: {body}");
+    Metrics::parse(&body)
+}
+
+/// Prometheus text exposition: sample name -> [(labels, value)].
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub samples: BTreeMap<String, Vec<(String, f64)>>,
+    pub text: String,
+}
+
+impl Metrics {
+    pub fn parse(text: &str) -> Metrics {
+        let mut samples: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let (series, value) = match line.rsplit_once(' ') {
+                Some(x) => x,
+                None => continue,
+            };
+            let (name, labels) = match series.find('{') {
+                Some(i) => (&series[..i], &series[i..]),
+                None => (series, ""),
+            };
+            let value = match value {
+                "+Inf" => f64::INFINITY,
+                "-Inf" => f64::NEG_INFINITY,
+                v => v.parse().unwrap_or(f64::NAN),
+            };
+            samples.entry(name.to_string()).or_default().push((labels.to_string(), value));
+        }
+        Metrics { samples, text: text.to_string() }
+    }
+
+    /// The sample's values summed over its label sets; None when the name is absent.
+    pub fn sum(&self, name: &str) -> Option<f64> {
+        self.samples.get(name).map(|v| v.iter().map(|(_, x)| x).sum())
+    }
+
+    /// The label sets a sample name has.
+    pub fn labels(&self, name: &str) -> Vec<String> {
+        self.samples.get(name).map(|v| v.iter().map(|(l, _)| l.clone()).collect()).unwrap_or_default()
+    }
+}

@@ -1,0 +1,342 @@
+//! What the three-service split costs: time to first token (TTFT) and output tokens/s through
+//! gateway -> lm-service -> vision-service, against the same model in-process
+//! (`vlm_model::pipeline::Pipeline`), at 1 and 8 concurrent requests with one 512x512 image
+//! each. Runs on the tiny random checkpoint, and on `VLM_BENCH_MODEL` when set.
+//!
+//! `cargo bench -p vlm-gateway --bench split_overhead` (env: VLM_BENCH_TOKENS, default 32;
+//! VLM_BENCH_ROUNDS, default 3; VLM_BENCH_BIN_DIR, where the service binaries are).
+//! Reported: the fixed milliseconds per request the split adds (TTFT split - TTFT in-process
+//! at concurrency 1), and both throughputs.
+use candle_core::{DType, Device};
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use vlm_model::pipeline::{GreedyRequest, Pipeline};
+use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
+use vlm_model::tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
+use vlm_proto::v1 as pb;
+
+fn env_usize(k: &str, d: usize) -> usize {
+    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+}
+
+fn png(seed: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(512, 512, |x, y| {
+        let v = x.wrapping_mul(31) ^ y.wrapping_mul(17) ^ seed.wrapping_mul(2654435761);
+        image::Rgb([v as u8, (v >> 8) as u8, (v >> 16) as u8])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+const PROMPT: &str = "Describe the image in detail.";
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Stat {
+    /// Mean time to first token, ms.
+    ttft_ms: f64,
+    /// Output tokens per second over all requests together (after each one's first token).
+    tok_s: f64,
+}
+
+// ------------------------------------------------------------------ in-process
+
+fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
+    let p = Pipeline::load(dir, &Device::Cpu, DType::F32).expect("load pipeline");
+    let tok = ChatTokenizer::from_dir(dir).unwrap();
+    let pre = PreprocessConfig::default();
+    let mut acc = Vec::new();
+    for r in 0..rounds + 1 {
+        let t0 = Instant::now();
+        let mut reqs = Vec::new();
+        for i in 0..conc {
+            let pix = preprocess_bytes(&png((r * 100 + i) as u32), &pre).unwrap();
+            let emb = p.encode_images(std::slice::from_ref(&pix)).unwrap();
+            let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Text(PROMPT.into())]);
+            let ids = tok.encode_prompt(&[msg], &[emb[0].tokens()]).unwrap();
+            reqs.push(GreedyRequest { input_ids: ids, images: emb });
+        }
+        // TTFT: encoding + the prefills (all first tokens ready).
+        let t_pre = Instant::now();
+        for q in &reqs {
+            p.prefill(&q.input_ids, &q.images).unwrap();
+        }
+        let prefill = t_pre.elapsed().as_secs_f64();
+        let ttft = t0.elapsed().as_secs_f64();
+        // The batch call prefills again, then decodes: its decode part is total - prefill.
+        let t1 = Instant::now();
+        let out = p.generate_greedy_batch(&reqs, conc.next_power_of_two(), tokens, &[]).unwrap();
+        let decode = (t1.elapsed().as_secs_f64() - prefill).max(1e-9);
+        let n: usize = out.iter().map(|o| o.tokens.len().saturating_sub(1)).sum();
+        if r > 0 {
+            acc.push(Stat { ttft_ms: ttft * 1e3, tok_s: n as f64 / decode });
+        }
+    }
+    mean(&acc)
+}
+
+fn mean(v: &[Stat]) -> Stat {
+    let n = v.len().max(1) as f64;
+    Stat { ttft_ms: v.iter().map(|s| s.ttft_ms).sum::<f64>() / n, tok_s: v.iter().map(|s| s.tok_s).sum::<f64>() / n }
+}
+
+// ------------------------------------------------------------------ split
+
+struct Proc(Child, String);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn bin_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("VLM_BENCH_BIN_DIR") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let have = |d: &Path| ["gateway", "lm-service", "vision-service"].iter().all(|b| d.join(b).is_file());
+    if have(&profile_dir) {
+        return profile_dir;
+    }
+    let debug = profile_dir.parent().unwrap().join("debug");
+    if have(&debug) {
+        return debug;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let st = Command::new(cargo)
+        .current_dir(root)
+        .args(["build", "--release", "-p", "vlm-vision-service", "-p", "vlm-lm-service", "-p", "vlm-gateway"])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    profile_dir
+}
+
+fn spawn(bin: &Path, args: &[String]) -> Proc {
+    let mut child = Command::new(bin)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    let addr = loop {
+        let l = lines.next().expect("listening line").unwrap();
+        if let Some(rest) = l.strip_prefix("listening grpc=") {
+            break rest.split_whitespace().next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Proc(child, addr)
+}
+
+async fn wait_serving(addr: &str) {
+    use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
+    for _ in 0..6000 {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await {
+            if let Ok(r) = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+                if r.get_ref().status == 1 {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("{addr} never SERVING");
+}
+
+fn write_config(dir: &Path) -> PathBuf {
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u32;
+    let v = (n / 2).max(1);
+    let vis: Vec<String> = (0..v).map(|i| i.to_string()).collect();
+    let lm: Vec<String> = if n > 1 { (v..n).map(|i| i.to_string()).collect() } else { vec!["0".into()] };
+    let text = format!(
+        "visual:\n  max_seq_len: [1024, 4096, 16384]\n  num_devices: {}\n  device: [{}]\nmax_seq_len: 4096\n\
+         kvcache_partition_len: 256\nkvcache_num_blocks: 64\nbatch_size: 8\ndecoder_batch_sizes: [1, 2, 4, 8]\n\
+         prefill_chunk_size: 128\nnum_devices: {}\ndevice: [{}]\n",
+        vis.len(),
+        vis.join(", "),
+        lm.len(),
+        lm.join(", ")
+    );
+    let p = dir.join("bench-config.yaml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, f64, usize) {
+    use pb::content_part::Part;
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    let mut c = pb::gateway_client::GatewayClient::new(ch);
+    let req = pb::GenerateRequest {
+        messages: vec![pb::ChatMessage {
+            role: "user".into(),
+            content: vec![
+                pb::ContentPart { part: Some(Part::Image(pb::ImagePart { data: image, mime_type: String::new() })) },
+                pb::ContentPart { part: Some(Part::Text(PROMPT.into())) },
+            ],
+        }],
+        sampling: Some(pb::SamplingParams { max_tokens: tokens, ignore_eos: true, ..Default::default() }),
+        model: String::new(),
+    };
+    let t0 = Instant::now();
+    let mut s = c.generate(req).await.unwrap().into_inner();
+    let mut first = None;
+    let mut n = 0;
+    while let Some(m) = s.message().await.unwrap() {
+        if first.is_none() && !m.token_ids.is_empty() {
+            first = Some(t0.elapsed());
+            n += m.token_ids.len().saturating_sub(1);
+        } else {
+            n += m.token_ids.len();
+        }
+    }
+    let first = first.unwrap_or_default();
+    (first.as_secs_f64(), (t0.elapsed() - first).as_secs_f64(), n)
+}
+
+/// The same request sent straight to `Lm.Generate` (prompt built with the gateway's own
+/// validator), to isolate the gateway hop.
+async fn one_direct(lm: String, vision: String, validator: vlm_gateway::validation::Validator, image: Vec<u8>, tokens: u32) -> f64 {
+    use vlm_gateway::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
+    let t0 = Instant::now();
+    let valid = validator
+        .validate(ChatRequest {
+            messages: vec![InputMessage {
+                role: "user".into(),
+                content: vec![InputPart::Image { data: image.into(), mime_type: String::new() }, InputPart::Text(PROMPT.into())],
+            }],
+            sampling: InputSampling { max_tokens: tokens, ignore_eos: true, ..Default::default() },
+            ..Default::default()
+        })
+        .unwrap();
+    let req = vlm_gateway::client::lm_request("bench", &valid, format!("http://{vision}"));
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{lm}")).unwrap().connect().await.unwrap();
+    let mut c = pb::lm_client::LmClient::new(ch).max_encoding_message_size(256 << 20);
+    let mut s = c.generate(req).await.unwrap().into_inner();
+    let mut first = None;
+    while let Some(m) = s.message().await.unwrap() {
+        if first.is_none() && !m.token_ids.is_empty() {
+            first = Some(t0.elapsed());
+        }
+    }
+    first.unwrap_or_default().as_secs_f64()
+}
+
+async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path) -> (Stat, f64) {
+    let bins = bin_dir();
+    let cfg = write_config(tmp);
+    let common = |extra: &[&str]| {
+        let mut a = vec![
+            "--model".to_string(),
+            dir.display().to_string(),
+            "--config".into(),
+            cfg.display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let vision = spawn(&bins.join("vision-service"), &common(&["--metrics-listen", "127.0.0.1:0"]));
+    let lm = spawn(&bins.join("lm-service"), &common(&["--metrics-listen", "127.0.0.1:0"]));
+    wait_serving(&vision.1).await;
+    wait_serving(&lm.1).await;
+    let gw = spawn(
+        &bins.join("gateway"),
+        &common(&["--http-listen", "127.0.0.1:0", "--vision", &vision.1, "--lm", &lm.1, "--poll-ms", "200"]),
+    );
+    wait_serving(&gw.1).await;
+    let mut acc = Vec::new();
+    for r in 0..rounds + 1 {
+        let t0 = Instant::now();
+        let hs: Vec<_> = (0..conc)
+            .map(|i| tokio::spawn(one_request(gw.1.clone(), png((1000 + r * 100 + i) as u32), tokens as u32)))
+            .collect();
+        let mut ttft = 0.0;
+        let mut n = 0;
+        for h in hs {
+            let (f, _, k) = h.await.unwrap();
+            ttft += f;
+            n += k;
+        }
+        let wall = t0.elapsed().as_secs_f64();
+        let ttft = ttft / conc as f64;
+        if r > 0 {
+            acc.push(Stat { ttft_ms: ttft * 1e3, tok_s: n as f64 / (wall - ttft).max(1e-9) });
+        }
+    }
+    // Straight to the LM, same work minus the gateway.
+    let deploy = vlm_config::DeployConfig::from_path(&cfg).unwrap().config;
+    let validator = vlm_gateway::validation::Validator::new(
+        ChatTokenizer::from_dir(dir).unwrap(),
+        deploy.visual.clone(),
+        vlm_gateway::validation::Limits::from_config(&deploy, 8, 64 << 20),
+        "bench".into(),
+    );
+    let mut direct = Vec::new();
+    for r in 0..rounds + 1 {
+        let hs: Vec<_> = (0..conc)
+            .map(|i| {
+                tokio::spawn(one_direct(lm.1.clone(), vision.1.clone(), validator.clone(), png((5000 + r * 100 + i) as u32), tokens as u32))
+            })
+            .collect();
+        let mut t = 0.0;
+        for h in hs {
+            t += h.await.unwrap();
+        }
+        if r > 0 {
+            direct.push(t / conc as f64 * 1e3);
+        }
+    }
+    drop(gw);
+    drop(lm);
+    drop(vision);
+    (mean(&acc), direct.iter().sum::<f64>() / direct.len().max(1) as f64)
+}
+
+fn main() {
+    // `cargo bench` passes --bench; under `cargo test --benches` (no --bench) there is nothing
+    // to assert, so do not spend minutes measuring.
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("split_overhead: run with `cargo bench -p vlm-gateway --bench split_overhead`");
+        return;
+    }
+    let tokens = env_usize("VLM_BENCH_TOKENS", 32);
+    let rounds = env_usize("VLM_BENCH_ROUNDS", 3);
+    let tmp = PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or("/tmp"));
+    let tiny = tmp.join("bench-tiny-s0");
+    if !tiny.join("config.json").is_file() {
+        vlm_model::make::make_model(&tiny, &vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny)).unwrap();
+    }
+    let mut models = vec![("tiny", tiny)];
+    if let Ok(m) = std::env::var("VLM_BENCH_MODEL") {
+        models.push(("VLM_BENCH_MODEL", PathBuf::from(m)));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    println!("split_overhead: {tokens} output tokens per request, one 512x512 image each, {rounds} rounds (+1 warm-up)");
+    for (name, dir) in models {
+        for conc in [1usize, 8] {
+            let local = in_process(&dir, conc, tokens, rounds);
+            let (remote, direct_ttft) = rt.block_on(split(&dir, conc, tokens, rounds, &tmp));
+            println!(
+                "{name:<16} conc={conc}  TTFT in-process {:>8.1} ms  split {:>8.1} ms ({:+.1} ms; gateway hop {:+.1} ms vs Lm.Generate direct {:.1} ms)  \
+                 tok/s in-process {:>8.1}  split {:>8.1}",
+                local.ttft_ms,
+                remote.ttft_ms,
+                remote.ttft_ms - local.ttft_ms,
+                remote.ttft_ms - direct_ttft,
+                direct_ttft,
+                local.tok_s,
+                remote.tok_s
+            );
+        }
+    }
+}

@@ -1,0 +1,300 @@
+//! One generation, edge-independent: validate, admit, route, open the LM stream (retrying once
+//! on another LM replica when it fails before the first token), then pump token events into
+//! text deltas until the end, a stop string, or the caller going away (which drops the LM
+//! stream, so the LM frees the sequence's KV blocks).
+use crate::admission::{Admission, Permit};
+use crate::client::{lm_request, ClientError};
+use crate::error::GatewayError;
+use crate::metrics as m;
+use crate::routing::{Lease, Router};
+use crate::stream::TextStream;
+use crate::validation::{ChatRequest, ValidRequest, Validator};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+use vlm_proto::v1::{lm_client::LmClient, TokenEvent};
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+impl Finish {
+    pub fn openai(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+            Finish::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub image_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+/// One message of the output stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delta {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    /// Set on the last delta.
+    pub finish: Option<Finish>,
+    pub usage: Usage,
+}
+
+/// A started generation: the first LM event has arrived.
+pub struct Generation {
+    pub request_id: String,
+    pub rx: mpsc::Receiver<Result<Delta, GatewayError>>,
+}
+
+/// Everything a request needs; cheap to clone.
+#[derive(Clone)]
+pub struct Core {
+    inner: Arc<CoreInner>,
+}
+
+struct CoreInner {
+    validator: Validator,
+    admission: Admission,
+    router: Router,
+    next_id: AtomicU64,
+    id_prefix: String,
+}
+
+impl Core {
+    pub fn new(validator: Validator, admission: Admission, router: Router) -> Self {
+        let id_prefix = format!("{:08x}", rand::random::<u32>());
+        Core { inner: Arc::new(CoreInner { validator, admission, router, next_id: AtomicU64::new(0), id_prefix }) }
+    }
+
+    pub fn validator(&self) -> &Validator {
+        &self.inner.validator
+    }
+    pub fn admission(&self) -> &Admission {
+        &self.inner.admission
+    }
+    pub fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    /// Validates, admits, routes and waits for the first LM event. Errors before that are
+    /// returned here (so an edge can answer them with a status); later ones come on the stream.
+    /// `parent` carries the caller's trace context (extracted by the edge).
+    pub async fn start(&self, req: ChatRequest, parent: tracing::Span) -> Result<Generation, GatewayError> {
+        let arrived = Instant::now();
+        let result = self.start_inner(req, arrived, parent).await;
+        if let Err(e) = &result {
+            m::request_finished(e.status_label());
+            metrics::histogram!(m::REQUEST_DURATION_SECONDS).record(arrived.elapsed().as_secs_f64());
+        }
+        result
+    }
+
+    async fn start_inner(&self, req: ChatRequest, arrived: Instant, parent: tracing::Span) -> Result<Generation, GatewayError> {
+        let i = &self.inner;
+        let valid = i.validator.validate(req)?;
+        let permit = i.admission.acquire(valid.kv_tokens()).await?;
+        let request_id = format!("{}-{}", i.id_prefix, i.next_id.fetch_add(1, Ordering::Relaxed));
+        metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(valid.prompt_tokens() as u64);
+        let span = tracing::info_span!(parent: &parent, "generate", request_id = %request_id);
+        let (lm, stream, first) = self.open(&request_id, &valid).instrument_span(span.clone()).await?;
+        tracing::debug!(lm = %lm.addr, "first event");
+        let (tx, rx) = mpsc::channel(64);
+        let pump = Pump {
+            text: TextStream::new(i.validator.tokenizer(), valid.sampling.stop.clone()),
+            usage: Usage { prompt_tokens: valid.prompt_tokens(), image_tokens: valid.image_tokens, completion_tokens: 0 },
+            max_tokens: valid.sampling.max_tokens,
+            arrived,
+            first_token_at: None,
+        };
+        tokio::spawn(pump.run(first, stream, tx, lm, permit).instrument_span(span.clone()));
+        Ok(Generation { request_id, rx })
+    }
+
+    /// Opens the LM stream and reads its first event, trying a second LM replica once when the
+    /// first fails before that.
+    async fn open(
+        &self,
+        request_id: &str,
+        valid: &ValidRequest,
+    ) -> Result<(Lease, tonic::Streaming<TokenEvent>, TokenEvent), GatewayError> {
+        let router = &self.inner.router;
+        let mut tried: Vec<String> = Vec::new();
+        let mut last: Option<ClientError> = None;
+        for _attempt in 0..2 {
+            let lm = match router.pick_lm(&tried) {
+                Ok(l) => l,
+                Err(e) => return Err(last.map(GatewayError::from).unwrap_or(e)),
+            };
+            let vision = router.pick_vision()?;
+            let req = lm_request(request_id, valid, vision.endpoint());
+            // The vision lease counts until the first token: the images are encoded by then.
+            let first = first_event(&lm, req).await;
+            drop(vision);
+            match first {
+                Ok((stream, first)) => return Ok((lm, stream, first)),
+                Err(e) => {
+                    tracing::warn!(lm = %lm.addr, error = %e, "LM failed before the first token");
+                    tried.push(lm.addr.clone());
+                    if !e.retryable() {
+                        return Err(e.into());
+                    }
+                    if e.replica_down() {
+                        router.mark_lm_failed(&lm.addr);
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.map(GatewayError::from).unwrap_or_else(|| GatewayError::Unavailable("no LM replica".into())))
+    }
+}
+
+async fn first_event(
+    lm: &Lease,
+    req: vlm_proto::v1::LmGenerateRequest,
+) -> Result<(tonic::Streaming<TokenEvent>, TokenEvent), ClientError> {
+    let mut client = LmClient::new(lm.channel.clone())
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(256 << 20);
+    let mut req = tonic::Request::new(req);
+    vlm_service_kit::telemetry::inject(req.metadata_mut());
+    let mut stream = client.generate(req).await.map_err(|s| ClientError::from_status(&lm.addr, s))?.into_inner();
+    match stream.message().await {
+        Ok(Some(ev)) => Ok((stream, ev)),
+        Ok(None) => Err(ClientError::Unreachable {
+            addr: lm.addr.clone(),
+            message: "the stream ended before the first event".into(),
+            code: tonic::Code::Unknown,
+        }),
+        Err(s) => Err(ClientError::from_status(&lm.addr, s)),
+    }
+}
+
+struct Pump {
+    text: TextStream,
+    usage: Usage,
+    max_tokens: u32,
+    arrived: Instant,
+    first_token_at: Option<Instant>,
+}
+
+impl Pump {
+    async fn run(
+        mut self,
+        first: TokenEvent,
+        mut stream: tonic::Streaming<TokenEvent>,
+        tx: mpsc::Sender<Result<Delta, GatewayError>>,
+        lm: Lease,
+        permit: Permit,
+    ) {
+        let mut next = Some(first);
+        let status: &'static str = loop {
+            let ev = match next.take() {
+                Some(ev) => ev,
+                None => {
+                    let msg = tokio::select! {
+                        biased;
+                        _ = tx.closed() => break "cancelled",
+                        msg = stream.message() => msg,
+                    };
+                    match msg {
+                        Ok(Some(ev)) => ev,
+                        Ok(None) => {
+                            // Ended without a finish reason: treat as the end of the output.
+                            let d = self.finish_delta(Vec::new(), Finish::Length);
+                            let _ = tx.send(d).await;
+                            break "ok";
+                        }
+                        Err(s) => {
+                            let e = GatewayError::Unavailable(format!(
+                                "LM replica {} failed after the first token: {:?}: {}",
+                                lm.addr,
+                                s.code(),
+                                s.message()
+                            ));
+                            let label = e.status_label();
+                            let _ = tx.send(Err(e)).await;
+                            break label;
+                        }
+                    }
+                }
+            };
+            match self.on_event(ev) {
+                Ok((delta, done)) => {
+                    let end = delta.finish.is_some() || done;
+                    if tx.send(Ok(delta)).await.is_err() {
+                        break "cancelled";
+                    }
+                    if end {
+                        break "ok";
+                    }
+                }
+                Err(e) => {
+                    let label = e.status_label();
+                    let _ = tx.send(Err(e)).await;
+                    break label;
+                }
+            }
+        };
+        // Dropping the LM stream cancels the call: the LM frees the sequence's blocks.
+        drop(stream);
+        drop(lm);
+        drop(permit);
+        m::request_finished(status);
+        metrics::counter!(m::COMPLETION_TOKENS_TOTAL).increment(self.usage.completion_tokens as u64);
+        metrics::histogram!(m::REQUEST_DURATION_SECONDS).record(self.arrived.elapsed().as_secs_f64());
+    }
+
+    /// Turns one LM event into a delta; `true` when the stream must end (stop string).
+    fn on_event(&mut self, ev: TokenEvent) -> Result<(Delta, bool), GatewayError> {
+        if !ev.token_ids.is_empty() && self.first_token_at.is_none() {
+            let now = Instant::now();
+            self.first_token_at = Some(now);
+            metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS).record((now - self.arrived).as_secs_f64());
+        }
+        self.usage.completion_tokens += ev.token_ids.len() as u32;
+        let d = self.text.push(&ev.token_ids)?;
+        if d.stopped {
+            return Ok((Delta { text: d.text, token_ids: ev.token_ids, finish: Some(Finish::Stop), usage: self.usage }, true));
+        }
+        use vlm_proto::v1::FinishReason as F;
+        let finish = match F::try_from(ev.finish_reason).unwrap_or(F::Unspecified) {
+            F::Unspecified => None,
+            F::Stop => Some(Finish::Stop),
+            F::Length => Some(Finish::Length),
+            F::Cancelled => Some(Finish::Cancelled),
+        };
+        let finish = finish.or_else(|| (self.usage.completion_tokens >= self.max_tokens).then_some(Finish::Length));
+        let mut text = d.text;
+        if finish.is_some() {
+            let rest = self.text.finish()?;
+            text.push_str(&rest.text);
+        }
+        Ok((Delta { text, token_ids: ev.token_ids, finish, usage: self.usage }, false))
+    }
+
+    fn finish_delta(&mut self, token_ids: Vec<u32>, finish: Finish) -> Result<Delta, GatewayError> {
+        let rest = self.text.finish()?;
+        Ok(Delta { text: rest.text, token_ids, finish: Some(finish), usage: self.usage })
+    }
+}
+
+trait InstrumentSpan: Sized {
+    fn instrument_span(self, span: tracing::Span) -> tracing::instrument::Instrumented<Self>;
+}
+
+impl<F: std::future::Future> InstrumentSpan for F {
+    fn instrument_span(self, span: tracing::Span) -> tracing::instrument::Instrumented<Self> {
+        tracing::Instrument::instrument(self, span)
+    }
+}

@@ -1,0 +1,29 @@
+//! The gateway's metric names (exactly these) and small helpers to record them.
+pub const REQUESTS_TOTAL: &str = "vlm_gateway_requests_total";
+pub const QUEUE_DEPTH: &str = "vlm_gateway_queue_depth";
+pub const IN_FLIGHT: &str = "vlm_gateway_in_flight";
+pub const ADMISSION_REFUSALS_TOTAL: &str = "vlm_gateway_admission_refusals_total";
+pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "vlm_gateway_time_to_first_token_seconds";
+pub const REQUEST_DURATION_SECONDS: &str = "vlm_gateway_request_duration_seconds";
+pub const PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_prompt_tokens_total";
+pub const COMPLETION_TOKENS_TOTAL: &str = "vlm_gateway_completion_tokens_total";
+
+/// Registers every metric with a description, so `/metrics` lists them before the first request.
+pub fn describe() {
+    metrics::describe_counter!(REQUESTS_TOTAL, "Requests finished, by status");
+    metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for admission");
+    metrics::describe_gauge!(IN_FLIGHT, "Requests admitted and not finished");
+    metrics::describe_counter!(ADMISSION_REFUSALS_TOTAL, "Requests refused by admission, by reason");
+    metrics::describe_histogram!(TIME_TO_FIRST_TOKEN_SECONDS, "Time from arrival to the first token");
+    metrics::describe_histogram!(REQUEST_DURATION_SECONDS, "Time from arrival to the end of the response");
+    metrics::describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens of admitted requests, images included");
+    metrics::describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated");
+    metrics::gauge!(QUEUE_DEPTH).set(0.0);
+    metrics::gauge!(IN_FLIGHT).set(0.0);
+    metrics::counter!(PROMPT_TOKENS_TOTAL).increment(0);
+    metrics::counter!(COMPLETION_TOKENS_TOTAL).increment(0);
+}
+
+pub fn request_finished(status: &'static str) {
+    metrics::counter!(REQUESTS_TOTAL, "status" => status).increment(1);
+}

@@ -1,0 +1,95 @@
+//! The tonic `vlm.v1.Gateway` service: an adapter that decodes the proto, calls
+//! [`Core::start`], and maps deltas and errors back.
+use crate::generate::{Core, Delta, Finish};
+use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
+use futures::Stream;
+use prost::Message;
+use std::pin::Pin;
+use tonic::{Request, Response, Status};
+use vlm_proto::v1 as pb;
+
+pub struct GatewayService {
+    core: Core,
+}
+
+impl GatewayService {
+    pub fn new(core: Core) -> Self {
+        GatewayService { core }
+    }
+}
+
+/// Proto -> domain request.
+pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
+    let body_bytes = req.encoded_len();
+    let messages = req
+        .messages
+        .into_iter()
+        .map(|m| InputMessage {
+            role: m.role,
+            content: m
+                .content
+                .into_iter()
+                .filter_map(|p| match p.part? {
+                    pb::content_part::Part::Text(t) => Some(InputPart::Text(t)),
+                    pb::content_part::Part::Image(i) => {
+                        Some(InputPart::Image { data: i.data.into(), mime_type: i.mime_type })
+                    }
+                })
+                .collect(),
+        })
+        .collect();
+    let s = req.sampling.unwrap_or_default();
+    ChatRequest {
+        messages,
+        sampling: InputSampling {
+            max_tokens: s.max_tokens,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            seed: s.seed,
+            stop: s.stop,
+            stop_token_ids: s.stop_token_ids,
+            ignore_eos: s.ignore_eos,
+        },
+        model: req.model,
+        body_bytes,
+    }
+}
+
+fn response(request_id: &str, d: Delta) -> pb::GenerateResponse {
+    pb::GenerateResponse {
+        request_id: request_id.to_string(),
+        text: d.text,
+        token_ids: d.token_ids,
+        finish_reason: match d.finish {
+            None => pb::FinishReason::Unspecified,
+            Some(Finish::Stop) => pb::FinishReason::Stop,
+            Some(Finish::Length) => pb::FinishReason::Length,
+            Some(Finish::Cancelled) => pb::FinishReason::Cancelled,
+        } as i32,
+        usage: Some(pb::Usage {
+            prompt_tokens: d.usage.prompt_tokens,
+            image_tokens: d.usage.image_tokens,
+            completion_tokens: d.usage.completion_tokens,
+        }),
+    }
+}
+
+#[tonic::async_trait]
+impl pb::gateway_server::Gateway for GatewayService {
+    type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static>>;
+
+    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+        let span = tracing::info_span!("Gateway/Generate");
+        vlm_service_kit::telemetry::extract(request.metadata(), &span);
+        let gen = self.core.start(chat_request(request.into_inner()), span).await?;
+        let id = gen.request_id;
+        let mut rx = gen.rx;
+        let out = async_stream::stream! {
+            while let Some(item) = rx.recv().await {
+                yield item.map(|d| response(&id, d)).map_err(Status::from);
+            }
+        };
+        Ok(Response::new(Box::pin(out)))
+    }
+}

@@ -1,0 +1,418 @@
+//! Wire request -> [`ValidRequest`]: the chat template applied, every image's header read and
+//! planned (resize, grid, tokens, ViT bucket), placeholders expanded, each image hashed once,
+//! and every limit checked. Every refusal is a [`GatewayError::Validation`] naming the limit
+//! and the value.
+use crate::error::GatewayError;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use vlm_config::{DeployConfig, VisualConfig};
+use vlm_model::tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
+
+/// One part of a message as the edges (gRPC, HTTP) decode it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum InputPart {
+    Text(String),
+    Image { data: Bytes, mime_type: String },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputMessage {
+    pub role: String,
+    pub content: Vec<InputPart>,
+}
+
+/// Sampling as the caller asked for it (zero values = defaults, as in the proto).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct InputSampling {
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+/// A chat request before validation.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ChatRequest {
+    pub messages: Vec<InputMessage>,
+    pub sampling: InputSampling,
+    /// Empty = the served model.
+    pub model: String,
+    /// Bytes of the request body as received (HTTP) or of the message (gRPC); 0 = unknown.
+    pub body_bytes: usize,
+}
+
+/// One image, planned and hashed.
+#[derive(Debug, Clone)]
+pub struct ValidImage {
+    pub data: Bytes,
+    pub mime_type: String,
+    /// SHA-256 of `data`, computed once here and carried through every hop.
+    pub content_hash: [u8; 32],
+    pub width: u32,
+    pub height: u32,
+    /// Grid in raw patches (t, h, w).
+    pub grid: [u32; 3],
+    /// Image tokens in the prompt.
+    pub tokens: u32,
+    /// The ViT bucket it runs in.
+    pub bucket: u32,
+    pub downscaled: bool,
+}
+
+/// Sampling after defaults are resolved.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// Resolved: never 0, never past the context.
+    pub max_tokens: u32,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: u32,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+}
+
+/// A request that passed every check; the rest of the gateway accepts only this.
+#[derive(Debug, Clone)]
+pub struct ValidRequest {
+    /// Prompt ids with each image's placeholder run expanded.
+    pub input_ids: Vec<u32>,
+    pub images: Vec<ValidImage>,
+    pub image_tokens: u32,
+    pub sampling: Sampling,
+}
+
+impl ValidRequest {
+    pub fn prompt_tokens(&self) -> u32 {
+        self.input_ids.len() as u32
+    }
+    /// KV tokens this request may hold at most: prompt + max_tokens.
+    pub fn kv_tokens(&self) -> u64 {
+        self.input_ids.len() as u64 + self.sampling.max_tokens as u64
+    }
+}
+
+/// The limits the validator enforces.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Context length (prompt + generated), the LM's `max_seq_len`.
+    pub max_seq_len: u32,
+    pub max_images: usize,
+    pub max_body_bytes: usize,
+    /// Bytes of one image file.
+    pub max_image_bytes: usize,
+    /// Stop strings per request, and bytes of each.
+    pub max_stop: usize,
+    pub max_stop_len: usize,
+}
+
+impl Limits {
+    pub fn from_config(cfg: &DeployConfig, max_images: usize, max_body_bytes: usize) -> Self {
+        Limits {
+            max_seq_len: cfg.max_seq_len,
+            max_images,
+            max_body_bytes,
+            max_image_bytes: max_body_bytes,
+            max_stop: 8,
+            max_stop_len: 256,
+        }
+    }
+}
+
+/// Turns [`ChatRequest`]s into [`ValidRequest`]s.
+#[derive(Clone)]
+pub struct Validator {
+    tokenizer: ChatTokenizer,
+    visual: VisualConfig,
+    limits: Limits,
+    model_id: String,
+}
+
+const ROLES: [&str; 3] = ["system", "user", "assistant"];
+
+impl Validator {
+    pub fn new(tokenizer: ChatTokenizer, visual: VisualConfig, limits: Limits, model_id: String) -> Self {
+        Validator { tokenizer, visual, limits, model_id }
+    }
+
+    pub fn tokenizer(&self) -> &ChatTokenizer {
+        &self.tokenizer
+    }
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+    pub fn model_id(&self) -> &str {
+        &self.model_id
+    }
+
+    /// Checks that need no tokenizer: body size, model name, roles, image count, sampling.
+    pub fn check_shape(&self, req: &ChatRequest) -> Result<(), GatewayError> {
+        let l = &self.limits;
+        if req.body_bytes > l.max_body_bytes {
+            return Err(GatewayError::validation(format!(
+                "request body is {} bytes, over the limit of {} bytes (--max-body-bytes)",
+                req.body_bytes, l.max_body_bytes
+            )));
+        }
+        if !req.model.is_empty() && req.model != self.model_id {
+            return Err(GatewayError::validation(format!(
+                "model {:?} is not served here; this gateway serves {:?}",
+                req.model, self.model_id
+            )));
+        }
+        if req.messages.is_empty() {
+            return Err(GatewayError::validation("messages is empty: at least one message is required"));
+        }
+        for (i, m) in req.messages.iter().enumerate() {
+            if !ROLES.contains(&m.role.as_str()) {
+                return Err(GatewayError::validation(format!(
+                    "messages[{i}].role is {:?}; expected one of system, user, assistant",
+                    m.role
+                )));
+            }
+        }
+        let images = req.messages.iter().flat_map(|m| &m.content).filter(|p| matches!(p, InputPart::Image { .. })).count();
+        if images > l.max_images {
+            return Err(GatewayError::validation(format!(
+                "request has {images} images, over the limit of {} images per request (--max-images)",
+                l.max_images
+            )));
+        }
+        let s = &req.sampling;
+        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
+            return Err(GatewayError::validation(format!("temperature is {}; it must be >= 0", s.temperature)));
+        }
+        if !(s.top_p.is_finite() && (0.0..=1.0).contains(&s.top_p)) {
+            return Err(GatewayError::validation(format!("top_p is {}; it must be in [0, 1]", s.top_p)));
+        }
+        if s.stop.len() > l.max_stop {
+            return Err(GatewayError::validation(format!(
+                "{} stop strings given, over the limit of {}",
+                s.stop.len(),
+                l.max_stop
+            )));
+        }
+        if let Some(bad) = s.stop.iter().find(|t| t.is_empty() || t.len() > l.max_stop_len) {
+            return Err(GatewayError::validation(format!(
+                "stop string of {} bytes; each must be 1 to {} bytes",
+                bad.len(),
+                l.max_stop_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Every check, then the prompt.
+    pub fn validate(&self, req: ChatRequest) -> Result<ValidRequest, GatewayError> {
+        self.check_shape(&req)?;
+        let l = &self.limits;
+        let mut images = Vec::new();
+        let mut messages = Vec::with_capacity(req.messages.len());
+        for (mi, m) in req.messages.into_iter().enumerate() {
+            let mut parts = Vec::with_capacity(m.content.len());
+            for part in m.content {
+                match part {
+                    InputPart::Text(t) => parts.push(ChatPart::Text(t)),
+                    InputPart::Image { data, mime_type } => {
+                        let index = images.len();
+                        images.push(self.plan_image(index, mi, data, mime_type, l)?);
+                        parts.push(ChatPart::Image);
+                    }
+                }
+            }
+            messages.push(ChatMessage::new(m.role, parts));
+        }
+        let counts: Vec<usize> = images.iter().map(|i| i.tokens as usize).collect();
+        let input_ids = self
+            .tokenizer
+            .encode_prompt(&messages, &counts)
+            .map_err(|e| GatewayError::validation(format!("cannot build the prompt: {e}")))?;
+        let prompt = input_ids.len() as u32;
+        if prompt >= l.max_seq_len {
+            return Err(GatewayError::validation(format!(
+                "prompt is {prompt} tokens (images included); the context limit is {} tokens (max_seq_len), \
+                 which leaves no room to generate",
+                l.max_seq_len
+            )));
+        }
+        let room = l.max_seq_len - prompt;
+        let s = req.sampling;
+        let max_tokens = match s.max_tokens {
+            0 => room,
+            n if n > room => {
+                return Err(GatewayError::validation(format!(
+                    "prompt ({prompt} tokens) + max_tokens ({n}) = {} tokens, over the context limit of {} tokens \
+                     (max_seq_len)",
+                    prompt as u64 + n as u64,
+                    l.max_seq_len
+                )))
+            }
+            n => n,
+        };
+        let image_tokens = images.iter().map(|i| i.tokens).sum();
+        Ok(ValidRequest {
+            input_ids,
+            images,
+            image_tokens,
+            sampling: Sampling {
+                max_tokens,
+                temperature: s.temperature,
+                top_p: s.top_p,
+                top_k: s.top_k,
+                seed: s.seed,
+                stop: s.stop,
+                stop_token_ids: s.stop_token_ids,
+                ignore_eos: s.ignore_eos,
+            },
+        })
+    }
+
+    fn plan_image(
+        &self,
+        index: usize,
+        message: usize,
+        data: Bytes,
+        mime_type: String,
+        l: &Limits,
+    ) -> Result<ValidImage, GatewayError> {
+        if data.len() > l.max_image_bytes {
+            return Err(GatewayError::validation(format!(
+                "image {index} is {} bytes, over the limit of {} bytes per image",
+                data.len(),
+                l.max_image_bytes
+            )));
+        }
+        let (width, height) = vlm_model::preprocess::read_image_size(&data).map_err(|e| {
+            GatewayError::validation(format!("image {index} (in messages[{message}]): {}", strip_prefix(&e.to_string())))
+        })?;
+        let planned = self.visual.plan_image(width, height).map_err(|e| {
+            GatewayError::validation(format!("image {index} ({width}x{height}): {e}"))
+        })?;
+        let g = planned.geometry;
+        let content_hash: [u8; 32] = Sha256::digest(&data).into();
+        Ok(ValidImage {
+            data,
+            mime_type,
+            content_hash,
+            width,
+            height,
+            grid: [g.grid_t, g.grid_h, g.grid_w],
+            tokens: g.tokens() as u32,
+            bucket: planned.bucket,
+            downscaled: planned.downscaled,
+        })
+    }
+}
+
+fn strip_prefix(s: &str) -> &str {
+    s.strip_prefix("invalid input: ").unwrap_or(s)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::OnceLock;
+
+    /// A tokenizer-only tiny checkpoint, made once per test process.
+    pub(crate) fn tiny_dir() -> PathBuf {
+        static DIR: OnceLock<PathBuf> = OnceLock::new();
+        DIR.get_or_init(|| {
+            let dir = std::env::temp_dir().join(format!("vlm-gateway-test-tok-{}", std::process::id()));
+            let mut opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
+            opts.weights = false;
+            vlm_model::make::make_model(&dir, &opts).expect("make tiny checkpoint metadata");
+            dir
+        })
+        .clone()
+    }
+
+    pub(crate) fn png(w: u32, h: u32) -> Bytes {
+        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x % 256) as u8, (y % 256) as u8, 7]));
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+        Bytes::from(out.into_inner())
+    }
+
+    pub(crate) fn validator(max_seq_len: u32) -> Validator {
+        let tok = ChatTokenizer::from_dir(&tiny_dir()).unwrap();
+        let mut cfg = DeployConfig::default_config();
+        cfg.visual.max_seq_len = vec![1024, 4096];
+        let mut limits = Limits::from_config(&cfg, 2, 1 << 20);
+        limits.max_seq_len = max_seq_len;
+        Validator::new(tok, cfg.visual, limits, "tiny".into())
+    }
+
+    fn req(parts: Vec<InputPart>) -> ChatRequest {
+        ChatRequest { messages: vec![InputMessage { role: "user".into(), content: parts }], ..Default::default() }
+    }
+
+    fn err(v: &Validator, r: ChatRequest) -> String {
+        match v.validate(r) {
+            Err(GatewayError::Validation(m)) => m,
+            Err(e) => panic!("expected a validation error, got {e:?}"),
+            Ok(r) => panic!("expected a validation error, got a prompt of {} tokens", r.input_ids.len()),
+        }
+    }
+
+    #[test]
+    fn expands_placeholders_and_hashes_once() {
+        let v = validator(4096);
+        let img = png(512, 512);
+        let r = v
+            .validate(req(vec![InputPart::Image { data: img.clone(), mime_type: String::new() }, InputPart::Text("hi".into())]))
+            .unwrap();
+        assert_eq!(r.images.len(), 1);
+        let i = &r.images[0];
+        assert_eq!(i.grid, [1, 32, 32]);
+        assert_eq!(i.tokens, 256);
+        assert_eq!(i.bucket, 1024);
+        let pad = v.tokenizer().image_pad_id();
+        assert_eq!(r.input_ids.iter().filter(|&&t| t == pad).count(), 256);
+        assert_eq!(hex::encode(i.content_hash), hex::encode(Sha256::digest(&img)));
+        assert_eq!(r.sampling.max_tokens, 4096 - r.prompt_tokens());
+    }
+
+    #[test]
+    fn refusals_name_the_limit() {
+        let v = validator(200);
+        let m = err(&v, req(vec![InputPart::Image { data: png(512, 512), mime_type: String::new() }, InputPart::Text("hi".into())]));
+        assert!(m.contains("context limit is 200 tokens"), "{m}");
+
+        let v = validator(4096);
+        let mut r = req(vec![InputPart::Text("hi".into())]);
+        r.sampling.max_tokens = 5000;
+        let m = err(&v, r);
+        assert!(m.contains("max_tokens (5000)") && m.contains("4096"), "{m}");
+
+        let three: Vec<_> = (0..3).map(|_| InputPart::Image { data: png(64, 64), mime_type: String::new() }).collect();
+        let m = err(&v, req(three));
+        assert!(m.contains("3 images") && m.contains("limit of 2"), "{m}");
+
+        let m = err(&v, req(vec![InputPart::Image { data: png(2048, 2048), mime_type: String::new() }]));
+        assert!(m.contains("16384") && m.contains("4096"), "{m}");
+
+        let m = err(&v, req(vec![InputPart::Image { data: Bytes::from_static(b"not an image"), mime_type: String::new() }]));
+        assert!(m.contains("image 0"), "{m}");
+
+        let mut r = req(vec![InputPart::Text("hi".into())]);
+        r.body_bytes = 2 << 20;
+        let m = err(&v, r);
+        assert!(m.contains("--max-body-bytes") && m.contains(&(1 << 20).to_string()), "{m}");
+
+        let mut r = req(vec![InputPart::Text("hi".into())]);
+        r.model = "other".into();
+        assert!(err(&v, r).contains("not served"));
+
+        let mut r = req(vec![InputPart::Text("hi".into())]);
+        r.messages[0].role = "robot".into();
+        assert!(err(&v, r).contains("role"));
+
+        assert!(err(&v, ChatRequest::default()).contains("messages is empty"));
+    }
+}
