@@ -4,7 +4,7 @@ use crate::engine::{EngineInfo, Finish, GenEvent};
 use crate::generate::{GenerateInput, ImageIn, SamplingIn};
 use crate::scheduler::SchedulerLoad;
 use candle_core::DType;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use vlm_proto as pb;
 
 pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> GenerateInput {
@@ -86,37 +86,5 @@ pub fn load(l: SchedulerLoad, draining: bool) -> pb::LoadReport {
         total_kv_blocks: l.total_blocks,
         tokens_in_flight: l.tokens_in_flight,
         draining,
-    }
-}
-
-/// The `grpc-timeout` header ("100m", "5S", ...) as a duration.
-pub fn grpc_timeout(value: &str) -> Option<Duration> {
-    if value.len() < 2 {
-        return None;
-    }
-    let (num, unit) = value.split_at(value.len() - 1);
-    let n: u64 = num.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.checked_mul(3600)?),
-        "M" => Duration::from_secs(n.checked_mul(60)?),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_grpc_timeouts() {
-        assert_eq!(grpc_timeout("100m"), Some(Duration::from_millis(100)));
-        assert_eq!(grpc_timeout("5S"), Some(Duration::from_secs(5)));
-        assert_eq!(grpc_timeout("2M"), Some(Duration::from_secs(120)));
-        assert_eq!(grpc_timeout("x"), None);
-        assert_eq!(grpc_timeout("10q"), None);
     }
 }

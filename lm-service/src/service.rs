@@ -35,12 +35,7 @@ impl pb::lm_server::Lm for LmService {
     type GenerateStream = EventStream;
 
     async fn generate(&self, request: Request<pb::LmGenerateRequest>) -> Result<Response<EventStream>, Status> {
-        let deadline = request
-            .metadata()
-            .get("grpc-timeout")
-            .and_then(|v| v.to_str().ok())
-            .and_then(convert::grpc_timeout)
-            .map(|d| Instant::now() + d);
+        let deadline = vlm_service_kit::grpc::grpc_timeout(request.metadata()).map(|d| Instant::now() + d);
         let span = tracing::info_span!(
             "generate",
             request_id = tracing::field::Empty,

@@ -3,7 +3,6 @@
 use crate::encoder::request::{Chunk, EncodeRequest, ImageInput, ImageSource, WireDtype};
 use crate::encoder::Info;
 use crate::error::VisionError;
-use std::time::Duration;
 use vlm_proto::v1 as pb;
 
 /// The wire dtype asked for; `None` for UNSPECIFIED.
@@ -92,42 +91,9 @@ pub fn info_to_proto(info: Info) -> pb::VisionInfo {
     }
 }
 
-/// The caller's timeout from the `grpc-timeout` header ("<digits><unit>", unit one of H M S m u
-/// n); None when absent or malformed.
-pub fn grpc_timeout(metadata: &tonic::metadata::MetadataMap) -> Option<Duration> {
-    let v = metadata.get("grpc-timeout")?.to_str().ok()?;
-    parse_grpc_timeout(v)
-}
-
-fn parse_grpc_timeout(v: &str) -> Option<Duration> {
-    if v.len() < 2 || v.len() > 9 {
-        return None;
-    }
-    let (digits, unit) = v.split_at(v.len() - 1);
-    let n: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(n.saturating_mul(3600)),
-        "M" => Duration::from_secs(n.saturating_mul(60)),
-        "S" => Duration::from_secs(n),
-        "m" => Duration::from_millis(n),
-        "u" => Duration::from_micros(n),
-        "n" => Duration::from_nanos(n),
-        _ => return None,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_grpc_timeouts() {
-        assert_eq!(parse_grpc_timeout("250m"), Some(Duration::from_millis(250)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("10x"), None);
-        assert_eq!(parse_grpc_timeout("m"), None);
-    }
 
     #[test]
     fn request_without_a_source_names_the_image() {

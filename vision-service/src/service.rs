@@ -33,7 +33,7 @@ impl pb::vision_server::Vision for VisionService {
     type EncodeStream = ChunkStream;
 
     async fn encode(&self, request: Request<pb::EncodeRequest>) -> Result<Response<ChunkStream>, Status> {
-        let deadline = convert::grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
+        let deadline = vlm_service_kit::grpc::grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
         let span = tracing::info_span!(
             "vision.encode",
             request_id = %request.get_ref().request_id,
