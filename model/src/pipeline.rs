@@ -66,7 +66,11 @@ impl Pipeline {
         Ok(Self::from_parts(config, None, text))
     }
 
-    pub fn from_parts(config: Qwen3VlConfig, vision: Option<VisionModel>, text: TextModel) -> Pipeline {
+    pub fn from_parts(
+        config: Qwen3VlConfig,
+        vision: Option<VisionModel>,
+        text: TextModel,
+    ) -> Pipeline {
         Pipeline {
             config,
             vision,
@@ -91,7 +95,10 @@ impl Pipeline {
         let vision = self.vision.as_ref().ok_or_else(|| {
             ModelError::invalid("this pipeline was loaded without the vision tower")
         })?;
-        images.iter().map(|p| vision.forward(&p.values, p.grid_thw)).collect()
+        images
+            .iter()
+            .map(|p| vision.forward(&p.values, p.grid_thw))
+            .collect()
     }
 
     /// Last-position logits of a prompt, (vocab,) f32, prefilled in chunks.
@@ -111,8 +118,12 @@ impl Pipeline {
         max_new_tokens: usize,
         eos: &[u32],
     ) -> Result<GreedyOutput> {
-        let req = GreedyRequest { input_ids: input_ids.to_vec(), images: images.to_vec() };
-        let mut out = self.generate_greedy_batch(std::slice::from_ref(&req), 1, max_new_tokens, eos)?;
+        let req = GreedyRequest {
+            input_ids: input_ids.to_vec(),
+            images: images.to_vec(),
+        };
+        let mut out =
+            self.generate_greedy_batch(std::slice::from_ref(&req), 1, max_new_tokens, eos)?;
         out.pop().ok_or_else(|| ModelError::invalid("no output"))
     }
 
@@ -132,10 +143,17 @@ impl Pipeline {
                 requests.len()
             )));
         }
-        let lens: Vec<usize> = requests.iter().map(|r| r.input_ids.len() + max_new_tokens).collect();
+        let lens: Vec<usize> = requests
+            .iter()
+            .map(|r| r.input_ids.len() + max_new_tokens)
+            .collect();
         let mut kv = self.cache(&lens)?;
         // Trivial allocation: sequence s owns blocks [s*per, (s+1)*per).
-        let per = lens.iter().map(|&l| kv.blocks_for(l.max(1))).max().unwrap_or(1);
+        let per = lens
+            .iter()
+            .map(|&l| kv.blocks_for(l.max(1)))
+            .max()
+            .unwrap_or(1);
         let vocab = self.text.config().vocab_size;
 
         struct Seq {
@@ -161,8 +179,21 @@ impl Pipeline {
                 done: max_new_tokens == 0,
             };
             if !seq.done {
-                let logits = self.prefill_into(&seq.layout, &req.input_ids, &req.images, &seq.table, &mut kv)?;
-                push_step(&mut seq.tokens, &mut seq.logits, &logits.squeeze(0)?, eos, max_new_tokens, &mut seq.done)?;
+                let logits = self.prefill_into(
+                    &seq.layout,
+                    &req.input_ids,
+                    &req.images,
+                    &seq.table,
+                    &mut kv,
+                )?;
+                push_step(
+                    &mut seq.tokens,
+                    &mut seq.logits,
+                    &logits.squeeze(0)?,
+                    eos,
+                    max_new_tokens,
+                    &mut seq.done,
+                )?;
             }
             seqs.push(seq);
         }
@@ -189,19 +220,36 @@ impl Pipeline {
                     rows.push(None);
                     continue;
                 }
-                let token = *s.tokens.last().ok_or_else(|| ModelError::invalid("no token to feed"))?;
+                let token = *s
+                    .tokens
+                    .last()
+                    .ok_or_else(|| ModelError::invalid("no token to feed"))?;
                 let position = s.layout.decode_position(s.len);
                 s.positions.push([position; 3]);
-                rows.push(Some(DecodeRow { token, position, context_len: s.len, block_table: s.table.clone() }));
+                rows.push(Some(DecodeRow {
+                    token,
+                    position,
+                    context_len: s.len,
+                    block_table: s.table.clone(),
+                }));
             }
             rows.resize(bucket, None);
-            let logits = self.text.forward(&BatchInput::Decode(DecodeBatch { rows }), &mut kv)?;
+            let logits = self
+                .text
+                .forward(&BatchInput::Decode(DecodeBatch { rows }), &mut kv)?;
             for (r, s) in seqs.iter_mut().enumerate() {
                 if s.done {
                     continue;
                 }
                 s.len += 1;
-                push_step(&mut s.tokens, &mut s.logits, &logits.get(r)?, eos, max_new_tokens, &mut s.done)?;
+                push_step(
+                    &mut s.tokens,
+                    &mut s.logits,
+                    &logits.get(r)?,
+                    eos,
+                    max_new_tokens,
+                    &mut s.done,
+                )?;
             }
         }
 
@@ -230,7 +278,11 @@ impl Pipeline {
     /// A cache with room for sequences of the given lengths, blocks split evenly.
     fn cache(&self, lens: &[usize]) -> Result<PagedKvCache> {
         let block_len = self.block_len.max(1);
-        let per = lens.iter().map(|&l| l.max(1).div_ceil(block_len)).max().unwrap_or(1);
+        let per = lens
+            .iter()
+            .map(|&l| l.max(1).div_ceil(block_len))
+            .max()
+            .unwrap_or(1);
         self.text.new_kv_cache(per * lens.len().max(1), block_len)
     }
 

@@ -12,11 +12,18 @@ const TOL: f32 = 1e-4;
 
 fn pipeline(case: &Case, block_len: usize) -> Pipeline {
     let text = TextModel::load(&case.ckpt, &Device::Cpu, DType::F32).unwrap();
-    Pipeline::from_parts(case.cfg.clone(), None, text).with_prefill_chunk_size(64).with_block_len(block_len)
+    Pipeline::from_parts(case.cfg.clone(), None, text)
+        .with_prefill_chunk_size(64)
+        .with_block_len(block_len)
 }
 
 fn check_steps(case: &Case, what: &str, tokens: &[u32], step_logits: &candle_core::Tensor) -> f32 {
-    assert_eq!(tokens, case.generated_ids().as_slice(), "{}: {what} tokens", case.name);
+    assert_eq!(
+        tokens,
+        case.generated_ids().as_slice(),
+        "{}: {what} tokens",
+        case.name
+    );
     let want = case.t("generate_step_logits");
     let mut worst = 0f32;
     for i in 0..tokens.len() {
@@ -32,9 +39,14 @@ fn greedy_generation_matches_the_reference() {
     for case in cases() {
         let p = pipeline(&case, 32);
         let steps = case.generated_ids().len();
-        let out = p.generate_greedy(&case.input_ids(), &case.images(), steps, &[]).unwrap();
+        let out = p
+            .generate_greedy(&case.input_ids(), &case.images(), steps, &[])
+            .unwrap();
         let worst = check_steps(&case, "greedy", &out.tokens, &out.step_logits);
-        eprintln!("{}: greedy tokens equal, per-step logits max rel diff {worst:.2e}", case.name);
+        eprintln!(
+            "{}: greedy tokens equal, per-step logits max rel diff {worst:.2e}",
+            case.name
+        );
         // positions: the prompt's, then L+i+delta for each fed token.
         let l = case.input_ids().len();
         assert_eq!(out.positions.len(), l + steps - 1);
@@ -44,10 +56,15 @@ fn greedy_generation_matches_the_reference() {
 
 #[test]
 fn eos_stops_generation_and_is_kept() {
-    let case = cases().into_iter().find(|c| c.name.contains("rgba")).unwrap_or_else(|| cases().remove(0));
+    let case = cases()
+        .into_iter()
+        .find(|c| c.name.contains("rgba"))
+        .unwrap_or_else(|| cases().remove(0));
     let p = pipeline(&case, 64);
     let want = case.generated_ids();
-    let out = p.generate_greedy(&case.input_ids(), &case.images(), 8, &[want[2]]).unwrap();
+    let out = p
+        .generate_greedy(&case.input_ids(), &case.images(), 8, &[want[2]])
+        .unwrap();
     let stop = want.iter().position(|&t| t == want[2]).unwrap();
     assert_eq!(out.tokens, want[..=stop].to_vec());
     assert_eq!(out.step_logits.dims()[0], stop + 1);
@@ -62,16 +79,24 @@ fn sequences_decoded_together_in_a_padded_bucket_match_their_own_goldens() {
     let p = pipeline(group[0], 16);
     let reqs: Vec<GreedyRequest> = group
         .iter()
-        .map(|c| GreedyRequest { input_ids: c.input_ids(), images: c.images() })
+        .map(|c| GreedyRequest {
+            input_ids: c.input_ids(),
+            images: c.images(),
+        })
         .collect();
     let steps = group[0].generated_ids().len();
     // 3 sequences in a bucket of 4: one padded row.
     let outs = p.generate_greedy_batch(&reqs, 4, steps, &[]).unwrap();
     for (case, out) in group.iter().zip(&outs) {
         let worst = check_steps(case, "batched", &out.tokens, &out.step_logits);
-        eprintln!("{}: batch 3 in bucket 4, per-step logits max rel diff {worst:.2e}", case.name);
+        eprintln!(
+            "{}: batch 3 in bucket 4, per-step logits max rel diff {worst:.2e}",
+            case.name
+        );
         // and the same as decoding it alone
-        let single = p.generate_greedy(&case.input_ids(), &case.images(), steps, &[]).unwrap();
+        let single = p
+            .generate_greedy(&case.input_ids(), &case.images(), steps, &[])
+            .unwrap();
         let d = rel_diff(&out.step_logits, &single.step_logits);
         eprintln!("{}: batched vs single {d:.2e}", case.name);
         assert!(d < 1e-5, "{}: batched vs single {d}", case.name);

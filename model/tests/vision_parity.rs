@@ -14,7 +14,7 @@ use std::sync::Arc;
 use vlm_model::preprocess::{
     decode_image, over_white, preprocess_rgb, read_image_size, PixelValues, PreprocessConfig,
 };
-use vlm_model::vision::{VisionGraphs, VisionModel, VisionTrace};
+use vlm_model::vision::{GraphBackend, VisionGraphs, VisionModel, VisionTrace};
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -48,16 +48,18 @@ fn cases() -> Vec<Case> {
     let root = fixtures();
     let index_path = root.join("index.json");
     let index: Value = serde_json::from_str(
-        &std::fs::read_to_string(&index_path).unwrap_or_else(|e| panic!("{}: {e}", index_path.display())),
+        &std::fs::read_to_string(&index_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", index_path.display())),
     )
     .expect("index.json");
     let mut out = Vec::new();
     for c in index["cases"].as_array().expect("cases") {
         let dir = root.join(c["dir"].as_str().expect("dir"));
         let ckpt = root.join(c["checkpoint"].as_str().expect("checkpoint"));
-        let meta: Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("golden.json")).expect("golden.json"))
-                .expect("golden.json parses");
+        let meta: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("golden.json")).expect("golden.json"),
+        )
+        .expect("golden.json parses");
         let fed = c["backend_fed_to_model"].as_str().expect("fed").to_string();
         let (proc_meta, images) = if let Some(list) = meta["images"].as_array() {
             let merge = 4;
@@ -66,7 +68,10 @@ fn cases() -> Vec<Case> {
                 .enumerate()
                 .map(|(j, im)| {
                     let pr = &im["pixel_rows"];
-                    let (a, b) = (pr[0].as_u64().unwrap() as usize, pr[1].as_u64().unwrap() as usize);
+                    let (a, b) = (
+                        pr[0].as_u64().unwrap() as usize,
+                        pr[1].as_u64().unwrap() as usize,
+                    );
                     Image {
                         rgb_key: format!("image{j}_rgb_u8"),
                         file: im["file"].as_str().unwrap().to_string(),
@@ -116,8 +121,21 @@ fn diff(a: &Tensor, b: &Tensor) -> (f32, f32) {
     assert_eq!(a.dims(), b.dims(), "shape mismatch");
     let a = a.to_dtype(DType::F32).unwrap();
     let b = b.to_dtype(DType::F32).unwrap();
-    let d = (&a - &b).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-    let s = b.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let d = (&a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    let s = b
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     (d, d / s.max(1e-30))
 }
 
@@ -165,7 +183,12 @@ fn preprocess_matches_pil_backend() {
                     differing * 100.0
                 );
                 if backend == "pil" {
-                    assert!(max_abs <= tol, "{} {}: max abs diff {max_abs} vs PIL", case.name, im.file);
+                    assert!(
+                        max_abs <= tol,
+                        "{} {}: max abs diff {max_abs} vs PIL",
+                        case.name,
+                        im.file
+                    );
                 }
             }
         }
@@ -190,11 +213,23 @@ fn decoded_inputs_match_reference_rgb() {
                 .map(|(a, b)| (*a as i32 - *b as i32).abs())
                 .max()
                 .unwrap_or(0);
-            println!("decode {}/{}: max diff vs PIL {max} levels", case.name, im.file);
+            println!(
+                "decode {}/{}: max diff vs PIL {max} levels",
+                case.name, im.file
+            );
             if im.file.ends_with(".png") {
-                assert_eq!(max, 0, "{} {}: PNG decode differs from PIL", case.name, im.file);
+                assert_eq!(
+                    max, 0,
+                    "{} {}: PNG decode differs from PIL",
+                    case.name, im.file
+                );
             } else {
-                assert!(max <= 8, "{} {}: JPEG decode differs by {max} levels", case.name, im.file);
+                assert!(
+                    max <= 8,
+                    "{} {}: JPEG decode differs by {max} levels",
+                    case.name,
+                    im.file
+                );
             }
         }
     }
@@ -208,7 +243,9 @@ fn load(ckpt: &Path, dtype: DType) -> VisionModel {
 fn vision_matches_reference() {
     let mut models: HashMap<PathBuf, VisionModel> = HashMap::new();
     for case in cases() {
-        let model = models.entry(case.ckpt.clone()).or_insert_with(|| load(&case.ckpt, DType::F32));
+        let model = models
+            .entry(case.ckpt.clone())
+            .or_insert_with(|| load(&case.ckpt, DType::F32));
         let pv_all = &case.golden[&format!("pixel_values_{}", case.fed)];
         let mut merged = Vec::new();
         let mut deepstack: Vec<Vec<Tensor>> = Vec::new();
@@ -216,7 +253,9 @@ fn vision_matches_reference() {
         for im in &case.images {
             let pv = rows(pv_all, im.pixel_rows);
             let mut trace = VisionTrace::default();
-            let out = model.forward_traced(&pv, im.grid, Some(&mut trace)).unwrap();
+            let out = model
+                .forward_traced(&pv, im.grid, Some(&mut trace))
+                .unwrap();
             assert_eq!(out.grid_thw, im.grid);
             assert_eq!(out.tokens(), im.merged_rows.1 - im.merged_rows.0);
             merged.push(out.embeds);
@@ -230,27 +269,80 @@ fn vision_matches_reference() {
         }
         let cat = |v: &[Tensor]| Tensor::cat(v, 0).unwrap();
         let mut checks: Vec<(String, Tensor)> = vec![
-            ("vision.patch_embed_out".into(), cat(&traces.iter().map(|t| t.patch_embed_out.clone().unwrap()).collect::<Vec<_>>())),
-            ("vision.block_input".into(), cat(&traces.iter().map(|t| t.block_input.clone().unwrap()).collect::<Vec<_>>())),
+            (
+                "vision.patch_embed_out".into(),
+                cat(&traces
+                    .iter()
+                    .map(|t| t.patch_embed_out.clone().unwrap())
+                    .collect::<Vec<_>>()),
+            ),
+            (
+                "vision.block_input".into(),
+                cat(&traces
+                    .iter()
+                    .map(|t| t.block_input.clone().unwrap())
+                    .collect::<Vec<_>>()),
+            ),
         ];
         for i in 0..model.config().depth {
-            checks.push((format!("vision.block{i}_out"), cat(&traces.iter().map(|t| t.block_out[i].clone()).collect::<Vec<_>>())));
+            checks.push((
+                format!("vision.block{i}_out"),
+                cat(&traces
+                    .iter()
+                    .map(|t| t.block_out[i].clone())
+                    .collect::<Vec<_>>()),
+            ));
         }
         checks.push(("vision.merged".into(), cat(&merged)));
         for (k, d) in deepstack.iter().enumerate() {
             checks.push((format!("vision.deepstack{k}"), cat(d)));
         }
-        assert_eq!(deepstack.len(), model.config().deepstack_visual_indexes.len());
-        for (name, ours) in &checks {
-            let reference = case.golden.get(name).unwrap_or_else(|| panic!("{}: no {name}", case.name));
+        assert_eq!(
+            deepstack.len(),
+            model.config().deepstack_visual_indexes.len()
+        );
+        // The bucketed CPU engine (padded to a bucket) against the reference too.
+        let graphs = VisionGraphs::new(Arc::new(model.clone()), &[1024]).unwrap();
+        let mut g_merged = Vec::new();
+        let mut g_deep: Vec<Vec<Tensor>> = vec![Vec::new(); deepstack.len()];
+        for im in &case.images {
+            let pv = PixelValues {
+                values: rows(pv_all, im.pixel_rows),
+                grid_thw: im.grid,
+            };
+            let run = graphs.encode(&pv).unwrap();
+            g_merged.push(run.embeds.embeds);
+            for (k, d) in run.embeds.deepstack.into_iter().enumerate() {
+                g_deep[k].push(d);
+            }
+        }
+        checks.push(("bucketed:vision.merged".into(), cat(&g_merged)));
+        for (k, d) in g_deep.iter().enumerate() {
+            checks.push((format!("bucketed:vision.deepstack{k}"), cat(d)));
+        }
+        for (label, ours) in &checks {
+            let name = label.trim_start_matches("bucketed:");
+            let reference = case
+                .golden
+                .get(name)
+                .unwrap_or_else(|| panic!("{}: no {name}", case.name));
             let (abs, rel) = diff(ours, reference);
-            println!("vision {}: {name}: max abs {abs:.3e}, rel {rel:.3e}", case.name);
-            assert!(rel <= 1e-4, "{}: {name} differs: max abs {abs}, rel {rel}", case.name);
+            println!(
+                "vision {}: {label}: max abs {abs:.3e}, rel {rel:.3e}",
+                case.name
+            );
+            assert!(
+                rel <= 1e-4,
+                "{}: {label} differs: max abs {abs}, rel {rel}",
+                case.name
+            );
         }
         // The rope tables, where the case holds them (golden: cat(cos, cos) over hd).
-        if let (Some(gc), Some(gs), [im]) =
-            (case.golden.get("vision.rope_cos"), case.golden.get("vision.rope_sin"), case.images.as_slice())
-        {
+        if let (Some(gc), Some(gs), [im]) = (
+            case.golden.get("vision.rope_cos"),
+            case.golden.get("vision.rope_sin"),
+            case.images.as_slice(),
+        ) {
             let rows = im.grid.iter().product();
             let (cos, sin) = model.rope.forward(im.grid, rows, &Device::Cpu).unwrap();
             let half = cos.dim(1).unwrap();
@@ -275,34 +367,59 @@ fn bucketed_run_equals_unpadded_run() {
         let pv_all = &case.golden[&format!("pixel_values_{}", case.fed)];
         for im in &case.images {
             let n: usize = im.grid.iter().product();
-            let pv = PixelValues { values: rows(pv_all, im.pixel_rows), grid_thw: im.grid };
+            let pv = PixelValues {
+                values: rows(pv_all, im.pixel_rows),
+                grid_thw: im.grid,
+            };
             let exact = model.forward(&pv.values, im.grid).unwrap();
             // A bucket with padding (n + 100 rounded to 4), and one that fits exactly.
             let padded = (n + 100).div_ceil(4) * 4;
-            for buckets in [vec![8, padded, 4 * padded], vec![n]] {
-                let graphs = VisionGraphs::new(model.clone(), &buckets).unwrap();
+            let configs = [GraphBackend::CpuF32, GraphBackend::Candle]
+                .into_iter()
+                .flat_map(|b| [(b, vec![8, padded, 4 * padded]), (b, vec![n])]);
+            for (backend, buckets) in configs {
+                let graphs = VisionGraphs::with_backend(model.clone(), &buckets, backend).unwrap();
+                assert_eq!(graphs.backend(), backend);
                 let run = graphs.encode(&pv).unwrap();
                 let want_bucket = graphs.bucket_for(n).unwrap();
                 assert_eq!(run.bucket, want_bucket);
-                assert!((run.padding_fraction - (want_bucket - n) as f32 / want_bucket as f32).abs() < 1e-6);
+                assert!(
+                    (run.padding_fraction - (want_bucket - n) as f32 / want_bucket as f32).abs()
+                        < 1e-6
+                );
                 assert!(graphs.memory_bytes(want_bucket).unwrap() > 0);
                 let (abs, rel) = diff(&run.embeds.embeds, &exact.embeds);
                 println!(
-                    "bucketed {}/{} bucket {} (n {n}): merged max abs {abs:.3e}, rel {rel:.3e}",
+                    "bucketed {backend:?} {}/{} bucket {} (n {n}): merged max abs {abs:.3e}, rel {rel:.3e}",
                     case.name, im.file, run.bucket
                 );
-                assert!(rel <= 1e-5, "{}: bucketed merged differs: {abs} / {rel}", case.name);
+                assert!(
+                    rel <= 1e-5,
+                    "{}: bucketed merged differs: {abs} / {rel}",
+                    case.name
+                );
                 assert_eq!(run.embeds.deepstack.len(), exact.deepstack.len());
                 for (a, b) in run.embeds.deepstack.iter().zip(&exact.deepstack) {
                     let (abs, rel) = diff(a, b);
-                    assert!(rel <= 1e-5, "{}: bucketed deepstack differs: {abs} / {rel}", case.name);
+                    println!(
+                        "bucketed {backend:?} {}/{}: deepstack max abs {abs:.3e}, rel {rel:.3e}",
+                        case.name, im.file
+                    );
+                    assert!(
+                        rel <= 1e-5,
+                        "{}: bucketed deepstack differs: {abs} / {rel}",
+                        case.name
+                    );
                 }
                 assert_eq!(run.embeds.grid_thw, im.grid);
             }
             // Over the largest bucket: a clear error naming both numbers.
             let graphs = VisionGraphs::new(model.clone(), &[8]).unwrap();
             let err = graphs.encode(&pv).unwrap_err().to_string();
-            assert!(err.contains(&n.to_string()) && err.contains("8 patches"), "{err}");
+            assert!(
+                err.contains(&n.to_string()) && err.contains("8 patches"),
+                "{err}"
+            );
             assert_eq!(graphs.bucket_for(n), None);
         }
     }
@@ -312,11 +429,17 @@ fn bucketed_run_equals_unpadded_run() {
 fn f16_weights_stay_close() {
     let case = cases().into_iter().next().unwrap();
     let im = &case.images[0];
-    let pv = rows(&case.golden[&format!("pixel_values_{}", case.fed)], im.pixel_rows);
+    let pv = rows(
+        &case.golden[&format!("pixel_values_{}", case.fed)],
+        im.pixel_rows,
+    );
     let model = load(&case.ckpt, DType::F16);
     let out = model.forward(&pv, im.grid).unwrap();
     let (abs, rel) = diff(&out.embeds, &case.golden["vision.merged"]);
-    println!("f16 weights {}: merged max abs {abs:.3e}, rel {rel:.3e}", case.name);
+    println!(
+        "f16 weights {}: merged max abs {abs:.3e}, rel {rel:.3e}",
+        case.name
+    );
     assert!(rel <= 2e-2, "f16 merged rel diff {rel}");
 }
 
@@ -333,7 +456,11 @@ fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         crc ^= b as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xedb8_8320 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xedb8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
@@ -349,6 +476,11 @@ fn png_header_only(w: u32, h: u32) -> Vec<u8> {
     out.extend_from_slice(&13u32.to_be_bytes());
     out.extend_from_slice(&chunk);
     out.extend_from_slice(&crc32(&chunk).to_be_bytes());
+    // An IDAT with a bare zlib header: decoders read the header up to the first IDAT.
+    let idat = b"IDAT\x78\x9c";
+    out.extend_from_slice(&2u32.to_be_bytes());
+    out.extend_from_slice(idat);
+    out.extend_from_slice(&crc32(idat).to_be_bytes());
     out.extend_from_slice(&[0, 0, 0, 0]);
     out.extend_from_slice(b"IEND");
     out.extend_from_slice(&crc32(b"IEND").to_be_bytes());
@@ -359,22 +491,31 @@ fn png_header_only(w: u32, h: u32) -> Vec<u8> {
 fn refuses_decompression_bombs_before_decoding() {
     let bomb = png_header_only(100_000, 100_000);
     assert_eq!(read_image_size(&bomb).unwrap(), (100_000, 100_000));
-    let err = decode_image(&bomb, PreprocessConfig::default().max_decode_pixels).unwrap_err().to_string();
+    let err = decode_image(&bomb, PreprocessConfig::default().max_decode_pixels)
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains("image is 100000x100000 = 10000000000 pixels, over the decode limit of 67108864 pixels"),
+        err.contains(
+            "image is 100000x100000 = 10000000000 pixels, over the decode limit of 67108864 pixels"
+        ),
         "{err}"
     );
     let small = encode_png(&image::DynamicImage::new_rgb8(300, 200));
     let err = decode_image(&small, 1000).unwrap_err().to_string();
-    assert!(err.contains("300x200 = 60000 pixels, over the decode limit of 1000 pixels"), "{err}");
+    assert!(
+        err.contains("300x200 = 60000 pixels, over the decode limit of 1000 pixels"),
+        "{err}"
+    );
     assert!(decode_image(&small, 60000).is_ok());
 }
 
 #[test]
 fn corrupt_and_unsupported_data_are_clear_errors() {
-    let png = encode_png(&image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(64, 64, |x, y| {
-        image::Rgb([x as u8 * 3, y as u8 * 5, 77])
-    })));
+    let png = encode_png(&image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(
+        64,
+        64,
+        |x, y| image::Rgb([(x * 3) as u8, (y * 3) as u8, 77]),
+    )));
     let truncated = &png[..png.len() / 2];
     let err = decode_image(truncated, 1 << 20).unwrap_err().to_string();
     assert!(err.contains("corrupt Png image"), "{err}");
@@ -383,12 +524,17 @@ fn corrupt_and_unsupported_data_are_clear_errors() {
     let bmp = b"BM\x3a\x00\x00\x00\x00\x00\x00\x00\x36\x00\x00\x00\x28\x00\x00\x00";
     let err = decode_image(bmp, 1 << 20).unwrap_err().to_string();
     assert!(err.contains("unsupported image format Bmp"), "{err}");
-    let err = read_image_size(b"hello, this is not an image").unwrap_err().to_string();
+    let err = read_image_size(b"hello, this is not an image")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("unrecognised image format"), "{err}");
     let err = decode_image(b"", 1 << 20).unwrap_err().to_string();
     assert!(err.contains("empty"), "{err}");
     // Errors are InvalidInput, which services map to INVALID_ARGUMENT.
-    assert!(matches!(decode_image(truncated, 1 << 20), Err(vlm_model::ModelError::InvalidInput(_))));
+    assert!(matches!(
+        decode_image(truncated, 1 << 20),
+        Err(vlm_model::ModelError::InvalidInput(_))
+    ));
 }
 
 #[test]
@@ -400,12 +546,23 @@ fn alpha_is_composited_onto_white() {
     let rgb = decode_image(&png, 1 << 20).unwrap();
     for (p, q) in rgba.pixels().zip(rgb.pixels()) {
         let a = p.0[3];
-        assert_eq!(q.0, [over_white(p.0[0], a), over_white(p.0[1], a), over_white(p.0[2], a)]);
+        assert_eq!(
+            q.0,
+            [
+                over_white(p.0[0], a),
+                over_white(p.0[1], a),
+                over_white(p.0[2], a)
+            ]
+        );
     }
     // Fully transparent is white, opaque is unchanged.
     assert_eq!(rgb.get_pixel(0, 0).0, [255, 255, 255]);
     // Gray + alpha too.
-    let la = image::DynamicImage::ImageLumaA8(image::GrayAlphaImage::from_pixel(2, 2, image::LumaA([10, 128])));
+    let la = image::DynamicImage::ImageLumaA8(image::GrayAlphaImage::from_pixel(
+        2,
+        2,
+        image::LumaA([10, 128]),
+    ));
     let rgb = decode_image(&encode_png(&la), 1 << 20).unwrap();
     assert_eq!(rgb.get_pixel(1, 1).0, [over_white(10, 128); 3]);
 }
@@ -419,7 +576,13 @@ fn gif_decodes_its_first_frame() {
         let mut enc = GifEncoder::new(&mut bytes);
         for color in [[200u8, 10, 10, 255], [10, 10, 200, 255]] {
             let buf = image::RgbaImage::from_pixel(8, 6, image::Rgba(color));
-            enc.encode_frame(Frame::from_parts(buf, 0, 0, Delay::from_numer_denom_ms(100, 1))).unwrap();
+            enc.encode_frame(Frame::from_parts(
+                buf,
+                0,
+                0,
+                Delay::from_numer_denom_ms(100, 1),
+            ))
+            .unwrap();
         }
     }
     assert_eq!(read_image_size(&bytes).unwrap(), (8, 6));
@@ -427,4 +590,77 @@ fn gif_decodes_its_first_frame() {
     assert_eq!(rgb.dimensions(), (8, 6));
     let p = rgb.get_pixel(3, 3).0;
     assert!(p[0] > 150 && p[2] < 60, "first frame is red, got {p:?}");
+}
+
+#[test]
+fn engine_matches_oracle_on_larger_and_multi_frame_grids() {
+    // Grids big enough that attention runs in several query blocks per head, plus a two-frame
+    // grid (attention restricted per frame), on random pixels.
+    let ckpt = fixtures().join("tiny");
+    let model = Arc::new(load(&ckpt, DType::F32));
+    let dim = model.config().patch_dim();
+    for (grid, bucket) in [([1, 40, 40], 1700), ([1, 6, 90], 560), ([2, 8, 12], 200)] {
+        let n: usize = grid.iter().product();
+        let values = Tensor::randn(0f32, 0.6, (n, dim), &Device::Cpu).unwrap();
+        let exact = model.forward(&values, grid).unwrap();
+        let pv = PixelValues {
+            values,
+            grid_thw: grid,
+        };
+        for backend in [GraphBackend::CpuF32, GraphBackend::Candle] {
+            let graphs = VisionGraphs::with_backend(model.clone(), &[bucket], backend).unwrap();
+            let run = graphs.encode(&pv).unwrap();
+            let mut pairs = vec![(&run.embeds.embeds, &exact.embeds)];
+            pairs.extend(run.embeds.deepstack.iter().zip(&exact.deepstack));
+            for (a, b) in pairs {
+                let (abs, rel) = diff(a, b);
+                println!(
+                    "grid {grid:?} bucket {bucket} {backend:?}: max abs {abs:.3e}, rel {rel:.3e}"
+                );
+                assert!(rel <= 1e-5, "grid {grid:?} {backend:?}: {abs} / {rel}");
+            }
+        }
+    }
+}
+
+/// Extra preprocessing goldens made with `golden.py --preprocess-only` (each dir holds
+/// preprocess.json, preprocess.safetensors and the input image): set
+/// `VLM_EXTRA_PREPROCESS=dir1:dir2:...`. Without it this test checks nothing.
+#[test]
+fn extra_preprocess_goldens_from_env() {
+    let Some(dirs) = std::env::var_os("VLM_EXTRA_PREPROCESS") else {
+        return;
+    };
+    for dir in std::env::split_paths(&dirs) {
+        let meta: Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("preprocess.json")).unwrap())
+                .unwrap();
+        let im = &meta["image"];
+        let cfg = PreprocessConfig {
+            min_pixels: im["processor"]["min_pixels"].as_u64().unwrap(),
+            max_pixels: im["processor"]["max_pixels"].as_u64().unwrap(),
+            ..PreprocessConfig::default()
+        };
+        let golden =
+            candle_core::safetensors::load(dir.join("preprocess.safetensors"), &Device::Cpu)
+                .unwrap();
+        let bytes = std::fs::read(dir.join(im["file"].as_str().unwrap())).unwrap();
+        let decoded = decode_image(&bytes, 1 << 30).unwrap();
+        assert_eq!(decoded.as_raw(), rgb_of(&golden["image_rgb_u8"]).as_raw());
+        let pv = preprocess_rgb(&decoded, &cfg).unwrap();
+        assert_eq!(pv.grid_thw, grid_of(im));
+        for backend in ["pil", "torchvision"] {
+            if let Some(reference) = golden.get(&format!("pixel_values_{backend}")) {
+                let (abs, _) = diff(&pv.values, reference);
+                println!(
+                    "extra {}: vs {backend}: max abs {abs:.3e} ({:.2} levels)",
+                    dir.display(),
+                    abs * 127.5
+                );
+                if backend == "pil" {
+                    assert!(abs <= 1.0 / 127.5 + 1e-6, "{}: {abs}", dir.display());
+                }
+            }
+        }
+    }
 }

@@ -8,8 +8,12 @@ use image::{DynamicImage, ImageError, ImageFormat, ImageReader, Limits, RgbImage
 use std::io::Cursor;
 
 /// The formats this build decodes.
-const SUPPORTED: &[ImageFormat] =
-    &[ImageFormat::Png, ImageFormat::Jpeg, ImageFormat::WebP, ImageFormat::Gif];
+const SUPPORTED: &[ImageFormat] = &[
+    ImageFormat::Png,
+    ImageFormat::Jpeg,
+    ImageFormat::WebP,
+    ImageFormat::Gif,
+];
 const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF";
 
 /// A reader positioned on `bytes` whose format is one of [`SUPPORTED`].
@@ -32,13 +36,17 @@ fn reader(bytes: &[u8]) -> Result<(ImageReader<Cursor<&[u8]>>, ImageFormat)> {
 }
 
 fn header_error(format: ImageFormat, e: ImageError) -> ModelError {
-    ModelError::invalid(format!("corrupt {format:?} image: cannot read its header: {e}"))
+    ModelError::invalid(format!(
+        "corrupt {format:?} image: cannot read its header: {e}"
+    ))
 }
 
 /// (width, height) from the image header only; no pixel is decoded.
 pub fn read_image_size(bytes: &[u8]) -> Result<(u32, u32)> {
     let (reader, format) = reader(bytes)?;
-    reader.into_dimensions().map_err(|e| header_error(format, e))
+    reader
+        .into_dimensions()
+        .map_err(|e| header_error(format, e))
 }
 
 /// Decodes PNG/JPEG/WebP/GIF (first frame) to RGB, compositing transparency onto white as the
@@ -46,7 +54,9 @@ pub fn read_image_size(bytes: &[u8]) -> Result<(u32, u32)> {
 /// are refused before decoding.
 pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
     let (reader, format) = reader(bytes)?;
-    let (width, height) = reader.into_dimensions().map_err(|e| header_error(format, e))?;
+    let (width, height) = reader
+        .into_dimensions()
+        .map_err(|e| header_error(format, e))?;
     let pixels = width as u64 * height as u64;
     if pixels > max_decode_pixels {
         return Err(ModelError::invalid(format!(
@@ -54,7 +64,9 @@ pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
         )));
     }
     if pixels == 0 {
-        return Err(ModelError::invalid(format!("image is {width}x{height}: it has no pixels")));
+        return Err(ModelError::invalid(format!(
+            "image is {width}x{height}: it has no pixels"
+        )));
     }
     // Second line of defence: the decoder itself refuses larger frames and allocations (a
     // header can lie about frame sizes in GIF/WebP). 16-bit RGBA is 8 bytes per pixel.
@@ -97,7 +109,8 @@ pub fn to_rgb_on_white(image: DynamicImage) -> RgbImage {
         ]);
     }
     // The buffer holds exactly w*h*3 bytes, so from_raw cannot fail; fall back to white.
-    RgbImage::from_raw(w, h, out).unwrap_or_else(|| RgbImage::from_pixel(w, h, image::Rgb([255; 3])))
+    RgbImage::from_raw(w, h, out)
+        .unwrap_or_else(|| RgbImage::from_pixel(w, h, image::Rgb([255; 3])))
 }
 
 /// One channel of Pillow's `alpha_composite(dst=opaque white, src=(c, a))`, in Pillow's integer
@@ -126,10 +139,18 @@ mod tests {
             assert_eq!(over_white(c, 0), 255);
         }
         // Spot values computed with Pillow 12 alpha_composite onto white.
-        let got: Vec<u8> = [(0, 128), (10, 128), (200, 128), (7, 1), (250, 254), (3, 254), (99, 254)]
-            .iter()
-            .map(|&(c, a)| over_white(c, a))
-            .collect();
+        let got: Vec<u8> = [
+            (0, 128),
+            (10, 128),
+            (200, 128),
+            (7, 1),
+            (250, 254),
+            (3, 254),
+            (99, 254),
+        ]
+        .iter()
+        .map(|&(c, a)| over_white(c, a))
+        .collect();
         assert_eq!(got, [127, 132, 227, 254, 250, 4, 100]);
     }
 }

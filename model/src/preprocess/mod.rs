@@ -62,8 +62,14 @@ impl PreprocessConfig {
 
     /// (width, height) after `smart_resize` of a `width` x `height` image.
     pub fn target_size(&self, width: u32, height: u32) -> Result<(u32, u32)> {
-        let (h, w) = smart_resize(height, width, self.factor(), self.min_pixels, self.max_pixels)
-            .map_err(|e| ModelError::invalid(e.to_string()))?;
+        let (h, w) = smart_resize(
+            height,
+            width,
+            self.factor(),
+            self.min_pixels,
+            self.max_pixels,
+        )
+        .map_err(|e| ModelError::invalid(e.to_string()))?;
         Ok((w, h))
     }
 
@@ -106,11 +112,16 @@ pub fn downscale_target(
     max_patches: usize,
 ) -> Result<(u32, u32)> {
     let capped = cfg.capped_to_patches(max_patches);
-    let patches_of = |(w, h): (u32, u32)| (w as usize / cfg.patch_size) * (h as usize / cfg.patch_size);
+    let patches_of =
+        |(w, h): (u32, u32)| (w as usize / cfg.patch_size) * (h as usize / cfg.patch_size);
     let mut size = capped.target_size(width, height)?;
     if patches_of(size) > max_patches {
         // The upscale branch rounds each side up and can overshoot: do not upscale at all.
-        size = PreprocessConfig { min_pixels: 0, ..capped }.target_size(width, height)?;
+        size = PreprocessConfig {
+            min_pixels: 0,
+            ..capped
+        }
+        .target_size(width, height)?;
     }
     let (w, h) = size;
     let patches = patches_of(size);
@@ -163,12 +174,26 @@ pub fn preprocess_resized(img: &RgbImage, cfg: &PreprocessConfig) -> Result<Pixe
             cfg.patch_size, cfg.merge_size
         )));
     }
-    let (values, rows, cols) = patchify(img, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
+    let (values, rows, cols) =
+        patchify(img, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
     let values = Tensor::from_vec(values, (rows, cols), &Device::Cpu)?;
     Ok(PixelValues {
         values,
         grid_thw: [1, h as usize / cfg.patch_size, w as usize / cfg.patch_size],
     })
+}
+
+/// [`preprocess_rgb`] for `oversize: downscale`: the image is resized (keeping its aspect
+/// ratio) to at most `max_patches` raw patches, see [`downscale_target`].
+pub fn preprocess_rgb_within(
+    img: &RgbImage,
+    cfg: &PreprocessConfig,
+    max_patches: usize,
+) -> Result<PixelValues> {
+    cfg.validate()?;
+    let (w, h) = downscale_target(img.width(), img.height(), cfg, max_patches)?;
+    let resized = resize_bicubic(img, w, h)?;
+    preprocess_resized(&resized, cfg)
 }
 
 /// decode + [`preprocess_rgb`].
@@ -186,13 +211,27 @@ mod tests {
         let cfg = PreprocessConfig::default();
         // 2048x2048 -> 16384 patches; capped at 4096 -> 1024x1024.
         assert_eq!(cfg.patches_for(2048, 2048).unwrap(), 16384);
-        assert_eq!(downscale_target(2048, 2048, &cfg, 4096).unwrap(), (1024, 1024));
+        assert_eq!(
+            downscale_target(2048, 2048, &cfg, 4096).unwrap(),
+            (1024, 1024)
+        );
         let (w, h) = downscale_target(3000, 1000, &cfg, 1024).unwrap();
         assert!((w as usize / 16) * (h as usize / 16) <= 1024, "{w}x{h}");
         assert!(w > h);
         // Small images are not scaled up past the limit either.
         let (w, h) = downscale_target(100, 75, &cfg, 64).unwrap();
         assert!((w as usize / 16) * (h as usize / 16) <= 64, "{w}x{h}");
+    }
+
+    #[test]
+    fn preprocess_within_a_patch_budget() {
+        let img = RgbImage::from_fn(1000, 500, |x, y| image::Rgb([x as u8, y as u8, 7]));
+        let cfg = PreprocessConfig::default();
+        let full = preprocess_rgb(&img, &cfg).unwrap();
+        assert_eq!(full.patches(), 62 * 32); // 992x512
+        let small = preprocess_rgb_within(&img, &cfg, 1024).unwrap();
+        assert!(small.patches() <= 1024, "{:?}", small.grid_thw);
+        assert!(small.grid_thw[2] > small.grid_thw[1]);
     }
 
     #[test]

@@ -23,7 +23,12 @@ fn lut() -> [f32; 256] {
 /// row `((bh*(gw/m)+bw)*m+ih)*m+iw` holds patch (row `m*bh+ih`, col `m*bw+iw`), and its column
 /// `c*T*P*P + t*P*P + py*P + px` holds channel c of pixel (py, px) of that patch.
 /// Returns (values, rows, columns). The caller checks the sides are multiples of patch*merge.
-pub fn patchify(img: &RgbImage, patch: usize, merge: usize, temporal: usize) -> (Vec<f32>, usize, usize) {
+pub fn patchify(
+    img: &RgbImage,
+    patch: usize,
+    merge: usize,
+    temporal: usize,
+) -> (Vec<f32>, usize, usize) {
     let lut = lut();
     let (w, h) = (img.width() as usize, img.height() as usize);
     let (gh, gw) = (h / patch, w / patch);

@@ -13,7 +13,11 @@ use candle_nn::VarBuilder;
 pub(crate) enum AttnRows<'a> {
     /// n consecutive tokens of one sequence at cache indices [start, start+n); `mask` is
     /// [`causal_mask`]`(start, n)` (built once per step, shared by the layers).
-    Chunk { start: usize, table: &'a [u32], mask: Option<&'a Tensor> },
+    Chunk {
+        start: usize,
+        table: &'a [u32],
+        mask: Option<&'a Tensor>,
+    },
     /// One token per row; `None` rows are padding.
     Decode(&'a [Option<(usize, &'a [u32])>]),
 }
@@ -47,10 +51,16 @@ impl Attention {
     pub fn new(cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
         if cfg.attention_bias {
             return Err(ModelError::Weights(
-                "text_config attention_bias=true is not supported (Qwen3-VL has no attention bias)".into(),
+                "text_config attention_bias=true is not supported (Qwen3-VL has no attention bias)"
+                    .into(),
             ));
         }
-        let (h, kv, hd, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size);
+        let (h, kv, hd, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.hidden_size,
+        );
         Ok(Attention {
             q_proj: Linear::load(&vb.pp("q_proj"), d, h * hd)?,
             k_proj: Linear::load(&vb.pp("k_proj"), d, kv * hd)?,
@@ -91,7 +101,14 @@ impl Attention {
                     match row {
                         Some((ctx, table)) => {
                             kv.write(layer, table, *ctx, &kr.unsqueeze(0)?, &vr.unsqueeze(0)?)?;
-                            outs.push(self.attend(&q.narrow(0, r, 1)?, kv, layer, table, *ctx, None)?);
+                            outs.push(self.attend(
+                                &q.narrow(0, r, 1)?,
+                                kv,
+                                layer,
+                                table,
+                                *ctx,
+                                None,
+                            )?);
                         }
                         None => {
                             let slot = r % kv.block_len();
@@ -124,18 +141,30 @@ impl Attention {
         let g = h / nkv;
         let total = start + n;
         // Head i uses kv head i / g: (n, H, hd) -> (KV, g*n, hd), rows ordered (g, n).
-        let q = q.reshape((n, nkv, g, hd))?.permute((1, 2, 0, 3))?.contiguous()?.reshape((nkv, g * n, hd))?;
+        let q = q
+            .reshape((n, nkv, g, hd))?
+            .permute((1, 2, 0, 3))?
+            .contiguous()?
+            .reshape((nkv, g * n, hd))?;
         let blocks = kv.read(layer, table, total)?;
         // Scores per block, (KV, g*n, c_b), side by side: (KV, g*n, total).
         let mut scores = Vec::with_capacity(blocks.len());
         for (kb, _) in &blocks {
             scores.push(q.matmul(&kb.t()?)?);
         }
-        let scores = if scores.len() == 1 { scores.remove(0) } else { Tensor::cat(&scores, 2)? };
+        let scores = if scores.len() == 1 {
+            scores.remove(0)
+        } else {
+            Tensor::cat(&scores, 2)?
+        };
         let mut scores = (scores * self.scale)?;
         if n > 1 {
-            let mask = mask.ok_or_else(|| ModelError::invalid("a multi-token chunk needs its causal mask"))?;
-            scores = scores.reshape((nkv, g, n, total))?.broadcast_add(mask)?.reshape((nkv, g * n, total))?;
+            let mask = mask
+                .ok_or_else(|| ModelError::invalid("a multi-token chunk needs its causal mask"))?;
+            scores = scores
+                .reshape((nkv, g, n, total))?
+                .broadcast_add(mask)?
+                .reshape((nkv, g * n, total))?;
         }
         let probs = candle_nn::ops::softmax_last_dim(&scores)?;
         // Sum over blocks of probs[..., block cols] @ V_block: (KV, g*n, hd).
@@ -150,9 +179,13 @@ impl Attention {
             });
             off += c;
         }
-        let out = out.ok_or_else(|| ModelError::KvCache("attention over an empty context".into()))?;
+        let out =
+            out.ok_or_else(|| ModelError::KvCache("attention over an empty context".into()))?;
         // (KV, g, n, hd) -> (n, KV, g, hd) -> (n, H*hd)
-        Ok(out.reshape((nkv, g, n, hd))?.permute((2, 0, 1, 3))?.reshape((n, h * hd))?)
+        Ok(out
+            .reshape((nkv, g, n, hd))?
+            .permute((2, 0, 1, 3))?
+            .reshape((n, h * hd))?)
     }
 }
 
@@ -160,7 +193,15 @@ impl Attention {
 pub(crate) fn causal_mask(start: usize, n: usize, device: &candle_core::Device) -> Result<Tensor> {
     let total = start + n;
     let mask: Vec<f32> = (0..n)
-        .flat_map(|i| (0..total).map(move |j| if j <= start + i { 0.0 } else { f32::NEG_INFINITY }))
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                if j <= start + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
         .collect();
     Ok(Tensor::from_vec(mask, (n, total), device)?)
 }

@@ -114,7 +114,11 @@ impl PromptLayout {
             image_spans.push(i..i + n);
             i += n;
         }
-        Ok(PromptLayout { positions, rope_delta, image_spans })
+        Ok(PromptLayout {
+            positions,
+            rope_delta,
+            image_spans,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -189,7 +193,14 @@ impl PromptLayout {
         }
         (0..ids.len())
             .step_by(chunk_size)
-            .map(|s| self.chunk(ids, images, s..(s + chunk_size).min(ids.len()), block_table.to_vec()))
+            .map(|s| {
+                self.chunk(
+                    ids,
+                    images,
+                    s..(s + chunk_size).min(ids.len()),
+                    block_table.to_vec(),
+                )
+            })
             .collect()
     }
 

@@ -28,7 +28,12 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// A cache of `num_blocks` usable blocks of `block_len` tokens (plus the dummy block).
-    pub fn new(cfg: &TextConfig, num_blocks: usize, block_len: usize, device: &Device) -> Result<Self> {
+    pub fn new(
+        cfg: &TextConfig,
+        num_blocks: usize,
+        block_len: usize,
+        device: &Device,
+    ) -> Result<Self> {
         if num_blocks == 0 || block_len == 0 {
             return Err(ModelError::KvCache(format!(
                 "a paged KV cache needs at least one block of at least one token \
@@ -36,7 +41,12 @@ impl PagedKvCache {
             )));
         }
         let dtype = DType::F32;
-        let shape = (num_blocks + 1, cfg.num_key_value_heads, block_len, cfg.head_dim);
+        let shape = (
+            num_blocks + 1,
+            cfg.num_key_value_heads,
+            block_len,
+            cfg.head_dim,
+        );
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
@@ -106,7 +116,10 @@ impl PagedKvCache {
                 table.len()
             )));
         }
-        if let Some(&bad) = table[..need].iter().find(|&&b| b as usize >= self.num_blocks) {
+        if let Some(&bad) = table[..need]
+            .iter()
+            .find(|&&b| b as usize >= self.num_blocks)
+        {
             return Err(ModelError::KvCache(format!(
                 "{what}: block id {bad} is out of range (the cache has {} blocks)",
                 self.num_blocks
@@ -117,7 +130,14 @@ impl PagedKvCache {
 
     /// Writes k, v: (n, kv_heads, head_dim) of tokens at cache indices [start, start+n) of the
     /// sequence whose blocks are `table`.
-    pub(crate) fn write(&self, layer: usize, table: &[u32], start: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+    pub(crate) fn write(
+        &self,
+        layer: usize,
+        table: &[u32],
+        start: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
         let n = k.dim(0)?;
         // (n, kv, hd) -> (kv, n, hd): the in-block layout.
         let k = k.transpose(0, 1)?.contiguous()?;
@@ -128,7 +148,13 @@ impl PagedKvCache {
             let block = table[pos / self.block_len] as usize;
             let off = pos % self.block_len;
             let len = (self.block_len - off).min(n - done);
-            self.write_run(layer, block, off, &k.narrow(1, done, len)?, &v.narrow(1, done, len)?)?;
+            self.write_run(
+                layer,
+                block,
+                off,
+                &k.narrow(1, done, len)?,
+                &v.narrow(1, done, len)?,
+            )?;
             done += len;
         }
         Ok(())
@@ -136,14 +162,28 @@ impl PagedKvCache {
 
     /// Writes one token's k, v: (kv_heads, head_dim) at `slot` of `block` (any block, the dummy
     /// included).
-    pub(crate) fn write_slot(&self, layer: usize, block: u32, slot: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+    pub(crate) fn write_slot(
+        &self,
+        layer: usize,
+        block: u32,
+        slot: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
         let k = k.unsqueeze(1)?.contiguous()?;
         let v = v.unsqueeze(1)?.contiguous()?;
         self.write_run(layer, block as usize, slot, &k, &v)
     }
 
     /// k, v: (kv_heads, len, head_dim) contiguous, into block `block` at offset `off`.
-    fn write_run(&self, layer: usize, block: usize, off: usize, k: &Tensor, v: &Tensor) -> Result<()> {
+    fn write_run(
+        &self,
+        layer: usize,
+        block: usize,
+        off: usize,
+        k: &Tensor,
+        v: &Tensor,
+    ) -> Result<()> {
         let k = k.contiguous()?.to_dtype(self.dtype)?;
         let v = v.contiguous()?.to_dtype(self.dtype)?;
         // `get(block)` is a contiguous (kv, block_len, hd) view sharing the cache's storage;
@@ -155,7 +195,12 @@ impl PagedKvCache {
 
     /// The cached K and V of tokens [0, len) of a sequence, as per-block strided views
     /// `(kv_heads, n_i, head_dim)` (no copy), in order.
-    pub(crate) fn read(&self, layer: usize, table: &[u32], len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+    pub(crate) fn read(
+        &self,
+        layer: usize,
+        table: &[u32],
+        len: usize,
+    ) -> Result<Vec<(Tensor, Tensor)>> {
         let mut out = Vec::with_capacity(self.blocks_for(len));
         let mut done = 0;
         while done < len {

@@ -21,7 +21,11 @@ impl DecoderLayer {
         Ok(DecoderLayer {
             self_attn: Attention::new(cfg, vb.pp("self_attn"))?,
             mlp: Mlp::new(cfg, vb.pp("mlp"))?,
-            input_layernorm: RmsNorm::new(cfg.hidden_size, cfg.rms_norm_eps, vb.pp("input_layernorm"))?,
+            input_layernorm: RmsNorm::new(
+                cfg.hidden_size,
+                cfg.rms_norm_eps,
+                vb.pp("input_layernorm"),
+            )?,
             post_attention_layernorm: RmsNorm::new(
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
@@ -35,7 +39,9 @@ impl DecoderLayer {
         let h = self.input_layernorm.forward(x)?;
         let h = self.self_attn.forward(&h, step, layer)?;
         let x = (x + h)?;
-        let h = self.mlp.forward(&self.post_attention_layernorm.forward(&x)?)?;
+        let h = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&x)?)?;
         Ok((x + h)?)
     }
 }

@@ -2,10 +2,11 @@
 //! activations stay f32.
 //!
 //! On CPU, a few rows (decode) go through [`super::gemv`], which streams the weight once in its
-//! storage dtype; many rows (prefill) go through candle's f32 matmul, the half-precision weight
-//! being widened to f32 first (cheap next to the O(rows) multiply). Other devices use candle's
-//! matmul throughout.
+//! storage dtype; many rows (prefill) go through candle's f32 matmul for f32 weights, and
+//! through [`super::tiled`] (widening a tile at a time, then `gemm`) for half-precision ones.
+//! Other devices use candle's matmul throughout, widening half-precision weights per call.
 use super::gemv::{gemv, WeightElem};
+use super::tiled::matmul_widening;
 use crate::error::{ModelError, Result};
 use candle_core::{CpuStorage, CustomOp2, DType, Device, Layout, Shape, Tensor};
 use candle_nn::VarBuilder;
@@ -35,7 +36,11 @@ impl Linear {
             }
         }
         let weight = weight.contiguous()?;
-        Ok(Linear { weight, in_dim, out_dim })
+        Ok(Linear {
+            weight,
+            in_dim,
+            out_dim,
+        })
     }
 
     /// Loads `{vb prefix}.weight` of shape (out_dim, in_dim) in the builder's dtype.
@@ -65,8 +70,15 @@ impl Linear {
         }
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_dim))?;
-        let y = if matches!(x.device(), Device::Cpu) && rows <= SMALL_ROWS {
-            x2.to_dtype(DType::F32)?.contiguous()?.apply_op2_no_bwd(&self.weight, &SmallRowsMatmul)?
+        let cpu = matches!(x.device(), Device::Cpu);
+        let y = if cpu && rows <= SMALL_ROWS {
+            x2.to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op2_no_bwd(&self.weight, &SmallRowsMatmul)?
+        } else if cpu && self.weight.dtype() != DType::F32 {
+            x2.to_dtype(DType::F32)?
+                .contiguous()?
+                .apply_op2_no_bwd(&self.weight, &WideningMatmul)?
         } else {
             let w = if self.weight.dtype() == DType::F32 {
                 self.weight.clone()
@@ -124,6 +136,43 @@ impl CustomOp2 for SmallRowsMatmul {
     }
 }
 
+/// candle op: lhs (m, k) f32 contiguous, rhs (n, k) f16/bf16 contiguous -> (m, n) f32.
+struct WideningMatmul;
+
+impl CustomOp2 for WideningMatmul {
+    fn name(&self) -> &'static str {
+        "widening-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = l1.shape().dims2()?;
+        let (n, k2) = l2.shape().dims2()?;
+        if k != k2 {
+            candle_core::bail!("widening-matmul: inner dims {k} vs {k2}");
+        }
+        let x = match (s1, l1.contiguous_offsets()) {
+            (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
+            _ => candle_core::bail!("widening-matmul: lhs must be contiguous f32"),
+        };
+        let Some((a, b)) = l2.contiguous_offsets() else {
+            candle_core::bail!("widening-matmul: weight must be contiguous")
+        };
+        let mut out = vec![0f32; m * n];
+        match s2 {
+            CpuStorage::F16(w) => matmul_widening(x, m, k, &w[a..b], n, &mut out),
+            CpuStorage::BF16(w) => matmul_widening(x, m, k, &w[a..b], n, &mut out),
+            _ => candle_core::bail!("widening-matmul: weight must be f16 or bf16"),
+        }
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +186,10 @@ mod tests {
             let x = Tensor::randn(0f32, 1.0, (2, 20, 96), &dev)?;
             let big = lin.forward(&x)?; // 40 rows: matmul path
             let small = lin.forward(&x.narrow(1, 0, 3)?)?; // 6 rows: kernel path
-            let diff = (big.narrow(1, 0, 3)? - &small)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let diff = (big.narrow(1, 0, 3)? - &small)?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f32>()?;
             assert!(diff < 1e-4, "{dtype:?}: {diff}");
             assert_eq!(small.dims(), &[2, 3, 70]);
         }

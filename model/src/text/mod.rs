@@ -20,6 +20,7 @@ mod mlp;
 mod model;
 mod norm;
 mod rope;
+mod tiled;
 
 pub use attention::Attention;
 pub use batch::{BatchInput, DecodeBatch, DecodeRow, ImageRows, PrefillChunk, PromptLayout};

@@ -23,7 +23,9 @@ pub struct Embedding {
 impl Embedding {
     /// `vb` at `model.language_model.embed_tokens`.
     pub fn new(vocab: usize, hidden: usize, vb: VarBuilder) -> Result<Self> {
-        Ok(Embedding { weight: vb.get((vocab, hidden), "weight")?.contiguous()? })
+        Ok(Embedding {
+            weight: vb.get((vocab, hidden), "weight")?.contiguous()?,
+        })
     }
     pub fn weight(&self) -> &Tensor {
         &self.weight
@@ -79,7 +81,9 @@ impl TextModel {
                 "text weight dtype {weight_dtype:?} is not supported (f32, f16, bf16)"
             )));
         }
-        if t.num_attention_heads % t.num_key_value_heads != 0 || t.head_dim % 2 != 0 {
+        if !t.num_attention_heads.is_multiple_of(t.num_key_value_heads)
+            || !t.head_dim.is_multiple_of(2)
+        {
             return Err(ModelError::Weights(format!(
                 "{} heads / {} kv heads / head_dim {} is not a valid Qwen3 attention",
                 t.num_attention_heads, t.num_key_value_heads, t.head_dim
@@ -150,7 +154,10 @@ impl TextModel {
         } else {
             s * t.vocab_size * t.hidden_size
         };
-        s * t.vocab_size * t.hidden_size + head + t.num_hidden_layers * per_layer + 4 * t.hidden_size
+        s * t.vocab_size * t.hidden_size
+            + head
+            + t.num_hidden_layers * per_layer
+            + 4 * t.hidden_size
     }
 
     /// A paged KV cache shaped for this model, on its device.
@@ -214,7 +221,11 @@ impl TextModel {
         // 1. (n, hidden): token embeddings, image rows replaced by the vision embeddings.
         let x = self.embed_tokens(&c.tokens)?;
         for r in &c.images {
-            let rows = r.image.embeds.narrow(0, r.src_start, r.len)?.to_dtype(DType::F32)?;
+            let rows = r
+                .image
+                .embeds
+                .narrow(0, r.src_start, r.len)?
+                .to_dtype(DType::F32)?;
             x.slice_set(&rows.contiguous()?, 0, r.dst_start)?;
         }
         // 2. Per deepstack level, (n, hidden) zero except at the image rows.
@@ -223,7 +234,9 @@ impl TextModel {
             for level in 0..self.deepstack_levels {
                 let add = Tensor::zeros((n, hidden), DType::F32, &self.device)?;
                 for r in &c.images {
-                    let rows = r.image.deepstack[level].narrow(0, r.src_start, r.len)?.to_dtype(DType::F32)?;
+                    let rows = r.image.deepstack[level]
+                        .narrow(0, r.src_start, r.len)?
+                        .to_dtype(DType::F32)?;
                     add.slice_set(&rows.contiguous()?, 0, r.dst_start)?;
                 }
                 deepstack.push(add);
@@ -231,12 +244,20 @@ impl TextModel {
         }
         // 3. layers.
         let (cos, sin) = self.rope.tables(&c.positions, &self.device)?;
-        let mask = if n > 1 { Some(causal_mask(c.start, n, &self.device)?) } else { None };
+        let mask = if n > 1 {
+            Some(causal_mask(c.start, n, &self.device)?)
+        } else {
+            None
+        };
         let step = Step {
             cos,
             sin,
             rope: &self.rope,
-            rows: AttnRows::Chunk { start: c.start, table: &c.block_table, mask: mask.as_ref() },
+            rows: AttnRows::Chunk {
+                start: c.start,
+                table: &c.block_table,
+                mask: mask.as_ref(),
+            },
             kv,
         };
         let mut x = x;
@@ -285,7 +306,9 @@ impl TextModel {
             }
             for row in &mut covered[r.dst_start..r.dst_start + r.len] {
                 if *row {
-                    return Err(ModelError::invalid(format!("image rows {k} overlap another image")));
+                    return Err(ModelError::invalid(format!(
+                        "image rows {k} overlap another image"
+                    )));
                 }
                 *row = true;
             }
@@ -296,7 +319,11 @@ impl TextModel {
                  image rows must cover exactly the image tokens (id {})",
                 c.tokens[i],
                 c.start + i,
-                if c.tokens[i] == self.image_token_id { "an image token" } else { "a text token" },
+                if c.tokens[i] == self.image_token_id {
+                    "an image token"
+                } else {
+                    "a text token"
+                },
                 if covered[i] { "covered" } else { "not covered" },
                 self.image_token_id
             )));
@@ -315,7 +342,11 @@ impl TextModel {
         for (i, row) in d.rows.iter().enumerate() {
             match row {
                 Some(r) => {
-                    kv.check_table(&r.block_table, r.context_len + 1, &format!("decode row {i}"))?;
+                    kv.check_table(
+                        &r.block_table,
+                        r.context_len + 1,
+                        &format!("decode row {i}"),
+                    )?;
                     tokens.push(r.token);
                     positions.push([r.position; 3]);
                     rows.push(Some((r.context_len, r.block_table.as_slice())));
@@ -329,7 +360,13 @@ impl TextModel {
         }
         let x = self.embed_tokens(&tokens)?; // (b, hidden)
         let (cos, sin) = self.rope.tables(&positions, &self.device)?;
-        let step = Step { cos, sin, rope: &self.rope, rows: AttnRows::Decode(&rows), kv };
+        let step = Step {
+            cos,
+            sin,
+            rope: &self.rope,
+            rows: AttnRows::Decode(&rows),
+            kv,
+        };
         let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
             x = layer.forward(&x, &step, i)?;

@@ -14,7 +14,10 @@ impl RmsNorm {
     /// Loads `{vb prefix}.weight` of shape (dim,).
     pub fn new(dim: usize, eps: f64, vb: VarBuilder) -> Result<Self> {
         let weight = vb.set_dtype(DType::F32).get(dim, "weight")?;
-        Ok(RmsNorm { weight, eps: eps as f32 })
+        Ok(RmsNorm {
+            weight,
+            eps: eps as f32,
+        })
     }
 
     /// x: (..., dim) -> (..., dim) f32, normalised over the last dim.

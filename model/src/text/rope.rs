@@ -39,7 +39,11 @@ impl MRope {
                 }
             })
             .collect();
-        MRope { inv_freq, axis, head_dim: hd }
+        MRope {
+            inv_freq,
+            axis,
+            head_dim: hd,
+        }
     }
 
     pub fn head_dim(&self) -> usize {
@@ -61,7 +65,10 @@ impl MRope {
             }
         }
         let n = positions.len();
-        Ok((Tensor::from_vec(cos, (n, half), device)?, Tensor::from_vec(sin, (n, half), device)?))
+        Ok((
+            Tensor::from_vec(cos, (n, half), device)?,
+            Tensor::from_vec(sin, (n, half), device)?,
+        ))
     }
 
     /// Rotates x: (n, heads, head_dim) with the tables of n positions (`q*cos + rotate_half(q)*sin`).
@@ -131,7 +138,10 @@ pub fn get_rope_index(
                  {vision_start_token_id}) before it"
             )));
         }
-        let run = input_ids[i..].iter().take_while(|&&t| t == image_token_id).count();
+        let run = input_ids[i..]
+            .iter()
+            .take_while(|&&t| t == image_token_id)
+            .count();
         if run != n {
             return Err(ModelError::invalid(format!(
                 "image {k} (grid {g:?}) needs {n} consecutive image tokens, but the run at token \
@@ -150,7 +160,11 @@ pub fn get_rope_index(
         i += n;
         k += 1;
     }
-    let max = positions.iter().flat_map(|p| p.iter().copied()).max().unwrap_or(-1);
+    let max = positions
+        .iter()
+        .flat_map(|p| p.iter().copied())
+        .max()
+        .unwrap_or(-1);
     let delta = max + 1 - input_ids.len() as i64;
     Ok((positions, delta))
 }
@@ -180,7 +194,17 @@ mod tests {
         let ids = [1, VS, IMG, IMG, IMG, IMG, IMG, IMG, 8, 5];
         let (p, d) = get_rope_index(&ids, IMG, VS, &[[1, 4, 6]], 2).unwrap();
         assert_eq!(&p[..2], &[[0; 3], [1; 3]]);
-        assert_eq!(&p[2..8], &[[2, 2, 2], [2, 2, 3], [2, 2, 4], [2, 3, 2], [2, 3, 3], [2, 3, 4]]);
+        assert_eq!(
+            &p[2..8],
+            &[
+                [2, 2, 2],
+                [2, 2, 3],
+                [2, 2, 4],
+                [2, 3, 2],
+                [2, 3, 3],
+                [2, 3, 4]
+            ]
+        );
         // cur = 2 + max(4, 6)/2 = 5
         assert_eq!(&p[8..], &[[5; 3], [6; 3]]);
         assert_eq!(d, 7 - 10);
@@ -189,13 +213,20 @@ mod tests {
     #[test]
     fn count_mismatch_names_both_counts() {
         let ids = [VS, IMG, IMG, IMG];
-        let err = get_rope_index(&ids, IMG, VS, &[[1, 4, 4]], 2).unwrap_err().to_string();
-        assert!(err.contains("3 image tokens") && err.contains("need 4"), "{err}");
+        let err = get_rope_index(&ids, IMG, VS, &[[1, 4, 4]], 2)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("3 image tokens") && err.contains("need 4"),
+            "{err}"
+        );
     }
 
     #[test]
     fn image_without_vision_start_is_rejected() {
-        let err = get_rope_index(&[1, IMG], IMG, VS, &[[1, 2, 2]], 2).unwrap_err().to_string();
+        let err = get_rope_index(&[1, IMG], IMG, VS, &[[1, 2, 2]], 2)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("vision-start"), "{err}");
     }
 

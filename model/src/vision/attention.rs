@@ -22,11 +22,17 @@ pub fn spans_for(grid_thw: [usize; 3], rows: usize) -> Vec<Span> {
     let [t, h, w] = grid_thw;
     let frame = h * w;
     let mut spans: Vec<Span> = (0..t)
-        .map(|i| Span { q: i * frame..(i + 1) * frame, k: i * frame..(i + 1) * frame })
+        .map(|i| Span {
+            q: i * frame..(i + 1) * frame,
+            k: i * frame..(i + 1) * frame,
+        })
         .collect();
     let real = t * frame;
     if rows > real && real > 0 {
-        spans.push(Span { q: real..rows, k: real - frame..real });
+        spans.push(Span {
+            q: real..rows,
+            k: real - frame..real,
+        });
     }
     spans
 }
@@ -41,7 +47,13 @@ pub fn query_block_rows(heads: usize, keys: usize, budget: usize) -> usize {
 }
 
 /// softmax(q k^T * scale) v per span, for q, k, v of shape (H, N, hd) f32. Returns (H, N, hd).
-pub fn attention_blocked(q: &Tensor, k: &Tensor, v: &Tensor, spans: &[Span], scale: f64) -> Result<Tensor> {
+pub fn attention_blocked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    spans: &[Span],
+    scale: f64,
+) -> Result<Tensor> {
     let (heads, _n, _hd) = q.dims3()?;
     let mut outs = Vec::new();
     for span in spans {
@@ -75,7 +87,10 @@ mod tests {
             vec![
                 Span { q: 0..8, k: 0..8 },
                 Span { q: 8..16, k: 8..16 },
-                Span { q: 16..20, k: 8..16 }
+                Span {
+                    q: 16..20,
+                    k: 8..16
+                }
             ]
         );
         assert_eq!(spans_for([1, 2, 2], 4), vec![Span { q: 0..4, k: 0..4 }]);

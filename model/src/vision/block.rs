@@ -43,7 +43,11 @@ impl VisionAttention {
         let (n, d) = x.dims2()?;
         let (h, hd) = (self.num_heads, self.head_dim);
         // 1. qkv: (N, 3D) -> (N, 3, H, hd) -> (3, H, N, hd)
-        let qkv = self.qkv.forward(x)?.reshape((n, 3, h, hd))?.permute((1, 2, 0, 3))?;
+        let qkv = self
+            .qkv
+            .forward(x)?
+            .reshape((n, 3, h, hd))?
+            .permute((1, 2, 0, 3))?;
         // 2. rope on q and k in f32 (apply_rotary_pos_emb_vision): (1, H, N, hd)
         let rope = |t: Tensor| -> Result<Tensor> {
             let t = t.contiguous()?.unsqueeze(0)?;

@@ -1,13 +1,26 @@
 //! Fixed-shape ViT runs ("bucket graphs"): an image of n raw patches runs padded to the smallest
 //! bucket >= n. Padding rows carry zero pixels and zero position embeddings, padding keys are
 //! never attended (every real row's keys lie inside its own frame), padding query rows are
-//! computed and discarded, and the outputs are sliced back to the real rows.
+//! computed and discarded, and the outputs are sliced back to the real rows. (The mergers are
+//! per-token, so the CPU engine runs them on the real tokens only.)
+use super::engine::{self, Workspace};
 use super::model::VisionModel;
 use crate::embeds::ImageEmbeds;
 use crate::error::{ModelError, Result};
 use crate::preprocess::PixelValues;
 use candle_core::{DType, Tensor};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+
+/// How the bucket graphs execute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GraphBackend {
+    /// The CPU f32 engine (`vision/engine.rs`): buffers per bucket allocated at load, direct
+    /// gemm calls, fused passes, tiled attention. Needs an f32 model on the CPU.
+    CpuF32,
+    /// The model's candle ops on padded inputs (any device and dtype); buffers are allocated
+    /// per run, sized by the bucket.
+    Candle,
+}
 
 /// What one bucketed run returns.
 #[derive(Debug, Clone)]
@@ -20,17 +33,20 @@ pub struct BucketRun {
     pub padding_fraction: f32,
 }
 
-/// One bucket: its length and the per-bucket plan fixed at load.
+/// One bucket: its length and what is fixed for it at load.
 #[derive(Debug, Clone)]
 struct Bucket {
     len: usize,
     memory_bytes: u64,
+    /// The engine's buffers (CpuF32 backend). Runs of one bucket take turns on them.
+    workspace: Option<Arc<Mutex<Workspace>>>,
 }
 
 /// The vision model prepared for a set of input-length buckets.
 #[derive(Debug, Clone)]
 pub struct VisionGraphs {
     model: Arc<VisionModel>,
+    backend: GraphBackend,
     /// Ascending, deduplicated.
     buckets: Vec<Bucket>,
 }
@@ -38,7 +54,31 @@ pub struct VisionGraphs {
 impl VisionGraphs {
     /// Prepares one fixed-shape run per bucket (raw patches per image; multiples of the merge
     /// unit, 4).
+    /// Uses the CPU f32 engine when the model is f32 on the CPU, else candle ops.
     pub fn new(model: Arc<VisionModel>, buckets: &[usize]) -> Result<VisionGraphs> {
+        let backend = if model.device().is_cpu() && model.dtype() == DType::F32 {
+            GraphBackend::CpuF32
+        } else {
+            GraphBackend::Candle
+        };
+        Self::with_backend(model, buckets, backend)
+    }
+
+    /// [`Self::new`] with an explicit backend.
+    pub fn with_backend(
+        model: Arc<VisionModel>,
+        buckets: &[usize],
+        backend: GraphBackend,
+    ) -> Result<VisionGraphs> {
+        if backend == GraphBackend::CpuF32
+            && !(model.device().is_cpu() && model.dtype() == DType::F32)
+        {
+            return Err(ModelError::invalid(format!(
+                "the CPU f32 ViT engine needs an f32 model on the CPU (have {:?} on {:?})",
+                model.dtype(),
+                model.device()
+            )));
+        }
         let unit = model.config().merge_unit();
         if buckets.is_empty() {
             return Err(ModelError::invalid("no ViT buckets given"));
@@ -53,9 +93,32 @@ impl VisionGraphs {
         lens.dedup();
         let buckets = lens
             .into_iter()
-            .map(|len| Bucket { len, memory_bytes: estimate_memory_bytes(&model, len) })
+            .map(|len| match backend {
+                GraphBackend::CpuF32 => Bucket {
+                    len,
+                    memory_bytes: Workspace::bytes(
+                        model.config(),
+                        len,
+                        rayon::current_num_threads(),
+                    ),
+                    workspace: Some(Arc::new(Mutex::new(Workspace::new(model.config(), len)))),
+                },
+                GraphBackend::Candle => Bucket {
+                    len,
+                    memory_bytes: estimate_memory_bytes(&model, len),
+                    workspace: None,
+                },
+            })
             .collect();
-        Ok(VisionGraphs { model, buckets })
+        Ok(VisionGraphs {
+            model,
+            backend,
+            buckets,
+        })
+    }
+
+    pub fn backend(&self) -> GraphBackend {
+        self.backend
     }
 
     pub fn model(&self) -> &Arc<VisionModel> {
@@ -74,16 +137,23 @@ impl VisionGraphs {
 
     /// The smallest bucket holding `patches` raw patches, or None when none does.
     pub fn bucket_for(&self, patches: usize) -> Option<usize> {
-        self.buckets.iter().map(|b| b.len).find(|&len| len >= patches)
+        self.buckets
+            .iter()
+            .map(|b| b.len)
+            .find(|&len| len >= patches)
     }
 
     /// Estimated bytes one run of `bucket` holds at its peak (activations and scratch buffers,
     /// not weights). None for a length that is not a bucket.
     pub fn memory_bytes(&self, bucket: usize) -> Option<u64> {
-        self.buckets.iter().find(|b| b.len == bucket).map(|b| b.memory_bytes)
+        self.buckets
+            .iter()
+            .find(|b| b.len == bucket)
+            .map(|b| b.memory_bytes)
     }
 
-    /// Runs one image (t == 1) padded to its bucket. Over the largest bucket -> InvalidInput.
+    /// Runs one image (t*h*w rows; t is 1 for an image) padded to the smallest bucket that holds
+    /// it. Over the largest bucket -> InvalidInput naming both numbers.
     pub fn encode(&self, pv: &PixelValues) -> Result<BucketRun> {
         let grid = pv.grid_thw;
         self.model.check_input(&pv.values, grid)?;
@@ -97,6 +167,38 @@ impl VisionGraphs {
                 self.max_bucket()
             ))
         })?;
+        let tokens = rows / self.model.config().merge_unit();
+        let padding_fraction = (bucket - rows) as f32 / bucket as f32;
+        let slot = self
+            .buckets
+            .iter()
+            .find(|b| b.len == bucket)
+            .and_then(|b| b.workspace.clone());
+        if let Some(ws) = slot {
+            let values = pv.values.to_dtype(DType::F32)?;
+            let (merged, deepstack) = {
+                let mut ws = ws.lock().map_err(|_| {
+                    ModelError::invalid("ViT workspace poisoned by an earlier panic")
+                })?;
+                engine::run(&self.model, &mut ws, &values, grid)?
+            };
+            let out = self.model.config().out_hidden_size;
+            let device = self.model.device();
+            let embeds = Tensor::from_vec(merged, (tokens, out), device)?;
+            let deepstack = deepstack
+                .into_iter()
+                .map(|d| Ok(Tensor::from_vec(d, (tokens, out), device)?))
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(BucketRun {
+                embeds: ImageEmbeds {
+                    embeds,
+                    deepstack,
+                    grid_thw: grid,
+                },
+                bucket,
+                padding_fraction,
+            });
+        }
         let values = pv.values.to_dtype(DType::F32)?;
         let padded = if bucket > rows {
             let pad = Tensor::zeros((bucket - rows, values.dim(1)?), DType::F32, values.device())?;
@@ -105,16 +207,19 @@ impl VisionGraphs {
             values
         };
         let (merged, deepstack) = self.model.run_rows(&padded, grid, bucket, None)?;
-        let tokens = rows / self.model.config().merge_unit();
         let embeds = merged.narrow(0, 0, tokens)?;
         let deepstack = deepstack
             .into_iter()
             .map(|d| Ok(d.narrow(0, 0, tokens)?))
             .collect::<Result<Vec<_>>>()?;
         Ok(BucketRun {
-            embeds: ImageEmbeds { embeds, deepstack, grid_thw: grid },
+            embeds: ImageEmbeds {
+                embeds,
+                deepstack,
+                grid_thw: grid,
+            },
             bucket,
-            padding_fraction: (bucket - rows) as f32 / bucket as f32,
+            padding_fraction,
         })
     }
 }
@@ -131,6 +236,7 @@ pub fn estimate_memory_bytes(model: &VisionModel, rows: usize) -> u64 {
         + d /* attn out */ + i /* mlp hidden */ + cfg.patch_dim() /* pixels */
         + d /* pos */ + cfg.head_dim() /* cos, sin */;
     let scores = super::attention::SCORE_BLOCK_ELEMS.min(h * rows * rows);
-    let merger = tokens * (2 * merged + cfg.out_hidden_size * (1 + cfg.deepstack_visual_indexes.len()));
+    let merger =
+        tokens * (2 * merged + cfg.out_hidden_size * (1 + cfg.deepstack_visual_indexes.len()));
     4 * (rows * per_row + scores + merger) as u64
 }

@@ -31,7 +31,10 @@ impl Linear {
                 weight.dims()
             )));
         }
-        Ok(Linear { weight, bias: bias.to_dtype(DType::F32)? })
+        Ok(Linear {
+            weight,
+            bias: bias.to_dtype(DType::F32)?,
+        })
     }
 
     /// (out, in), compute dtype.
@@ -54,7 +57,11 @@ impl Linear {
         } else {
             x.to_dtype(dtype)?.matmul(&self.weight.t()?)?
         };
-        let y = if y.dtype() == DType::F32 { y } else { y.to_dtype(DType::F32)? };
+        let y = if y.dtype() == DType::F32 {
+            y
+        } else {
+            y.to_dtype(DType::F32)?
+        };
         Ok(y.broadcast_add(&self.bias)?)
     }
 }
@@ -80,7 +87,12 @@ impl LayerNorm {
         let weight = vb.get(dim, "weight")?;
         let bias = vb.get(dim, "bias")?;
         let inner = candle_nn::LayerNorm::new(weight.clone(), bias.clone(), LN_EPS);
-        Ok(LayerNorm { weight, bias, eps: LN_EPS, inner })
+        Ok(LayerNorm {
+            weight,
+            bias,
+            eps: LN_EPS,
+            inner,
+        })
     }
     pub fn weight(&self) -> &Tensor {
         &self.weight

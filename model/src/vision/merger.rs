@@ -23,9 +23,18 @@ pub struct PatchMerger {
 }
 
 impl PatchMerger {
-    pub fn new(cfg: &VisionConfig, vb: VarBuilder, postshuffle: bool, dtype: DType) -> Result<Self> {
+    pub fn new(
+        cfg: &VisionConfig,
+        vb: VarBuilder,
+        postshuffle: bool,
+        dtype: DType,
+    ) -> Result<Self> {
         let merged_dim = cfg.hidden_size * cfg.merge_unit();
-        let norm_dim = if postshuffle { merged_dim } else { cfg.hidden_size };
+        let norm_dim = if postshuffle {
+            merged_dim
+        } else {
+            cfg.hidden_size
+        };
         Ok(PatchMerger {
             norm: LayerNorm::new(vb.pp("norm"), norm_dim)?,
             linear_fc1: Linear::new(vb.pp("linear_fc1"), merged_dim, merged_dim, dtype)?,

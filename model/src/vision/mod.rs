@@ -6,7 +6,9 @@
 //! the processor emits the patches.
 mod attention;
 mod block;
+mod engine;
 mod graphs;
+mod kernels;
 mod linear;
 mod merger;
 mod model;
@@ -16,7 +18,7 @@ mod rope;
 
 pub use attention::{spans_for, Span};
 pub use block::{AttnContext, VisionAttention, VisionBlock, VisionMlp};
-pub use graphs::{estimate_memory_bytes, BucketRun, VisionGraphs};
+pub use graphs::{estimate_memory_bytes, BucketRun, GraphBackend, VisionGraphs};
 pub use linear::{LayerNorm, Linear};
 pub use merger::PatchMerger;
 pub use model::{VisionModel, VisionTrace, VISION_PREFIX};

@@ -59,7 +59,7 @@ impl VisionModel {
             )));
         }
         let merge = cfg.spatial_merge_size;
-        if merge == 0 || cfg.num_heads == 0 || cfg.head_dim() % 4 != 0 {
+        if merge == 0 || cfg.num_heads == 0 || !cfg.head_dim().is_multiple_of(4) {
             return Err(ModelError::Weights(format!(
                 "vision_config: spatial_merge_size {merge} must be positive and head_dim {} a multiple of 4",
                 cfg.head_dim()
@@ -68,8 +68,13 @@ impl VisionModel {
         let device = vb.device().clone();
         let patch_embed = PatchEmbed::new(cfg, vb.pp("patch_embed"), dtype)?;
         let side = cfg.num_grid_per_side();
-        let pos_embed =
-            PosEmbed::new(vb.pp("pos_embed"), cfg.num_position_embeddings, cfg.hidden_size, side, merge)?;
+        let pos_embed = PosEmbed::new(
+            vb.pp("pos_embed"),
+            cfg.num_position_embeddings,
+            cfg.hidden_size,
+            side,
+            merge,
+        )?;
         let rope = VisionRope::new(cfg.head_dim(), merge, VISION_ROPE_THETA);
         let blocks = (0..cfg.depth)
             .map(|i| VisionBlock::new(cfg, vb.pp("blocks").pp(i), dtype))
@@ -137,7 +142,11 @@ impl VisionModel {
         self.check_input(pixel_values, grid_thw)?;
         let rows = grid_thw.iter().product();
         let (embeds, deepstack) = self.run_rows(pixel_values, grid_thw, rows, trace)?;
-        Ok(ImageEmbeds { embeds, deepstack, grid_thw })
+        Ok(ImageEmbeds {
+            embeds,
+            deepstack,
+            grid_thw,
+        })
     }
 
     /// Runs the tower on `pixel_values` of `rows` >= t*h*w rows (the rest is padding, masked out
@@ -164,7 +173,11 @@ impl VisionModel {
         // 3. rope tables (rows, hd/2) and attention spans
         let (cos, sin) = self.rope.forward(grid_thw, rows, &self.device)?;
         let spans = spans_for(grid_thw, rows);
-        let ctx = AttnContext { cos: &cos, sin: &sin, spans: &spans };
+        let ctx = AttnContext {
+            cos: &cos,
+            sin: &sin,
+            spans: &spans,
+        };
         // 4. blocks, tapping the deepstack levels
         let mut deepstack = Vec::with_capacity(self.deepstack_merger_list.len());
         for (i, block) in self.blocks.iter().enumerate() {
@@ -172,7 +185,12 @@ impl VisionModel {
             if let Some(t) = trace.as_deref_mut() {
                 t.block_out.push(x.clone());
             }
-            if let Some(k) = self.cfg.deepstack_visual_indexes.iter().position(|&j| j == i) {
+            if let Some(k) = self
+                .cfg
+                .deepstack_visual_indexes
+                .iter()
+                .position(|&j| j == i)
+            {
                 deepstack.push(self.deepstack_merger_list[k].forward(&x)?);
             }
         }

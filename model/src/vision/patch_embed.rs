@@ -16,11 +16,21 @@ pub struct PatchEmbed {
 impl PatchEmbed {
     pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
         let vb = vb.pp("proj");
-        let (d, c, t, p) = (cfg.hidden_size, cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size);
+        let (d, c, t, p) = (
+            cfg.hidden_size,
+            cfg.in_channels,
+            cfg.temporal_patch_size,
+            cfg.patch_size,
+        );
         // (D, C, T, P, P) -> (D, C*T*P*P)
-        let weight = vb.to_dtype(dtype).get((d, c, t, p, p), "weight")?.reshape((d, c * t * p * p))?;
+        let weight = vb
+            .to_dtype(dtype)
+            .get((d, c, t, p, p), "weight")?
+            .reshape((d, c * t * p * p))?;
         let bias = vb.to_dtype(DType::F32).get(d, "bias")?;
-        Ok(PatchEmbed { proj: Linear::from_parts(weight, bias)? })
+        Ok(PatchEmbed {
+            proj: Linear::from_parts(weight, bias)?,
+        })
     }
 
     /// (N, C*T*P*P) f32 -> (N, D) f32.

@@ -44,8 +44,16 @@ pub struct PosEmbed {
 
 impl PosEmbed {
     /// Loads `{vb}.weight` (num_position_embeddings, D).
-    pub fn new(vb: VarBuilder, num_positions: usize, dim: usize, side: usize, merge: usize) -> Result<Self> {
-        let table = vb.to_dtype(DType::F32).get((num_positions, dim), "weight")?;
+    pub fn new(
+        vb: VarBuilder,
+        num_positions: usize,
+        dim: usize,
+        side: usize,
+        merge: usize,
+    ) -> Result<Self> {
+        let table = vb
+            .to_dtype(DType::F32)
+            .get((num_positions, dim), "weight")?;
         Ok(PosEmbed { table, side, merge })
     }
 
@@ -78,7 +86,9 @@ impl PosEmbed {
         let wts = Tensor::from_vec(wts, (rows, 4), &Device::Cpu)?.to_device(device)?;
         let mut acc: Option<Tensor> = None;
         for k in 0..4 {
-            let gathered = self.table.index_select(&idx.narrow(1, k, 1)?.squeeze(1)?, 0)?; // (rows, D)
+            let gathered = self
+                .table
+                .index_select(&idx.narrow(1, k, 1)?.squeeze(1)?, 0)?; // (rows, D)
             let term = gathered.broadcast_mul(&wts.narrow(1, k, 1)?)?;
             acc = Some(match acc {
                 None => term,
@@ -87,7 +97,11 @@ impl PosEmbed {
         }
         match acc {
             Some(a) => Ok(a),
-            None => Ok(Tensor::zeros((rows, self.table.dim(1)?), DType::F32, device)?),
+            None => Ok(Tensor::zeros(
+                (rows, self.table.dim(1)?),
+                DType::F32,
+                device,
+            )?),
         }
     }
 
@@ -114,6 +128,18 @@ mod tests {
     #[test]
     fn merge_block_coords_order() {
         let coords: Vec<_> = (0..8).map(|i| merge_block_coords(i, 4, 2)).collect();
-        assert_eq!(coords, [(0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]);
+        assert_eq!(
+            coords,
+            [
+                (0, 0),
+                (0, 1),
+                (1, 0),
+                (1, 1),
+                (0, 2),
+                (0, 3),
+                (1, 2),
+                (1, 3)
+            ]
+        );
     }
 }

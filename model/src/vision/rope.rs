@@ -55,7 +55,12 @@ impl VisionRope {
     }
 
     /// [`Self::tables`] as (rows, hd/2) f32 tensors on `device`.
-    pub fn forward(&self, grid_thw: [usize; 3], rows: usize, device: &Device) -> Result<(Tensor, Tensor)> {
+    pub fn forward(
+        &self,
+        grid_thw: [usize; 3],
+        rows: usize,
+        device: &Device,
+    ) -> Result<(Tensor, Tensor)> {
         let half = self.half_dim();
         let (cos, sin) = self.tables(grid_thw, rows);
         let cos = Tensor::from_vec(cos, (rows, half), &Device::Cpu)?.to_device(device)?;

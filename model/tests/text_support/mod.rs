@@ -19,6 +19,8 @@ pub struct Case {
     pub ckpt: PathBuf,
     pub cfg: Qwen3VlConfig,
     pub grids: Vec<[usize; 3]>,
+    /// The image-processor backend whose pixel values the reference fed its model.
+    pub fed_backend: String,
     pub golden: HashMap<String, Tensor>,
 }
 
@@ -38,37 +40,66 @@ pub fn cases() -> Vec<Case> {
             .expect("grids")
             .iter()
             .map(|g| {
-                let v: Vec<usize> = g.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as usize).collect();
+                let v: Vec<usize> = g
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap() as usize)
+                    .collect();
                 [v[0], v[1], v[2]]
             })
             .collect();
-        let golden = candle_core::safetensors::load(case_dir.join("golden.safetensors"), &Device::Cpu)
-            .expect("golden.safetensors loads");
+        let golden =
+            candle_core::safetensors::load(case_dir.join("golden.safetensors"), &Device::Cpu)
+                .expect("golden.safetensors loads");
         out.push(Case {
             name: c["dir"].as_str().unwrap().to_string(),
             cfg: Qwen3VlConfig::from_dir(&ckpt).expect("config.json"),
             ckpt,
             grids,
+            fed_backend: c["backend_fed_to_model"]
+                .as_str()
+                .unwrap_or("torchvision")
+                .to_string(),
             golden,
         });
     }
-    assert!(!out.is_empty(), "no golden cases in {}", index_path.display());
+    assert!(
+        !out.is_empty(),
+        "no golden cases in {}",
+        index_path.display()
+    );
     out
 }
 
 impl Case {
     pub fn t(&self, name: &str) -> &Tensor {
-        self.golden.get(name).unwrap_or_else(|| panic!("{}: no tensor {name}", self.name))
+        self.golden
+            .get(name)
+            .unwrap_or_else(|| panic!("{}: no tensor {name}", self.name))
     }
 
     pub fn input_ids(&self) -> Vec<u32> {
-        let ids = self.t("input_ids").flatten_all().unwrap().to_dtype(DType::I64).unwrap();
-        ids.to_vec1::<i64>().unwrap().into_iter().map(|v| v as u32).collect()
+        let ids = self
+            .t("input_ids")
+            .flatten_all()
+            .unwrap()
+            .to_dtype(DType::I64)
+            .unwrap();
+        ids.to_vec1::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as u32)
+            .collect()
     }
 
     pub fn generated_ids(&self) -> Vec<u32> {
         let ids = self.t("generated_ids").to_dtype(DType::I64).unwrap();
-        ids.to_vec1::<i64>().unwrap().into_iter().map(|v| v as u32).collect()
+        ids.to_vec1::<i64>()
+            .unwrap()
+            .into_iter()
+            .map(|v| v as u32)
+            .collect()
     }
 
     /// The golden ViT outputs split per image (rows in prompt order).
@@ -76,7 +107,9 @@ impl Case {
         let levels = self.cfg.vision.deepstack_visual_indexes.len();
         let m = self.cfg.vision.spatial_merge_size;
         let merged = self.t("vision.merged");
-        let deep: Vec<&Tensor> = (0..levels).map(|k| self.t(&format!("vision.deepstack{k}"))).collect();
+        let deep: Vec<&Tensor> = (0..levels)
+            .map(|k| self.t(&format!("vision.deepstack{k}")))
+            .collect();
         let mut row = 0;
         self.grids
             .iter()
@@ -99,7 +132,14 @@ pub fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
     let a = a.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
     let b = b.to_dtype(DType::F32).unwrap().flatten_all().unwrap();
     assert_eq!(a.dims(), b.dims(), "shapes differ");
-    let diff = (&a - &b).unwrap().abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
+    let diff = (&a - &b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max(0)
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
     let scale = b.abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
     diff / scale.max(f32::MIN_POSITIVE)
 }

@@ -1,0 +1,512 @@
+//! The CPU f32 bucket engine: the ViT written on preallocated slices with direct gemm calls,
+//! fused bias / activation / LayerNorm passes and blocked attention, so that a run at a bucket
+//! touches only the buffers sized for that bucket at load (plus its small per-run tables and the
+//! outputs). Same math as [`VisionModel::forward`](super::VisionModel::forward), which is its
+//! oracle.
+use super::attention::{spans_for, Span};
+use super::kernels::{
+    add_bias, bias_gelu_erf, bias_gelu_tanh, gemm_f32, layer_norm_row, online_softmax_tile, Mat,
+    SendPtr,
+};
+use super::linear::{LayerNorm, Linear};
+use super::merger::PatchMerger;
+use super::model::VisionModel;
+use crate::config::VisionConfig;
+use crate::error::{ModelError, Result};
+use candle_core::{CpuStorage, Storage, StorageRef, Tensor};
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// Attention tiles: query rows per task and keys per tile (flash-attention style: scores of one
+/// tile, 256 x 512 f32 = 512 KiB, stay in a core's L2 with the K and V tiles; the softmax runs
+/// online across tiles). `VLM_VIT_ATTN_TILES=QxK` overrides them (for tuning).
+const Q_TILE: usize = 256;
+const K_TILE: usize = 512;
+
+fn attn_tiles() -> (usize, usize) {
+    static TILES: std::sync::OnceLock<(usize, usize)> = std::sync::OnceLock::new();
+    *TILES.get_or_init(|| {
+        std::env::var("VLM_VIT_ATTN_TILES")
+            .ok()
+            .and_then(|v| {
+                let (q, k) = v.split_once('x')?;
+                Some((q.parse().ok()?, k.parse().ok()?))
+            })
+            .filter(|&(q, k): &(usize, usize)| q >= 8 && k >= 8)
+            .unwrap_or((Q_TILE, K_TILE))
+    })
+}
+
+/// The buffers of one bucket, allocated once.
+#[derive(Debug)]
+pub struct Workspace {
+    rows: usize,
+    /// (rows, D): the residual stream.
+    x: Vec<f32>,
+    /// (rows, D): LayerNorm outputs, then the attention output.
+    h: Vec<f32>,
+    /// (rows, max(I, 3D)): qkv, then the MLP hidden, then the merger hidden.
+    big: Vec<f32>,
+    /// (H, rows, hd) each: q (roped, scaled), k (roped), v.
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+impl Workspace {
+    pub fn new(cfg: &VisionConfig, rows: usize) -> Workspace {
+        let d = cfg.hidden_size;
+        Workspace {
+            rows,
+            x: vec![0.0; rows * d],
+            h: vec![0.0; rows * d],
+            big: vec![0.0; rows * big_width(cfg)],
+            q: vec![0.0; rows * d],
+            k: vec![0.0; rows * d],
+            v: vec![0.0; rows * d],
+        }
+    }
+
+    /// Bytes a workspace of `rows` holds, plus the per-run tables, attention scratch per thread
+    /// and outputs.
+    pub fn bytes(cfg: &VisionConfig, rows: usize, threads: usize) -> u64 {
+        let d = cfg.hidden_size;
+        let held = rows * (5 * d + big_width(cfg));
+        let tables = rows * (cfg.head_dim() + 8); // cos, sin, pos taps
+        let (qt, kt) = attn_tiles();
+        let scratch = threads * (qt * kt + 3 * qt);
+        let tokens = rows / cfg.merge_unit().max(1);
+        let outputs = tokens * cfg.out_hidden_size * (1 + cfg.deepstack_visual_indexes.len());
+        4 * (held + tables + scratch + outputs) as u64
+    }
+}
+
+fn big_width(cfg: &VisionConfig) -> usize {
+    cfg.intermediate_size
+        .max(3 * cfg.hidden_size)
+        .max(cfg.hidden_size)
+}
+
+/// A tensor's f32 CPU data, borrowed.
+struct CpuF32<'a> {
+    guard: StorageRef<'a>,
+    start: usize,
+    end: usize,
+}
+
+impl<'a> CpuF32<'a> {
+    fn new(t: &'a Tensor, what: &str) -> Result<Self> {
+        let (guard, layout) = t.storage_and_layout();
+        let (start, end) = layout
+            .contiguous_offsets()
+            .ok_or_else(|| ModelError::Weights(format!("{what}: not contiguous")))?;
+        if !matches!(&*guard, Storage::Cpu(CpuStorage::F32(_))) {
+            return Err(ModelError::Weights(format!("{what}: not f32 on the CPU")));
+        }
+        Ok(CpuF32 { guard, start, end })
+    }
+    fn slice(&self) -> &[f32] {
+        match &*self.guard {
+            Storage::Cpu(CpuStorage::F32(v)) => &v[self.start..self.end],
+            _ => &[],
+        }
+    }
+}
+
+/// dst (rows, out) [+]= x (rows, in) . W^T for a Linear's weight (out, in); no bias.
+fn matmul_wt(
+    x: &[f32],
+    rows: usize,
+    lin: &Linear,
+    dst: &mut [f32],
+    accumulate: bool,
+) -> Result<()> {
+    let w = CpuF32::new(lin.weight(), "linear weight")?;
+    let w = w.slice();
+    let out = lin.out_dim();
+    let in_dim = w.len() / out.max(1);
+    if x.len() < rows * in_dim || dst.len() < rows * out || w.len() != out * in_dim {
+        return Err(ModelError::Weights(format!(
+            "linear ({out}, {in_dim}): buffers too small for {rows} rows"
+        )));
+    }
+    // SAFETY: extents checked above; dst does not alias x or w.
+    unsafe {
+        gemm_f32(
+            rows,
+            out,
+            in_dim,
+            dst.as_mut_ptr(),
+            out,
+            accumulate,
+            Mat {
+                ptr: x.as_ptr(),
+                row_stride: in_dim,
+            },
+            w.as_ptr(),
+            1,
+            in_dim,
+            rayon::current_num_threads(),
+        );
+    }
+    Ok(())
+}
+
+/// Rows processed per rayon task in the elementwise passes.
+const PAR_ROWS: usize = 16;
+
+/// x[r] += bias for every row, in parallel.
+fn par_add_bias(x: &mut [f32], bias: &Tensor) -> Result<()> {
+    let b = CpuF32::new(bias, "bias")?;
+    let b = b.slice();
+    x.par_chunks_mut(b.len() * PAR_ROWS)
+        .for_each(|c| add_bias(c, b));
+    Ok(())
+}
+
+/// out[r] = LayerNorm(x[r]) over rows of `dim`, optionally adding `bias` to x first (in place).
+fn par_layer_norm(
+    x: &mut [f32],
+    pre_bias: Option<&Tensor>,
+    ln: &LayerNorm,
+    out: &mut [f32],
+) -> Result<()> {
+    let w = CpuF32::new(ln.weight(), "norm weight")?;
+    let b = CpuF32::new(ln.bias(), "norm bias")?;
+    let pre = pre_bias.map(|t| CpuF32::new(t, "bias")).transpose()?;
+    let (w, b) = (w.slice(), b.slice());
+    let pre = pre.as_ref().map(|p| p.slice());
+    let dim = w.len();
+    let eps = ln.eps() as f32;
+    x.par_chunks_mut(dim * PAR_ROWS)
+        .zip(out.par_chunks_mut(dim * PAR_ROWS))
+        .for_each(|(xc, oc)| {
+            for (xr, or) in xc.chunks_exact_mut(dim).zip(oc.chunks_exact_mut(dim)) {
+                if let Some(p) = pre {
+                    add_bias(xr, p);
+                }
+                layer_norm_row(xr, w, b, eps, or);
+            }
+        });
+    Ok(())
+}
+
+/// A merger on the first `tokens` merged rows of the residual stream.
+fn merger(
+    m: &PatchMerger,
+    x: &mut [f32],
+    h: &mut [f32],
+    big: &mut [f32],
+    tokens: usize,
+) -> Result<Vec<f32>> {
+    let md = m.merged_dim;
+    let (x, h, big) = (
+        &mut x[..tokens * md],
+        &mut h[..tokens * md],
+        &mut big[..tokens * md],
+    );
+    // norm over D per patch, or over 4D per merged token: either way rows are contiguous.
+    par_layer_norm(x, None, &m.norm, h)?;
+    matmul_wt(h, tokens, &m.linear_fc1, big, false)?; // (T, 4D)
+    let b1 = CpuF32::new(m.linear_fc1.bias(), "bias")?;
+    let b1 = b1.slice();
+    big.par_chunks_mut(md * PAR_ROWS)
+        .for_each(|c| bias_gelu_erf(c, b1));
+    let out_dim = m.linear_fc2.out_dim();
+    let mut out = vec![0f32; tokens * out_dim];
+    matmul_wt(big, tokens, &m.linear_fc2, &mut out, false)?; // (T, out)
+    par_add_bias(&mut out, m.linear_fc2.bias())?;
+    Ok(out)
+}
+
+/// Wall time per phase of one run, printed to stderr when `VLM_VIT_PROFILE` is set.
+#[derive(Default)]
+struct Profile {
+    on: bool,
+    last: Option<std::time::Instant>,
+    phases: Vec<(&'static str, f64)>,
+}
+
+impl Profile {
+    fn new() -> Self {
+        let on = std::env::var_os("VLM_VIT_PROFILE").is_some();
+        Profile {
+            on,
+            last: on.then(std::time::Instant::now),
+            phases: Vec::new(),
+        }
+    }
+    fn mark(&mut self, name: &'static str) {
+        if let Some(t) = self.last {
+            let dt = t.elapsed().as_secs_f64();
+            match self.phases.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, v)) => *v += dt,
+                None => self.phases.push((name, dt)),
+            }
+            self.last = Some(std::time::Instant::now());
+        }
+    }
+    fn report(&self, rows: usize) {
+        if self.on {
+            let total: f64 = self.phases.iter().map(|(_, v)| v).sum();
+            let parts: Vec<String> = self
+                .phases
+                .iter()
+                .map(|(n, v)| format!("{n} {v:.3}s ({:.0}%)", 100.0 * v / total))
+                .collect();
+            eprintln!(
+                "vit engine rows {rows}: total {total:.3}s: {}",
+                parts.join(", ")
+            );
+        }
+    }
+}
+
+thread_local! {
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Attention over the per-head q (roped, scaled), k (roped), v, each (H, rows, hd), into `out`
+/// (rows, D): per span, per head, per tile of query rows, over tiles of keys with an online
+/// softmax (reference math: softmax(q k^T * scale) v over the span's keys).
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    ws_q: &[f32],
+    ws_k: &[f32],
+    ws_v: &[f32],
+    out: &mut [f32],
+    rows: usize,
+    heads: usize,
+    hd: usize,
+    spans: &[Span],
+) {
+    let d = heads * hd;
+    let (q_tile, k_tile) = attn_tiles();
+    let mut tasks = Vec::new();
+    for span in spans {
+        for head in 0..heads {
+            let mut q0 = span.q.start;
+            while q0 < span.q.end {
+                let q1 = (q0 + q_tile).min(span.q.end);
+                tasks.push((head, q0, q1, span.k.clone()));
+                q0 = q1;
+            }
+        }
+    }
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
+        let bq = q1 - q0;
+        let base = head * rows * hd;
+        SCORES.with(|s| {
+            let mut s = s.borrow_mut();
+            let need = bq * k_tile + 3 * bq;
+            if s.len() < need {
+                s.resize(need, 0.0);
+            }
+            let (scores, stats) = s.split_at_mut(bq * k_tile);
+            let (m, rest) = stats.split_at_mut(bq);
+            let (l, corr) = rest.split_at_mut(bq);
+            m[..bq].fill(f32::NEG_INFINITY);
+            l[..bq].fill(0.0);
+            // SAFETY (all raw accesses below): q, k, v hold (H, rows, hd) and the ranges lie
+            // inside; each task writes only its own block (rows q0..q1, columns head*hd..+hd)
+            // of `out`, which has row stride d.
+            let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
+            let mut k0 = keys.start;
+            let mut first = true;
+            while k0 < keys.end {
+                let kl = k_tile.min(keys.end - k0);
+                let tile = &mut scores[..bq * kl];
+                unsafe {
+                    // tile (bq, kl) = q (bq, hd) . k^T (hd, kl)
+                    gemm_f32(
+                        bq,
+                        kl,
+                        hd,
+                        tile.as_mut_ptr(),
+                        kl,
+                        false,
+                        Mat {
+                            ptr: ws_q.as_ptr().add(base + q0 * hd),
+                            row_stride: hd,
+                        },
+                        ws_k.as_ptr().add(base + k0 * hd),
+                        1,
+                        hd,
+                        1,
+                    );
+                }
+                for (i, row) in tile.chunks_exact_mut(kl).enumerate() {
+                    online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
+                }
+                if !first {
+                    for (i, &c) in corr[..bq].iter().enumerate() {
+                        // SAFETY: row i of this task's output block.
+                        let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
+                        orow.iter_mut().for_each(|v| *v *= c);
+                    }
+                }
+                unsafe {
+                    // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
+                    gemm_f32(
+                        bq,
+                        hd,
+                        kl,
+                        o,
+                        d,
+                        !first,
+                        Mat {
+                            ptr: tile.as_ptr(),
+                            row_stride: kl,
+                        },
+                        ws_v.as_ptr().add(base + k0 * hd),
+                        hd,
+                        1,
+                        1,
+                    );
+                }
+                first = false;
+                k0 += kl;
+            }
+            for (i, &li) in l[..bq].iter().enumerate() {
+                let inv = 1.0 / li;
+                // SAFETY: row i of this task's output block.
+                let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
+                orow.iter_mut().for_each(|v| *v *= inv);
+            }
+        });
+    });
+}
+
+/// Runs `model` on `pv` ((t*h*w, C*T*P*P) real rows) padded to `ws.rows`. Returns the merged
+/// embeddings and the deepstack features of the real tokens only, row-major.
+pub fn run(
+    model: &VisionModel,
+    ws: &mut Workspace,
+    pv: &Tensor,
+    grid_thw: [usize; 3],
+) -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+    let cfg = model.config();
+    let (d, heads, hd) = (cfg.hidden_size, cfg.num_heads, cfg.head_dim());
+    let rows = ws.rows;
+    let n: usize = grid_thw.iter().product();
+    if n > rows {
+        return Err(ModelError::invalid(format!(
+            "{n} patches do not fit the {rows}-row workspace"
+        )));
+    }
+    let Workspace {
+        x, h, big, q, k, v, ..
+    } = ws;
+    let mut prof = Profile::new();
+
+    // 1. patch embed: x[..n] = pv @ W^T; padding rows are zero pixels, so only the bias.
+    let pv = pv.contiguous()?;
+    let pv_data = CpuF32::new(&pv, "pixel_values")?;
+    matmul_wt(pv_data.slice(), n, &model.patch_embed.proj, x, false)?;
+    drop(pv_data);
+    x[n * d..].fill(0.0);
+    par_add_bias(x, model.patch_embed.proj.bias())?;
+    prof.mark("patch_embed");
+
+    // 2. + interpolated position embedding (4 taps per real row).
+    let (idx, wts) = model.pos_embed.taps(grid_thw, rows);
+    let table = CpuF32::new(model.pos_embed.table(), "pos_embed")?;
+    let table = table.slice();
+    x.par_chunks_mut(d).enumerate().take(n).for_each(|(r, xr)| {
+        for t in 0..4 {
+            let (i, w) = (idx[r * 4 + t] as usize, wts[r * 4 + t]);
+            for (o, &e) in xr.iter_mut().zip(&table[i * d..(i + 1) * d]) {
+                *o += e * w;
+            }
+        }
+    });
+
+    // 3. rope tables (rows, hd/2) and spans.
+    let (cos, sin) = model.rope.tables(grid_thw, rows);
+    let half = hd / 2;
+    let spans = spans_for(grid_thw, rows);
+    let scale = (hd as f32).powf(-0.5);
+    prof.mark("tables");
+
+    let tokens = n / cfg.merge_unit();
+    let mut deepstack = Vec::with_capacity(model.deepstack_merger_list.len());
+    for (i, block) in model.blocks.iter().enumerate() {
+        // 4a. h = norm1(x); qkv = h @ Wqkv^T
+        par_layer_norm(x, None, &block.norm1, h)?;
+        prof.mark("norm");
+        let qkv = &mut big[..rows * 3 * d];
+        matmul_wt(h, rows, &block.attn.qkv, qkv, false)?;
+        prof.mark("qkv");
+        // 4b. + bias, rope on q and k (q also scaled), split per head: (H, rows, hd)
+        let qkv_bias = CpuF32::new(block.attn.qkv.bias(), "qkv bias")?;
+        let bias = qkv_bias.slice();
+        let qkv: &[f32] = qkv;
+        q.par_chunks_mut(rows * hd)
+            .zip(k.par_chunks_mut(rows * hd))
+            .zip(v.par_chunks_mut(rows * hd))
+            .enumerate()
+            .for_each(|(head, ((qh, kh), vh))| {
+                for r in 0..rows {
+                    let row = &qkv[r * 3 * d..(r + 1) * 3 * d];
+                    let (c, s) = (
+                        &cos[r * half..(r + 1) * half],
+                        &sin[r * half..(r + 1) * half],
+                    );
+                    for (part, dst, mult) in [(0usize, &mut *qh, scale), (1, &mut *kh, 1.0)] {
+                        let off = part * d + head * hd;
+                        let src = &row[off..off + hd];
+                        let b = &bias[off..off + hd];
+                        let out = &mut dst[r * hd..(r + 1) * hd];
+                        for j in 0..half {
+                            let (x1, x2) = (src[j] + b[j], src[j + half] + b[j + half]);
+                            out[j] = (x1 * c[j] - x2 * s[j]) * mult;
+                            out[j + half] = (x2 * c[j] + x1 * s[j]) * mult;
+                        }
+                    }
+                    let off = 2 * d + head * hd;
+                    for ((o, &sv), &bv) in vh[r * hd..(r + 1) * hd]
+                        .iter_mut()
+                        .zip(&row[off..off + hd])
+                        .zip(&bias[off..off + hd])
+                    {
+                        *o = sv + bv;
+                    }
+                }
+            });
+        drop(qkv_bias);
+        prof.mark("rope_split");
+        // 4c. attention -> h (rows, D)
+        attention(q, k, v, h, rows, heads, hd, &spans);
+        prof.mark("attention");
+        // 4d. x += h @ Wproj^T (+ bias, fused into norm2); h = norm2(x)
+        matmul_wt(h, rows, &block.attn.proj, x, true)?;
+        prof.mark("proj");
+        par_layer_norm(x, Some(block.attn.proj.bias()), &block.norm2, h)?;
+        prof.mark("norm");
+        // 4e. MLP: big = gelu_tanh(h @ W1^T + b1); x += big @ W2^T + b2
+        let inter = block.mlp.linear_fc1.out_dim();
+        let mid = &mut big[..rows * inter];
+        matmul_wt(h, rows, &block.mlp.linear_fc1, mid, false)?;
+        prof.mark("fc1");
+        let b1 = CpuF32::new(block.mlp.linear_fc1.bias(), "bias")?;
+        let b1 = b1.slice();
+        mid.par_chunks_mut(inter * PAR_ROWS)
+            .for_each(|c| bias_gelu_tanh(c, b1));
+        prof.mark("gelu");
+        matmul_wt(mid, rows, &block.mlp.linear_fc2, x, true)?;
+        prof.mark("fc2");
+        par_add_bias(x, block.mlp.linear_fc2.bias())?;
+        prof.mark("bias");
+        // 4f. deepstack tap (real tokens only)
+        if let Some(j) = cfg.deepstack_visual_indexes.iter().position(|&t| t == i) {
+            deepstack.push(merger(&model.deepstack_merger_list[j], x, h, big, tokens)?);
+            prof.mark("mergers");
+        }
+    }
+    // 5. merger on the real tokens.
+    let merged = merger(&model.merger, x, h, big, tokens)?;
+    prof.mark("mergers");
+    prof.report(rows);
+    Ok((merged, deepstack))
+}
