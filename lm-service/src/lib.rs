@@ -64,7 +64,10 @@ pub fn resolve_num_blocks(d: &DeployConfig, model_dir: &std::path::Path) -> Resu
 
 #[cfg(not(feature = "cuda"))]
 fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
-    vlm_config::plan::DeviceKind::cpu().map_err(|e| ServeError::Config(e.to_string()))
+    // MemAvailable (or the cgroup limit), not MemTotal: the pool is pre-faulted at start.
+    let kind = vlm_config::plan::DeviceKind::cpu_available().map_err(|e| ServeError::Config(e.to_string()))?;
+    tracing::info!(capacity_bytes = kind.capacity, "sizing kvcache_num_blocks: 0 against available memory");
+    Ok(kind)
 }
 
 #[cfg(feature = "cuda")]

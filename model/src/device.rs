@@ -27,3 +27,27 @@ pub fn device_for(ordinal: usize) -> Result<Device> {
         Ok(Device::Cpu)
     }
 }
+
+/// A zero-filled f32 buffer whose pages are resident: one write per page. What a service
+/// reserves at start (KV pool, ViT workspaces) is then really held, so a layout that does not
+/// fit fails at start-up instead of being killed for memory later, under load, and the memory
+/// plan (`vlm plan`) matches the process's resident memory.
+pub fn zeros_resident_f32(n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    for x in v.iter_mut().step_by(4096 / std::mem::size_of::<f32>()) {
+        *x = std::hint::black_box(0.0);
+    }
+    v
+}
+
+/// A zero tensor whose pages are resident on the CPU (see [`zeros_resident_f32`]); a plain
+/// zero tensor on other devices.
+pub fn zeros_resident(shape: impl Into<candle_core::Shape>, device: &Device) -> Result<candle_core::Tensor> {
+    let shape: candle_core::Shape = shape.into();
+    if device.is_cpu() {
+        let data = zeros_resident_f32(shape.elem_count());
+        Ok(candle_core::Tensor::from_vec(data, shape, device)?)
+    } else {
+        Ok(candle_core::Tensor::zeros(shape, DType::F32, device)?)
+    }
+}

@@ -94,6 +94,18 @@ impl DeviceKind {
         Ok(Self::cpu_with(mem_total()?))
     }
 
+    /// The CPU backend with the memory a starting service may really take: `MemAvailable` of
+    /// /proc/meminfo, or the container's cgroup limit (`memory.max`) when that is lower. The LM
+    /// service sizes `kvcache_num_blocks: 0` against this rather than `MemTotal`, because it
+    /// pre-faults what it reserves: memory other processes use is not there to take.
+    pub fn cpu_available() -> Result<DeviceKind, PlanError> {
+        let mut bytes = meminfo_field("MemAvailable:")?;
+        if let Some(limit) = cgroup_memory_max() {
+            bytes = bytes.min(limit);
+        }
+        Ok(Self::cpu_with(bytes))
+    }
+
     /// The CPU backend with `capacity` bytes of RAM.
     pub fn cpu_with(capacity: u64) -> DeviceKind {
         DeviceKind {
@@ -134,16 +146,26 @@ impl DeviceKind {
 
 /// `MemTotal` of /proc/meminfo, in bytes.
 pub fn mem_total() -> Result<u64, PlanError> {
+    meminfo_field("MemTotal:")
+}
+
+/// The cgroup v2 memory limit of this process, when one is set.
+fn cgroup_memory_max() -> Option<u64> {
+    std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?.trim().parse().ok()
+}
+
+/// A `kB` field of /proc/meminfo, in bytes.
+fn meminfo_field(field: &str) -> Result<u64, PlanError> {
     let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
         PlanError::Device(format!("cannot read /proc/meminfo for the cpu kind: {e}; give --device-memory BYTES"))
     })?;
     text.lines()
         .find_map(|l| {
-            let rest = l.strip_prefix("MemTotal:")?;
+            let rest = l.strip_prefix(field)?;
             let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
             Some(kb * KIB)
         })
-        .ok_or_else(|| PlanError::Device("no MemTotal in /proc/meminfo; give --device-memory BYTES".into()))
+        .ok_or_else(|| PlanError::Device(format!("no {field} in /proc/meminfo; give --device-memory BYTES")))
 }
 
 /// Parses a byte count: `17179869184`, `16GiB`, `16G` (= GiB), `141GB`, `512MiB`, `1.5TiB`.

@@ -34,6 +34,32 @@
 //!   backend, which also allocates one dummy block for padded decode rows).
 //! * **reserved**: the kind's per-device reservation.
 //!
+//! # What a service process holds on the CPU backend ([`service_bytes`], [`cpu_service_bytes`])
+//! A service's [`PartBytes`] also carries the figures to compare with the process's resident
+//! memory (`VmRSS`) once it reports SERVING ([`PartBytes::resident`]):
+//!
+//! * **process baseline** ([`CPU_PROCESS_BASELINE`]): the binary's code pages, the tokio
+//!   runtime, tonic/health/reflection, the metrics registry, tracing, thread stacks and the
+//!   allocator's arenas. Not in the device placement (it is the same few MiB whatever the
+//!   config), so [`PartBytes::total`] leaves it out.
+//! * **held from start**: the weights (in the compute dtype: a bf16 checkpoint served in f32
+//!   is widened at load), the buffers allocated at load and kept for the life of the process —
+//!   the CPU f32 ViT engine's per-bucket workspaces (`rows x (5 hidden + max(intermediate,
+//!   3 hidden))` f32, [`vit_cpu_engine_held_bytes`]), one set per `visual.device` entry (each
+//!   compute thread has its own) — and the KV pool (every block plus the dummy one).
+//! * **transient**: per-run buffers (the ViT engine's rotary tables, attention scratch and
+//!   outputs; candle's per-op tensors; the LM's largest run). They are counted in the plan,
+//!   because the memory must be there while a run is under way, but they are freed after the
+//!   run, so they are not part of the resident figure.
+//!
+//! Reserved means resident: the services are expected to touch (pre-fault) what they hold from
+//! start — the KV pool and the ViT workspaces are zero-filled allocations, which Linux maps
+//! lazily, so without touching them they cost address space and no RSS until first used, and
+//! a layout that does not fit is found by the OOM killer under load instead of at start-up.
+//! [`PartBytes::resident`] is what such a service holds after start; cli/tests/plan_rss.rs
+//! checks it against `VmRSS` within 10% (tiny checkpoint) and cli/benches/plan_rss.rs
+//! measures it on the 2B checkpoint.
+//!
 //! `kvcache_num_blocks: 0` resolves ([`resolve_kv_blocks`]) to the largest count that fits on
 //! every LM device after everything else placed there (the ViT included when it shares them),
 //! capped at `batch_size x max_seq_len / kvcache_partition_len` (the scheduler never holds more);
@@ -99,8 +125,37 @@ pub struct PartBytes {
     pub buffers: u64,
     /// KV cache (LM only): blocks x block bytes, the dummy block included on our backend.
     pub kv_cache: u64,
+    /// weights + buffers + kv_cache: what the device placement counts (the process baseline
+    /// not included).
     pub total: u64,
+    /// Of `buffers`, the bytes allocated at load and held for the life of the service (the CPU
+    /// f32 ViT engine's workspaces, every compute device's); the rest is per run.
+    pub held_buffers: u64,
+    /// The service process's own footprint on the CPU backend ([`CPU_PROCESS_BASELINE`]);
+    /// 0 on other kinds (it is host memory, not device memory).
+    pub process_baseline: u64,
 }
+
+impl PartBytes {
+    /// What the service process holds once it reports SERVING, when it pre-faults what it
+    /// reserves: process baseline + weights + buffers held from load + KV cache. Per-run
+    /// buffers are not included (they come and go with each run).
+    pub fn resident(&self) -> u64 {
+        self.process_baseline + self.weights + self.held_buffers + self.kv_cache
+    }
+}
+
+/// Resident memory of a service process on the CPU backend beyond what the plan itemises:
+/// code pages of the binary (about 10 MiB file-backed), the tokio runtime, tonic, the metrics
+/// registry, tracing, thread stacks and malloc arenas (2-3 MiB anonymous).
+///
+/// Measured once (2026-11-29, this machine, x86_64 glibc, dev-profile binaries as the tests
+/// run them) as `VmRSS` after SERVING minus the planned weights, with the tiny checkpoint:
+/// vision-service 13.0 MB RSS with 1.8 MB of weights, lm-service 12.9-13.5 MB with 0.7 MB of
+/// weights (the KV pool and ViT workspaces not touched). Both services are within a MiB of
+/// 12 MiB; it is one figure for both. It does not grow with the model: with the 2B checkpoint
+/// it is noise next to gigabytes of weights (cli/benches/plan_rss.rs prints the difference).
+pub const CPU_PROCESS_BASELINE: u64 = 12 * super::device::MIB;
 
 /// The KV cache's geometry and count.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -254,6 +309,16 @@ fn held(policy: BufferPolicy, graphs: &[Item]) -> u64 {
     }
 }
 
+/// Bytes of one bucket's buffers the CPU f32 ViT engine allocates at load and holds
+/// (model/src/vision/engine.rs, `Workspace::new`): `rows x (5 hidden + max(intermediate,
+/// 3 hidden))` f32 — the residual stream, the norm/attention output, q, k, v and the wide
+/// buffer (qkv, MLP hidden, merger hidden).
+pub fn vit_cpu_engine_held_bytes(dims: &ModelDims, rows: u64) -> u64 {
+    let d = dims.vision_hidden;
+    let big = dims.vision_intermediate.max(3 * d).max(d);
+    4 * rows * (5 * d + big)
+}
+
 /// Bytes of one bucket of the CPU f32 ViT engine (model/src/vision/engine.rs,
 /// `Workspace::bytes` with one thread per run, as the vision-service's compute threads run):
 /// the buffers held from load (`rows x (5 hidden + max(intermediate, 3 hidden))`), the per-run
@@ -284,21 +349,28 @@ pub fn visual_bytes(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opt
     let weights = weight_bytes(p.visual, p.visual_vectors, t);
     let cpu_engine = kind.native_dtype.is_none() && kind.shared_pool && t.weights == Dtype::F32;
     let policy = if cpu_engine { BufferPolicy::PerGraph } else { kind.buffers };
-    let graphs: Vec<Item> = cfg
-        .visual
-        .max_seq_len
+    // On one machine's cores each compute device (thread) of the vision service gets its own
+    // bucket workspaces (vision-service prepare: "each device gets its own bucket buffers");
+    // the weights are shared. Elsewhere the bytes are split over the devices at placement.
+    let copies = if cpu_engine && kind.shared_pool { (cfg.visual.num_devices as u64).max(1) } else { 1 };
+    let mut buckets: Vec<u32> = cfg.visual.max_seq_len.clone();
+    buckets.sort_unstable();
+    buckets.dedup();
+    let graphs: Vec<Item> = buckets
         .iter()
         .map(|&b| Item {
             part: Part::Visual,
-            what: format!("vit bucket {b}"),
+            what: if copies > 1 { format!("vit bucket {b} (x{copies} devices)") } else { format!("vit bucket {b}") },
             bytes: if cpu_engine {
-                vit_cpu_engine_bytes(dims, b as u64)
+                copies * vit_cpu_engine_bytes(dims, b as u64)
             } else {
                 vit_bucket_elems(dims, b as u64) * t.activations.bytes()
             },
         })
         .collect();
     let buffers = held(policy, &graphs);
+    let held_buffers =
+        if cpu_engine { buckets.iter().map(|&b| copies * vit_cpu_engine_held_bytes(dims, b as u64)).sum() } else { 0 };
     PartBytes {
         part: Part::Visual,
         weights,
@@ -309,6 +381,17 @@ pub fn visual_bytes(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opt
         buffers,
         kv_cache: 0,
         total: weights + buffers,
+        held_buffers,
+        process_baseline: process_baseline(kind),
+    }
+}
+
+/// [`CPU_PROCESS_BASELINE`] on the CPU backend, else 0.
+fn process_baseline(kind: &DeviceKind) -> u64 {
+    if kind.native_dtype.is_none() && kind.shared_pool {
+        CPU_PROCESS_BASELINE
+    } else {
+        0
     }
 }
 
@@ -344,6 +427,9 @@ fn lm_bytes_without_kv(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, 
         buffers,
         kv_cache: 0,
         total: weights + buffers,
+        // Every LM graph's buffers are per run (candle ops, freed after each step).
+        held_buffers: 0,
+        process_baseline: process_baseline(kind),
     }
 }
 
@@ -599,11 +685,13 @@ pub enum Service {
 }
 
 /// The bytes one service plans to hold on the CPU backend of this machine (RAM from
-/// /proc/meminfo): weights in the config's dtype (norms in f32), its largest run's buffers and,
-/// for the LM, the KV cache as [`resolve_kv_blocks`] sizes it (plus the dummy block).
+/// /proc/meminfo): weights in the config's dtype (norms in f32), its graph buffers (the ViT
+/// engine's workspaces per compute device; the LM's largest run) and, for the LM, the KV cache
+/// as [`resolve_kv_blocks`] sizes it (plus the dummy block); with the process baseline.
 ///
-/// Comparing with process RSS after start-up: weights and buffers touched by a warm-up run are
-/// resident; KV blocks are zero-initialised and mapped lazily, so untouched blocks are not.
+/// Comparing with process RSS after start-up: [`PartBytes::resident`] is what a service that
+/// pre-faults its reservations holds (see the module documentation); per-run buffers are not
+/// resident between runs.
 pub fn cpu_service_bytes(cfg: &DeployConfig, dims: &ModelDims, service: Service) -> Result<PartBytes, PlanError> {
     service_bytes(cfg, dims, &DeviceKind::cpu()?, service, &PlanOptions::default())
 }
@@ -626,5 +714,53 @@ pub fn service_bytes(
             lm.total += lm.kv_cache;
             Ok(lm)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::device::GIB;
+
+    fn cfg(json: &str) -> DeployConfig {
+        DeployConfig::from_json(json).unwrap().config
+    }
+
+    #[test]
+    fn a_cpu_service_resident_figure_is_baseline_weights_held_buffers_and_kv() {
+        let c = cfg(r#"{
+            "visual": {"max_seq_len": [1024, 4096], "device": [0]},
+            "device": [1], "max_seq_len": 4096, "kvcache_partition_len": 256,
+            "kvcache_num_blocks": 16, "batch_size": 2
+        }"#);
+        let dims = ModelDims::qwen3_vl_2b();
+        let kind = DeviceKind::cpu_with(64 * GIB);
+        let opts = PlanOptions::default();
+        let v = service_bytes(&c, &dims, &kind, Service::Vision, &opts).unwrap();
+        let held = vit_cpu_engine_held_bytes(&dims, 1024) + vit_cpu_engine_held_bytes(&dims, 4096);
+        assert_eq!(v.held_buffers, held);
+        assert!(v.held_buffers < v.buffers);
+        assert_eq!(v.resident(), CPU_PROCESS_BASELINE + v.weights + held);
+        let l = service_bytes(&c, &dims, &kind, Service::Lm, &opts).unwrap();
+        assert_eq!(l.held_buffers, 0);
+        assert_eq!(l.resident(), CPU_PROCESS_BASELINE + l.weights + l.kv_cache);
+        // Device memory of an accelerator carries no process baseline.
+        let h = service_bytes(&c, &dims, &DeviceKind::h200(), Service::Lm, &opts).unwrap();
+        assert_eq!(h.process_baseline, 0);
+    }
+
+    #[test]
+    fn every_cpu_vision_device_holds_its_own_workspaces() {
+        let one = cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0]}, "device": [3]}"#);
+        let three = cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0, 1, 2]}, "device": [3]}"#);
+        let dims = ModelDims::qwen3_vl_2b();
+        let kind = DeviceKind::cpu_with(64 * GIB);
+        let opts = PlanOptions::default();
+        let a = visual_bytes(&one, &dims, &kind, &opts);
+        let b = visual_bytes(&three, &dims, &kind, &opts);
+        assert_eq!(b.weights, a.weights, "the weights are shared");
+        assert_eq!(b.buffers, 3 * a.buffers);
+        assert_eq!(b.held_buffers, 3 * a.held_buffers);
+        assert!(b.graphs[0].what.contains("x3 devices"), "{:?}", b.graphs[0]);
     }
 }

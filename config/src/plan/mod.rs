@@ -6,7 +6,8 @@
 //!   KV cache, reservation), whether it fits and, when not, checked changes that would.
 //! * [`resolve_kv_blocks`]: what `kvcache_num_blocks: 0` means on a kind of device; the services
 //!   call it at start-up so the plan and the running service agree.
-//! * [`cpu_service_bytes`]: the planned bytes of one service on this machine's CPU backend.
+//! * [`cpu_service_bytes`]: the planned bytes of one service on this machine's CPU backend, and
+//!   ([`PartBytes::resident`]) what its process holds once SERVING, checked against `VmRSS`.
 //! * [`buckets`]: the K ViT buckets / decode graphs that minimise expected cost for a traffic
 //!   sample.
 //!
@@ -36,7 +37,7 @@ pub use device::{human, parse_bytes, BufferPolicy, DeviceKind, GIB, KIB, MIB};
 pub use dims::{ModelDims, ParamCount};
 pub use memory::{
     cpu_service_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with, service_bytes, DevicePlan, Item,
-    KvPlan, Part, PartBytes, Plan, PlanOptions, Service, Suggestion,
+    KvPlan, Part, PartBytes, Plan, PlanOptions, Service, Suggestion, CPU_PROCESS_BASELINE,
 };
 
 /// Why a plan cannot be made, or why the automatic KV block count has no answer.

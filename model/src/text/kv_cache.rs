@@ -8,8 +8,8 @@
 //!   strided view with no copy and multiplies it directly (see `attention.rs`).
 //! * The last block (`dummy_block()`) takes the writes of padded decode rows; nothing reads it.
 //!
-//! The tensors are zero-initialised; on Linux that memory is mapped lazily, so blocks never
-//! written (including most of the dummy block) cost address space, not resident memory.
+//! The tensors are zero-initialised and pre-faulted on the CPU (`device::zeros_resident`): the
+//! pool a service reserves is really held from start-up, as the memory plan says.
 use crate::config::TextConfig;
 use crate::error::{ModelError, Result};
 use candle_core::{DType, Device, Tensor};
@@ -50,8 +50,8 @@ impl PagedKvCache {
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
-            k.push(Tensor::zeros(shape, dtype, device)?);
-            v.push(Tensor::zeros(shape, dtype, device)?);
+            k.push(crate::device::zeros_resident(shape, device)?);
+            v.push(crate::device::zeros_resident(shape, device)?);
         }
         Ok(PagedKvCache {
             k,

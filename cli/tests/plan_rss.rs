@@ -1,0 +1,110 @@
+//! The memory plan against what the services really hold: each service is started alone on the
+//! tiny checkpoint, and once it reports SERVING its resident memory (`VmRSS`) must be within 10%
+//! of the plan's figure for it (`vlm_config::plan::cpu_service_bytes(..).resident()`: process
+//! baseline + weights in the compute dtype + the ViT engine's bucket workspaces + the KV pool).
+//!
+//! The plan counts reservations as resident: the KV pool and the ViT workspaces are zero-filled
+//! allocations that Linux maps lazily, so a service must touch (pre-fault) them at start for
+//! RSS to show them (see the module documentation of `config/src/plan/memory.rs`). Until the
+//! services do that themselves, the children run with glibc's `MALLOC_PERTURB_`, which makes
+//! `malloc`/`calloc` write every block they hand out: exactly the pages the process allocated
+//! become resident, nothing else. Once the services pre-fault, the variable changes nothing.
+//! The 2B checkpoint is measured by `cargo bench -p vlm-cli --bench plan_rss`.
+#![cfg(target_os = "linux")]
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+use support::{bin, tiny_model, wait_serving, Proc};
+use vlm_config::plan::{self, ModelDims, Service};
+
+/// Bigger ViT buckets and KV pool than the harness's config, so that what the plan itemises
+/// (42 MiB of ViT workspaces; 25 MiB of KV cache) outweighs the process baseline.
+const CONFIG: &str = "\
+visual:
+  max_seq_len: [1024, 4096, 16384]
+  num_devices: 1
+  device: [0]
+max_seq_len: 4096
+kvcache_partition_len: 256
+kvcache_num_blocks: 128
+batch_size: 8
+decoder_batch_sizes: [1, 2, 4, 8]
+prefill_chunk_size: 128
+num_devices: 1
+device: [LM_DEVICE]
+";
+
+fn config_file() -> PathBuf {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plan-rss.yaml");
+    std::fs::write(&p, CONFIG.replace("LM_DEVICE", if cores > 1 { "1" } else { "0" })).unwrap();
+    p
+}
+
+/// `VmRSS` of `pid` in bytes.
+fn vm_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
+}
+
+// The std mutex only keeps the two tests' processes from running at once (each test has its
+// own runtime), so holding it across the awaits is the point.
+#[allow(clippy::await_holding_lock)]
+async fn check(service: Service) {
+    let _serial = support::serial();
+    let model = tiny_model();
+    let config = config_file();
+    let cfg = vlm_config::DeployConfig::from_path(&config).unwrap().config;
+    let dims = ModelDims::from_dir(&model).unwrap();
+    let planned = plan::cpu_service_bytes(&cfg, &dims, service).unwrap();
+    let name = match service {
+        Service::Vision => "vision-service",
+        Service::Lm => "lm-service",
+    };
+    let args: Vec<String> = [
+        "--model",
+        &model.display().to_string(),
+        "--config",
+        &config.display().to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let env = [("MALLOC_PERTURB_".to_string(), "165".to_string())];
+    let mut p = Proc::spawn_env(name, &bin(name), &args, &env);
+    wait_serving(&p.addr("grpc")).await;
+    // Let the last start-up allocations (health flip, first connections) settle.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss = vm_rss(p.pid());
+    p.kill();
+    let resident = planned.resident();
+    let ratio = rss as f64 / resident as f64;
+    eprintln!(
+        "{name}: planned resident {resident} B (baseline {} + weights {} + held buffers {} + kv {}), \
+         VmRSS {rss} B, ratio {ratio:.3}",
+        planned.process_baseline, planned.weights, planned.held_buffers, planned.kv_cache
+    );
+    assert!(
+        (0.9..=1.1).contains(&ratio),
+        "{name}: VmRSS after start-up {rss} B is not within 10% of the planned {resident} B \
+         (ratio {ratio:.3}): {planned:?}"
+    );
+}
+
+#[tokio::test]
+async fn vision_service_holds_what_the_plan_says() {
+    check(Service::Vision).await;
+}
+
+#[tokio::test]
+async fn lm_service_holds_what_the_plan_says() {
+    check(Service::Lm).await;
+}
