@@ -22,6 +22,9 @@ pub fn describe() {
     metrics::gauge!(IN_FLIGHT).set(0.0);
     metrics::counter!(PROMPT_TOKENS_TOTAL).increment(0);
     metrics::counter!(COMPLETION_TOKENS_TOTAL).increment(0);
+    for reason in ["queue_full", "kv_budget", "draining"] {
+        metrics::counter!(ADMISSION_REFUSALS_TOTAL, "reason" => reason).increment(0);
+    }
 }
 
 pub fn request_finished(status: &'static str) {

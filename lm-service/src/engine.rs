@@ -408,8 +408,15 @@ impl Engine {
                     })
                 })
                 .collect();
+            // One step serves several requests: the step span stands alone, and each request's
+            // span records the graph its sequence ran in, so the request's trace shows it.
             let span = tracing::info_span!("decode_step", graph = d.graph, rows = rows.len());
             let _g = span.enter();
+            for r in &d.rows {
+                if let Some(s) = self.seqs.get(&r.seq) {
+                    s.req.span.record("graph", d.graph);
+                }
+            }
             decoded = Some(if rows.len() == d.rows.len() {
                 self.runner.decode(d.graph as usize, rows)
             } else {

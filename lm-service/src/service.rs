@@ -39,7 +39,9 @@ impl pb::lm_server::Lm for LmService {
         let span = tracing::info_span!(
             "generate",
             request_id = tracing::field::Empty,
-            prompt_tokens = tracing::field::Empty
+            prompt_tokens = tracing::field::Empty,
+            // The decode graph (decoder batch bucket) of the sequence's latest step.
+            graph = tracing::field::Empty
         );
         vlm_service_kit::telemetry::extract(request.metadata(), &span);
         let req = request.into_inner();

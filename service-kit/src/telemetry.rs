@@ -20,6 +20,9 @@ use tracing_subscriber::{fmt, EnvFilter, Layer};
 #[must_use = "dropping the guard stops trace export"]
 pub struct TelemetryGuard {
     provider: Option<SdkTracerProvider>,
+    /// The tonic exporter's connection tasks live here, independent of the service's own
+    /// runtime (which is built after `init` and dropped before the guard).
+    runtime: Option<tokio::runtime::Runtime>,
 }
 
 impl TelemetryGuard {
@@ -36,6 +39,9 @@ impl Drop for TelemetryGuard {
         if let Some(p) = self.provider.take() {
             let _ = p.force_flush();
             let _ = p.shutdown();
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_timeout(std::time::Duration::from_secs(1));
         }
     }
 }
@@ -62,8 +68,16 @@ pub fn init(service: &'static str) -> TelemetryGuard {
         fmt::layer().with_target(false).with_filter(filter()).boxed()
     };
     let mut provider = None;
+    let mut runtime = None;
     let otel_layer = if otlp_enabled() {
-        match build_provider(service) {
+        match export_runtime().and_then(|rt| {
+            let p = {
+                let _enter = rt.enter();
+                build_provider(service)?
+            };
+            runtime = Some(rt);
+            Ok(p)
+        }) {
             Ok(p) => {
                 let tracer = p.tracer(service);
                 provider = Some(p);
@@ -78,13 +92,22 @@ pub fn init(service: &'static str) -> TelemetryGuard {
         None
     };
     if tracing_subscriber::registry().with(fmt_layer).with(otel_layer).try_init().is_err() {
-        return TelemetryGuard { provider: None };
+        return TelemetryGuard { provider: None, runtime: None };
     }
     if let Some(p) = &provider {
         opentelemetry::global::set_tracer_provider(p.clone());
         tracing::info!(service, "OTLP trace export on");
     }
-    TelemetryGuard { provider }
+    TelemetryGuard { provider, runtime }
+}
+
+/// A one-thread runtime for the OTLP exporter's gRPC channel.
+fn export_runtime() -> Result<tokio::runtime::Runtime, Box<dyn std::error::Error>> {
+    Ok(tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("otlp-export")
+        .enable_all()
+        .build()?)
 }
 
 fn build_provider(service: &'static str) -> Result<SdkTracerProvider, Box<dyn std::error::Error>> {

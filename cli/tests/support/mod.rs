@@ -170,9 +170,14 @@ impl Proc {
         });
         let addrs = match rx.recv_timeout(Duration::from_secs(120)) {
             Ok(a) => a,
-            Err(_) => {
+            Err(e) => {
                 // Exited early (stdout closed), or still silent after 120 s.
-                let exited = child.try_wait().ok().flatten();
+                let mut exited = child.try_wait().ok().flatten();
+                let until = Instant::now() + Duration::from_secs(5);
+                while exited.is_none() && e == std::sync::mpsc::RecvTimeoutError::Disconnected && Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(50));
+                    exited = child.try_wait().ok().flatten();
+                }
                 let _ = child.kill();
                 let _ = child.wait();
                 match exited {
