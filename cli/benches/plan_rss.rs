@@ -79,8 +79,11 @@ async fn measure(name: &str, model: &Path, config: &Path, prefault: bool) -> (u6
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let env: Vec<(String, String)> =
-        if prefault { vec![("MALLOC_PERTURB_".into(), "165".into())] } else { Vec::new() };
+    let env: Vec<(String, String)> = if prefault {
+        vec![("MALLOC_PERTURB_".into(), "165".into())]
+    } else {
+        Vec::new()
+    };
     let started = Instant::now();
     let mut p = support::Proc::spawn_env(name, &binary(name), &args, &env);
     support::wait_serving(&p.addr("grpc")).await;
@@ -100,29 +103,52 @@ fn main() {
     // ours means another bench.
     let args: Vec<String> = std::env::args().skip(1).collect();
     if !args.iter().any(|a| a == "--bench")
-        || args.iter().any(|a| !a.starts_with('-') && !"plan_rss".contains(a.as_str()))
+        || args
+            .iter()
+            .any(|a| !a.starts_with('-') && !"plan_rss".contains(a.as_str()))
     {
         return;
     }
-    let model = PathBuf::from(std::env::var("VLM_BENCH_MODEL").unwrap_or_else(|_| "/work/ckpt/qwen3-vl-2b".into()));
+    let model = PathBuf::from(
+        std::env::var("VLM_BENCH_MODEL").unwrap_or_else(|_| "/work/ckpt/qwen3-vl-2b".into()),
+    );
     if !model.join("config.json").is_file() {
-        eprintln!("plan_rss: no checkpoint at {} (set VLM_BENCH_MODEL); skipped", model.display());
+        eprintln!(
+            "plan_rss: no checkpoint at {} (set VLM_BENCH_MODEL); skipped",
+            model.display()
+        );
         return;
     }
     let dtype = std::env::var("VLM_BENCH_DTYPE").unwrap_or_else(|_| "f32".into());
-    let as_is = std::env::var("VLM_BENCH_AS_IS").map(|v| v != "0").unwrap_or(true);
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let as_is = std::env::var("VLM_BENCH_AS_IS")
+        .map(|v| v != "0")
+        .unwrap_or(true);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let config = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plan-rss-bench.yaml");
     std::fs::write(
         &config,
-        CONFIG.replace("DTYPE", &dtype).replace("LM_DEVICE", if cores > 1 { "1" } else { "0" }),
+        CONFIG
+            .replace("DTYPE", &dtype)
+            .replace("LM_DEVICE", if cores > 1 { "1" } else { "0" }),
     )
     .unwrap();
     let cfg = vlm_config::DeployConfig::from_path(&config).unwrap().config;
     let dims = ModelDims::from_dir(&model).unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-    println!("plan_rss: {} ({dtype}), config {}", model.display(), config.display());
-    for (service, name) in [(Service::Vision, "vision-service"), (Service::Lm, "lm-service")] {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    println!(
+        "plan_rss: {} ({dtype}), config {}",
+        model.display(),
+        config.display()
+    );
+    for (service, name) in [
+        (Service::Vision, "vision-service"),
+        (Service::Lm, "lm-service"),
+    ] {
         let planned = plan::cpu_service_bytes(&cfg, &dims, service).unwrap();
         let resident = planned.resident();
         println!(
@@ -140,7 +166,11 @@ fn main() {
             let (rss, ready) = rt.block_on(measure(name, &model, &config, prefault));
             println!(
                 "{name}: {:<28} VmRSS {} ({rss} B), ratio RSS/planned {:.3}, SERVING after {:.1} s",
-                if prefault { "pre-faulted (MALLOC_PERTURB_)" } else { "as is" },
+                if prefault {
+                    "pre-faulted (MALLOC_PERTURB_)"
+                } else {
+                    "as is"
+                },
                 human(rss),
                 rss as f64 / resident as f64,
                 ready.as_secs_f64()

@@ -5,7 +5,11 @@ use std::process::ExitCode;
 mod cmd;
 
 #[derive(Parser, Debug)]
-#[command(name = "vlm", version, about = "Split Qwen3-VL serving: operator tools")]
+#[command(
+    name = "vlm",
+    version,
+    about = "Split Qwen3-VL serving: operator tools"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

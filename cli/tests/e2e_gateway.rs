@@ -33,7 +33,12 @@ fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> s
 
 /// Collected output of one gRPC generation.
 fn post_json(addr: &str, v: &serde_json::Value) -> (u16, String) {
-    http(addr, "POST", "/v1/chat/completions", v.to_string().as_bytes())
+    http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        v.to_string().as_bytes(),
+    )
 }
 
 // ---------------------------------------------------------------- tests
@@ -50,23 +55,46 @@ async fn two_images_greedy_matches_in_process_and_http() {
     // In-process oracle.
     let dir = tiny_model();
     let tok = vlm_model::tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
-    let pipeline =
-        vlm_model::pipeline::Pipeline::load(&dir, &candle_core::Device::Cpu, candle_core::DType::F32).unwrap().with_block_len(256);
+    let pipeline = vlm_model::pipeline::Pipeline::load(
+        &dir,
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap()
+    .with_block_len(256);
     let pre = vlm_model::preprocess::PreprocessConfig::default();
-    let pixels: Vec<_> = images.iter().map(|b| vlm_model::preprocess::preprocess_bytes(b, &pre).unwrap()).collect();
+    let pixels: Vec<_> = images
+        .iter()
+        .map(|b| vlm_model::preprocess::preprocess_bytes(b, &pre).unwrap())
+        .collect();
     let embeds = pipeline.encode_images(&pixels).unwrap();
     use vlm_model::tokenizer::{ChatMessage, ChatPart};
-    let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Image, ChatPart::Text(prompt.into())]);
+    let msg = ChatMessage::user(vec![
+        ChatPart::Image,
+        ChatPart::Image,
+        ChatPart::Text(prompt.into()),
+    ]);
     let counts: Vec<usize> = embeds.iter().map(|e| e.tokens()).collect();
     let ids = tok.encode_prompt(&[msg], &counts).unwrap();
-    let want = pipeline.generate_greedy(&ids, &embeds, max_tokens as usize, tok.eos_ids()).unwrap().tokens;
+    let want = pipeline
+        .generate_greedy(&ids, &embeds, max_tokens as usize, tok.eos_ids())
+        .unwrap()
+        .tokens;
     drop(pipeline);
 
     let c = Cluster::start(1, &[]).await;
-    let got = generate(&c.grpc(), grpc_request(&images, prompt, max_tokens)).await.unwrap();
-    assert_eq!(got.tokens, want, "gateway tokens differ from the in-process pipeline");
+    let got = generate(&c.grpc(), grpc_request(&images, prompt, max_tokens))
+        .await
+        .unwrap();
+    assert_eq!(
+        got.tokens, want,
+        "gateway tokens differ from the in-process pipeline"
+    );
     assert_eq!(got.usage.prompt_tokens as usize, ids.len());
-    assert_eq!(got.usage.image_tokens as usize, counts.iter().sum::<usize>());
+    assert_eq!(
+        got.usage.image_tokens as usize,
+        counts.iter().sum::<usize>()
+    );
     assert_eq!(got.usage.completion_tokens as usize, want.len());
     assert_eq!(got.text, tok.decode_skip_special(&want).unwrap());
 
@@ -120,19 +148,37 @@ async fn refusals_name_their_limit() {
     let c = Cluster::start(1, &["--max-images", "2", "--max-body-bytes", "3000000"]).await;
     let small = png(64, 64, 3);
     let cases: Vec<(pb::GenerateRequest, &str)> = vec![
-        (grpc_request(&[small.clone(), small.clone(), small.clone()], "x", 4), "limit of 2 images"),
+        (
+            grpc_request(&[small.clone(), small.clone(), small.clone()], "x", 4),
+            "limit of 2 images",
+        ),
         (grpc_request(&[], "x", 5000), "context limit of 4096"),
         (grpc_request(&[png_flat(4096, 4096)], "x", 4), "16384"),
         (grpc_request(&[b"not an image".to_vec()], "x", 4), "image 0"),
         (grpc_request(&[vec![0u8; 3_100_000]], "x", 4), "3000000"),
     ];
     for (req, needle) in cases {
-        let e = generate(&c.grpc(), req).await.err().unwrap_or_else(|| panic!("expected a refusal naming {needle}"));
+        let e = generate(&c.grpc(), req)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("expected a refusal naming {needle}"));
         assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
-        assert!(e.message().contains(needle), "message {:?} lacks {needle:?}", e.message());
+        assert!(
+            e.message().contains(needle),
+            "message {:?} lacks {needle:?}",
+            e.message()
+        );
     }
     let http_cases = vec![
-        (http_body(&[small.clone(), small.clone(), small.clone()], "x", 4, false), "limit of 2 images"),
+        (
+            http_body(
+                &[small.clone(), small.clone(), small.clone()],
+                "x",
+                4,
+                false,
+            ),
+            "limit of 2 images",
+        ),
         (http_body(&[], "x", 5000, true), "context limit of 4096"),
         (http_body(&[vec![7u8; 2_400_000]], "x", 4, false), "3000000"),
     ];
@@ -141,12 +187,17 @@ async fn refusals_name_their_limit() {
         assert_eq!(status, 400, "{text}");
         assert!(text.contains(needle), "{text} lacks {needle:?}");
     }
-    let (status, text) = post_json(&c.http(), &serde_json::json!({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}));
+    let (status, text) = post_json(
+        &c.http(),
+        &serde_json::json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}]}),
+    );
     assert_eq!(status, 400);
     assert!(text.contains("--allow-image-host"), "{text}");
     // The gateway still serves after every refusal.
-    generate(&c.grpc(), grpc_request(&[], "still there?", 2)).await.unwrap();
+    generate(&c.grpc(), grpc_request(&[], "still there?", 2))
+        .await
+        .unwrap();
 }
 
 /// Beyond in-flight + queue: RESOURCE_EXHAUSTED / 429 at once, while admitted requests finish.
@@ -169,7 +220,9 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let t = Instant::now();
-    let e = generate(&c.grpc(), long(10)).await.expect_err("over the queue: refused");
+    let e = generate(&c.grpc(), long(10))
+        .await
+        .expect_err("over the queue: refused");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("--max-queue"), "{}", e.message());
     let mut b = http_body(&[], "count", 10, false);
@@ -190,7 +243,10 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
     let q = queued.await.unwrap().unwrap();
     assert_eq!(q.tokens.len(), 50);
     let (_, metrics) = http(&c.http(), "GET", "/metrics", b"");
-    assert!(metrics.contains("vlm_gateway_admission_refusals_total{reason=\"queue_full\"}"), "{metrics}");
+    assert!(
+        metrics.contains("vlm_gateway_admission_refusals_total{reason=\"queue_full\"}"),
+        "{metrics}"
+    );
 }
 
 /// One of two LM replicas dies before the first token: the request is retried on the other.
@@ -201,11 +257,18 @@ async fn killing_an_lm_replica_before_the_first_token_still_completes() {
     let mut c = Cluster::start(2, &["--poll-ms", "600000"]).await;
     // With equal loads the first replica in the list is chosen: kill that one.
     c.lms[0].kill();
-    let out = generate(&c.grpc(), grpc_request(&[png(64, 64, 9)], "still works?", 6)).await.unwrap();
+    let out = generate(
+        &c.grpc(),
+        grpc_request(&[png(64, 64, 9)], "still works?", 6),
+    )
+    .await
+    .unwrap();
     assert_eq!(out.tokens.len(), out.usage.completion_tokens as usize);
     assert!(!out.tokens.is_empty());
     // And again, now that the dead replica is out of rotation.
-    generate(&c.grpc(), grpc_request(&[], "again", 3)).await.unwrap();
+    generate(&c.grpc(), grpc_request(&[], "again", 3))
+        .await
+        .unwrap();
 }
 
 /// A client that goes away mid-stream frees the LM's KV blocks.
@@ -235,7 +298,10 @@ async fn client_disconnect_frees_lm_blocks() {
         if l.free_kv_blocks == l.total_kv_blocks && l.running == 0 && l.waiting == 0 {
             break;
         }
-        assert!(Instant::now() < deadline, "the LM still holds blocks after the client left: {l:?}");
+        assert!(
+            Instant::now() < deadline,
+            "the LM still holds blocks after the client left: {l:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -248,19 +314,27 @@ async fn api_key_is_required_on_both_apis() {
     std::fs::write(&keys, "# keys\nsecret-1\n").unwrap();
     let c = Cluster::start(1, &["--api-key-file", keys.to_str().unwrap()]).await;
 
-    let e = generate(&c.grpc(), grpc_request(&[], "hi", 2)).await.expect_err("no key: refused");
+    let e = generate(&c.grpc(), grpc_request(&[], "hi", 2))
+        .await
+        .expect_err("no key: refused");
     assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
     let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
     let mut req = tonic::Request::new(grpc_request(&[], "hi", 2));
-    req.metadata_mut().insert("authorization", "Bearer secret-1".parse().unwrap());
+    req.metadata_mut()
+        .insert("authorization", "Bearer secret-1".parse().unwrap());
     let mut s = client.generate(req).await.unwrap().into_inner();
     while s.message().await.unwrap().is_some() {}
 
     let body = http_body(&[], "hi", 2, false).to_string();
     let (status, _) = http(&c.http(), "POST", "/v1/chat/completions", body.as_bytes());
     assert_eq!(status, 401);
-    let (status, text) =
-        http_with(&c.http(), "POST", "/v1/chat/completions", body.as_bytes(), "Authorization: Bearer secret-1\r\n");
+    let (status, text) = http_with(
+        &c.http(),
+        "POST",
+        "/v1/chat/completions",
+        body.as_bytes(),
+        "Authorization: Bearer secret-1\r\n",
+    );
     assert_eq!(status, 200, "{text}");
     let (status, _) = http(&c.http(), "GET", "/health", b"");
     assert_eq!(status, 200);
@@ -286,7 +360,11 @@ async fn lm_dying_after_the_first_token_is_unavailable() {
         }
     };
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
-    assert!(err.message().contains("after the first token"), "{}", err.message());
+    assert!(
+        err.message().contains("after the first token"),
+        "{}",
+        err.message()
+    );
 }
 
 /// SIGTERM to the gateway: a running stream still finishes, then the process exits cleanly.
@@ -315,7 +393,10 @@ async fn sigterm_drains_the_gateway() {
         if let Some(s) = c.gateway.child.try_wait().unwrap() {
             break s;
         }
-        assert!(Instant::now() < deadline, "the gateway did not exit after draining");
+        assert!(
+            Instant::now() < deadline,
+            "the gateway did not exit after draining"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "{status}");

@@ -43,36 +43,60 @@ async fn one_traced_request() -> Vec<SpanRecord> {
         ("RUST_LOG".into(), TRACE_LOG.into()),
     ];
     let mut c = Cluster::start_env(1, &[], &env).await;
-    let out = generate(&c.grpc(), grpc_request(&[png(256, 256, 5)], "Describe the image.", 3))
-        .await
-        .expect("Gateway.Generate with one image");
+    let out = generate(
+        &c.grpc(),
+        grpc_request(&[png(256, 256, 5)], "Describe the image.", 3),
+    )
+    .await
+    .expect("Gateway.Generate with one image");
     assert!(!out.tokens.is_empty() && out.tokens.len() <= 3, "{out:?}");
 
     // SIGTERM: each service drains and flushes its spans on the way out.
     let stuck = c.terminate_all(Duration::from_secs(90));
-    assert!(stuck.is_empty(), "did not exit within 90 s of SIGTERM: {stuck:?}");
+    assert!(
+        stuck.is_empty(),
+        "did not exit within 90 s of SIGTERM: {stuck:?}"
+    );
     collector
-        .wait_until(Duration::from_secs(10), |s| SERVICES.iter().all(|n| s.iter().any(|r| r.service == *n)))
+        .wait_until(Duration::from_secs(10), |s| {
+            SERVICES.iter().all(|n| s.iter().any(|r| r.service == *n))
+        })
         .await
 }
 
 /// The spans of each service (asserting each sent some, and nobody else did).
 fn by_service(spans: &[SpanRecord]) -> BTreeMap<&'static str, Vec<&SpanRecord>> {
     let all = summary(spans);
-    let unknown: BTreeSet<&str> =
-        spans.iter().map(|r| r.service.as_str()).filter(|s| !SERVICES.contains(s)).collect();
-    assert!(unknown.is_empty(), "spans with unexpected service.name {unknown:?} (OTEL_SERVICE_NAME is unset):\n{all}");
-    let m: BTreeMap<&'static str, Vec<&SpanRecord>> =
-        SERVICES.iter().map(|n| (*n, spans.iter().filter(|r| r.service == *n).collect())).collect();
+    let unknown: BTreeSet<&str> = spans
+        .iter()
+        .map(|r| r.service.as_str())
+        .filter(|s| !SERVICES.contains(s))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "spans with unexpected service.name {unknown:?} (OTEL_SERVICE_NAME is unset):\n{all}"
+    );
+    let m: BTreeMap<&'static str, Vec<&SpanRecord>> = SERVICES
+        .iter()
+        .map(|n| (*n, spans.iter().filter(|r| r.service == *n).collect()))
+        .collect();
     for (name, list) in &m {
-        assert!(!list.is_empty(), "no span from {name} reached the collector; received:\n{all}");
+        assert!(
+            !list.is_empty(),
+            "no span from {name} reached the collector; received:\n{all}"
+        );
     }
     m
 }
 
 /// The request's trace: the one trace id that spans of all three services share.
 fn request_trace(by_service: &BTreeMap<&'static str, Vec<&SpanRecord>>, all: &str) -> String {
-    let traces_of = |svc: &str| by_service[svc].iter().map(|r| r.trace_id.clone()).collect::<BTreeSet<_>>();
+    let traces_of = |svc: &str| {
+        by_service[svc]
+            .iter()
+            .map(|r| r.trace_id.clone())
+            .collect::<BTreeSet<_>>()
+    };
     let shared: Vec<String> = traces_of("gateway")
         .intersection(&traces_of("lm-service"))
         .cloned()
@@ -80,7 +104,11 @@ fn request_trace(by_service: &BTreeMap<&'static str, Vec<&SpanRecord>>, all: &st
         .intersection(&traces_of("vision-service"))
         .cloned()
         .collect();
-    assert_eq!(shared.len(), 1, "expected one trace id shared by gateway, lm-service and vision-service; spans:\n{all}");
+    assert_eq!(
+        shared.len(),
+        1,
+        "expected one trace id shared by gateway, lm-service and vision-service; spans:\n{all}"
+    );
     shared[0].clone()
 }
 
@@ -97,33 +125,67 @@ async fn one_request_is_one_trace_across_three_services() {
     let trace = &trace;
     // One request: every gateway and vision span belongs to it.
     for svc in ["gateway", "vision-service"] {
-        let other: Vec<_> = by_service[svc].iter().filter(|r| &r.trace_id != trace).map(|r| r.name.as_str()).collect();
-        assert!(other.is_empty(), "{svc} spans outside the request's trace {trace}: {other:?}\n{all}");
+        let other: Vec<_> = by_service[svc]
+            .iter()
+            .filter(|r| &r.trace_id != trace)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert!(
+            other.is_empty(),
+            "{svc} spans outside the request's trace {trace}: {other:?}\n{all}"
+        );
     }
 
     // Parented across the hops, not just the same trace id: the LM's server span is a child of a
     // gateway span, the vision server span a child of an LM span.
-    let ids = |svc: &str| by_service[svc].iter().map(|r| r.span_id.clone()).collect::<BTreeSet<_>>();
+    let ids = |svc: &str| {
+        by_service[svc]
+            .iter()
+            .map(|r| r.span_id.clone())
+            .collect::<BTreeSet<_>>()
+    };
     let (gw_ids, lm_ids) = (ids("gateway"), ids("lm-service"));
     assert!(
-        by_service["lm-service"].iter().any(|r| &r.trace_id == trace && gw_ids.contains(&r.parent_span_id)),
+        by_service["lm-service"]
+            .iter()
+            .any(|r| &r.trace_id == trace && gw_ids.contains(&r.parent_span_id)),
         "no lm-service span has a gateway span as parent:\n{all}"
     );
     assert!(
-        by_service["vision-service"].iter().any(|r| lm_ids.contains(&r.parent_span_id)),
+        by_service["vision-service"]
+            .iter()
+            .any(|r| lm_ids.contains(&r.parent_span_id)),
         "no vision-service span has an lm-service span as parent:\n{all}"
     );
 
     // A 256x256 image is 256 raw patches: the 1024 bucket.
-    let bucket: Vec<&str> = by_service["vision-service"].iter().filter_map(|r| r.attr("bucket")).collect();
-    assert!(!bucket.is_empty(), "no vision-service span has a `bucket` attribute:\n{all}");
-    assert!(bucket.contains(&"1024"), "vision `bucket` attributes {bucket:?}, expected 1024:\n{all}");
+    let bucket: Vec<&str> = by_service["vision-service"]
+        .iter()
+        .filter_map(|r| r.attr("bucket"))
+        .collect();
+    assert!(
+        !bucket.is_empty(),
+        "no vision-service span has a `bucket` attribute:\n{all}"
+    );
+    assert!(
+        bucket.contains(&"1024"),
+        "vision `bucket` attributes {bucket:?}, expected 1024:\n{all}"
+    );
 
-    let graphs: Vec<&&SpanRecord> = by_service["lm-service"].iter().filter(|r| r.attr("graph").is_some()).collect();
-    assert!(!graphs.is_empty(), "no lm-service span has a decode `graph` attribute:\n{all}");
+    let graphs: Vec<&&SpanRecord> = by_service["lm-service"]
+        .iter()
+        .filter(|r| r.attr("graph").is_some())
+        .collect();
+    assert!(
+        !graphs.is_empty(),
+        "no lm-service span has a decode `graph` attribute:\n{all}"
+    );
     for g in &graphs {
         let v = g.attr("graph").unwrap();
-        assert!(["1", "2", "4", "8"].contains(&v), "decode `graph` {v:?} is not a decoder batch size:\n{all}");
+        assert!(
+            ["1", "2", "4", "8"].contains(&v),
+            "decode `graph` {v:?} is not a decoder batch size:\n{all}"
+        );
     }
 }
 
@@ -137,7 +199,9 @@ async fn decode_steps_are_in_the_request_trace() {
     let by_service = by_service(&spans);
     let trace = request_trace(&by_service, &all);
     assert!(
-        by_service["lm-service"].iter().any(|r| r.trace_id == trace && r.attr("graph").is_some()),
+        by_service["lm-service"]
+            .iter()
+            .any(|r| r.trace_id == trace && r.attr("graph").is_some()),
         "no lm-service span with a decode `graph` attribute in the request's trace {trace}:\n{all}"
     );
 }
@@ -181,7 +245,11 @@ const GATEWAY: &[(&str, Kind, f64)] = &[
     ("vlm_gateway_queue_depth", Kind::Gauge, 0.0),
     ("vlm_gateway_in_flight", Kind::Gauge, 0.0),
     ("vlm_gateway_admission_refusals_total", Kind::Counter, 0.0),
-    ("vlm_gateway_time_to_first_token_seconds", Kind::Histogram, 1.0),
+    (
+        "vlm_gateway_time_to_first_token_seconds",
+        Kind::Histogram,
+        1.0,
+    ),
     ("vlm_gateway_request_duration_seconds", Kind::Histogram, 1.0),
     ("vlm_gateway_prompt_tokens_total", Kind::Counter, 1.0),
     ("vlm_gateway_completion_tokens_total", Kind::Counter, 1.0),
@@ -197,14 +265,17 @@ fn check(service: &str, m: &Metrics, table: &[(&str, Kind, f64)]) -> Vec<String>
         };
         match m.sum(&sample) {
             None => bad.push(format!("{service}: {name} ({kind:?}) is absent")),
-            Some(v) if !v.is_finite() || v < least => {
-                bad.push(format!("{service}: {name} {what} is {v}, expected >= {least}"))
-            }
+            Some(v) if !v.is_finite() || v < least => bad.push(format!(
+                "{service}: {name} {what} is {v}, expected >= {least}"
+            )),
             Some(_) => {}
         }
         if let Kind::Histogram = kind {
-            if m.sum(&format!("{name}_sum")).is_none() || m.sum(&format!("{name}_bucket")).is_none() {
-                bad.push(format!("{service}: histogram {name} lacks _sum or _bucket series"));
+            if m.sum(&format!("{name}_sum")).is_none() || m.sum(&format!("{name}_bucket")).is_none()
+            {
+                bad.push(format!(
+                    "{service}: histogram {name} lacks _sum or _bucket series"
+                ));
             }
         }
     }
@@ -223,11 +294,16 @@ async fn metrics_after_one_request(skip: &[&str]) {
     let c = Cluster::start(1, &[]).await;
     let mut req = grpc_request(&[png(256, 256, 6)], "What is in the picture?", 3);
     req.sampling.as_mut().unwrap().ignore_eos = true;
-    let out = generate(&c.grpc(), req).await.expect("Gateway.Generate with one image");
+    let out = generate(&c.grpc(), req)
+        .await
+        .expect("Gateway.Generate with one image");
     assert_eq!(out.tokens.len(), 3, "{out:?}");
 
     let keep = |t: &[(&'static str, Kind, f64)]| -> Vec<(&'static str, Kind, f64)> {
-        t.iter().copied().filter(|(n, _, _)| !skip.contains(n)).collect()
+        t.iter()
+            .copied()
+            .filter(|(n, _, _)| !skip.contains(n))
+            .collect()
     };
     let targets = [
         ("vision", c.vision.addr("metrics"), keep(VISION)),
@@ -238,9 +314,15 @@ async fn metrics_after_one_request(skip: &[&str]) {
     // client has read the last message: scrape until all is well or 10 s have passed.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let (bad, scraped) = loop {
-        let scraped: Vec<(&str, Metrics)> = targets.iter().map(|(s, addr, _)| (*s, scrape(addr))).collect();
-        let bad: Vec<String> =
-            targets.iter().zip(&scraped).flat_map(|((s, _, table), (_, m))| check(s, m, table)).collect();
+        let scraped: Vec<(&str, Metrics)> = targets
+            .iter()
+            .map(|(s, addr, _)| (*s, scrape(addr)))
+            .collect();
+        let bad: Vec<String> = targets
+            .iter()
+            .zip(&scraped)
+            .flat_map(|((s, _, table), (_, m))| check(s, m, table))
+            .collect();
         if bad.is_empty() || std::time::Instant::now() >= deadline {
             break (bad, scraped);
         }
@@ -251,22 +333,34 @@ async fn metrics_after_one_request(skip: &[&str]) {
             eprintln!("----- {s} /metrics\n{}", m.text);
         }
     }
-    assert!(bad.is_empty(), "metrics missing or implausible:\n  {}", bad.join("\n  "));
+    assert!(
+        bad.is_empty(),
+        "metrics missing or implausible:\n  {}",
+        bad.join("\n  ")
+    );
 
     // Labels the table documents.
     let (vision, lm, gateway) = (&scraped[0].1, &scraped[1].1, &scraped[2].1);
     assert!(
-        vision.labels("vlm_vision_images_total").iter().any(|l| l.contains("bucket=\"1024\"")),
+        vision
+            .labels("vlm_vision_images_total")
+            .iter()
+            .any(|l| l.contains("bucket=\"1024\"")),
         "vlm_vision_images_total has no bucket=\"1024\" series: {:?}",
         vision.labels("vlm_vision_images_total")
     );
     assert!(
-        lm.labels("vlm_lm_decode_steps_total").iter().all(|l| l.contains("graph=\"")),
+        lm.labels("vlm_lm_decode_steps_total")
+            .iter()
+            .all(|l| l.contains("graph=\"")),
         "vlm_lm_decode_steps_total without a graph label: {:?}",
         lm.labels("vlm_lm_decode_steps_total")
     );
     assert!(
-        gateway.labels("vlm_gateway_requests_total").iter().all(|l| l.contains("status=\"")),
+        gateway
+            .labels("vlm_gateway_requests_total")
+            .iter()
+            .all(|l| l.contains("status=\"")),
         "vlm_gateway_requests_total without a status label: {:?}",
         gateway.labels("vlm_gateway_requests_total")
     );
@@ -281,7 +375,11 @@ async fn metrics_after_one_request(skip: &[&str]) {
     ] {
         assert_eq!(m.sum(name), Some(0.0), "{name} after the request finished");
     }
-    assert_eq!(lm.sum("vlm_lm_kv_blocks_used"), Some(0.0), "KV blocks still used after the request");
+    assert_eq!(
+        lm.sum("vlm_lm_kv_blocks_used"),
+        Some(0.0),
+        "KV blocks still used after the request"
+    );
     assert!(lm.sum("vlm_lm_generated_tokens_total").unwrap() >= 3.0);
     assert!(gateway.sum("vlm_gateway_completion_tokens_total").unwrap() >= 3.0);
 }

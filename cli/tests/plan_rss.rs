@@ -37,16 +37,25 @@ device: [LM_DEVICE]
 ";
 
 fn config_file() -> PathBuf {
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plan-rss.yaml");
-    std::fs::write(&p, CONFIG.replace("LM_DEVICE", if cores > 1 { "1" } else { "0" })).unwrap();
+    std::fs::write(
+        &p,
+        CONFIG.replace("LM_DEVICE", if cores > 1 { "1" } else { "0" }),
+    )
+    .unwrap();
     p
 }
 
 /// `VmRSS` of `pid` in bytes.
 fn vm_rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS in /proc/PID/status");
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/PID/status");
     let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     kb * 1024
 }

@@ -28,13 +28,27 @@ impl VisualConfig {
     pub fn plan_image(&self, width: u32, height: u32) -> Result<PlannedImage, ImagePlanError> {
         let geo = image_geometry(width, height, self.min_pixels, self.max_pixels)?;
         match self.bucket_for(geo.patches()) {
-            Ok(bucket) => Ok(PlannedImage { geometry: geo, bucket, downscaled: false }),
+            Ok(bucket) => Ok(PlannedImage {
+                geometry: geo,
+                bucket,
+                downscaled: false,
+            }),
             Err(e) if self.oversize == Oversize::Reject => Err(e.into()),
             Err(e) => {
-                let limit_pixels = self.largest_bucket() as u64 * (PATCH_SIZE as u64 * PATCH_SIZE as u64);
-                let geo = image_geometry(width, height, self.min_pixels.min(limit_pixels), limit_pixels)?;
+                let limit_pixels =
+                    self.largest_bucket() as u64 * (PATCH_SIZE as u64 * PATCH_SIZE as u64);
+                let geo = image_geometry(
+                    width,
+                    height,
+                    self.min_pixels.min(limit_pixels),
+                    limit_pixels,
+                )?;
                 let bucket = self.bucket_for(geo.patches()).map_err(|_| e)?;
-                Ok(PlannedImage { geometry: geo, bucket, downscaled: true })
+                Ok(PlannedImage {
+                    geometry: geo,
+                    bucket,
+                    downscaled: true,
+                })
             }
         }
     }
@@ -50,7 +64,10 @@ impl DeployConfig {
             .iter()
             .copied()
             .find(|&b| b >= active)
-            .ok_or(BucketError::OverBatchSize { active, batch_size: self.batch_size })
+            .ok_or(BucketError::OverBatchSize {
+                active,
+                batch_size: self.batch_size,
+            })
     }
 }
 

@@ -9,18 +9,37 @@ pub enum ConfigError {
     Read { path: String, message: String },
     /// The file is not valid JSON, YAML or TOML.
     #[error("cannot parse config file {path} as {format}: {message}")]
-    Parse { path: String, format: &'static str, message: String },
+    Parse {
+        path: String,
+        format: &'static str,
+        message: String,
+    },
     /// A key that no rule knows.
     #[error("unknown key `{key}`{}", suggestion.as_ref().map(|s| format!("; did you mean `{s}`?")).unwrap_or_default())]
-    UnknownKey { key: String, suggestion: Option<String> },
+    UnknownKey {
+        key: String,
+        suggestion: Option<String>,
+    },
     /// A value of the wrong type or outside its range, or a broken cross-field rule.
     #[error("`{key}` = {value}: {message}")]
-    Invalid { key: String, value: String, message: String },
+    Invalid {
+        key: String,
+        value: String,
+        message: String,
+    },
 }
 
 impl ConfigError {
-    pub(crate) fn invalid(key: &str, value: impl std::fmt::Display, message: impl Into<String>) -> Self {
-        ConfigError::Invalid { key: key.to_string(), value: value.to_string(), message: message.into() }
+    pub(crate) fn invalid(
+        key: &str,
+        value: impl std::fmt::Display,
+        message: impl Into<String>,
+    ) -> Self {
+        ConfigError::Invalid {
+            key: key.to_string(),
+            value: value.to_string(),
+            message: message.into(),
+        }
     }
 
     /// The dotted key the error is about, when there is one.
@@ -40,7 +59,11 @@ pub enum BucketError {
          (visual.max_seq_len {buckets:?}); send a smaller image, add a larger bucket, or set \
          visual.oversize = \"downscale\""
     )]
-    OverLargestVitBucket { patches: u64, largest: u32, buckets: Vec<u32> },
+    OverLargestVitBucket {
+        patches: u64,
+        largest: u32,
+        buckets: Vec<u32>,
+    },
     #[error("active batch {active} is over batch_size {batch_size}")]
     OverBatchSize { active: u32, batch_size: u32 },
     #[error("active batch must be at least 1")]

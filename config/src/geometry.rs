@@ -66,7 +66,11 @@ pub fn smart_resize(
     let (h, w, f) = (height as f64, width as f64, factor as f64);
     let ratio = h.max(w) / h.min(w);
     if ratio > MAX_ASPECT_RATIO {
-        return Err(GeometryError::AspectRatio { width, height, ratio });
+        return Err(GeometryError::AspectRatio {
+            width,
+            height,
+            ratio,
+        });
     }
     let mut hb = (h / f).round_ties_even() * f;
     let mut wb = (w / f).round_ties_even() * f;
@@ -89,7 +93,13 @@ pub fn image_geometry(
     min_pixels: u64,
     max_pixels: u64,
 ) -> Result<ImageGeometry, GeometryError> {
-    let (rh, rw) = smart_resize(height, width, PATCH_SIZE * MERGE_SIZE, min_pixels, max_pixels)?;
+    let (rh, rw) = smart_resize(
+        height,
+        width,
+        PATCH_SIZE * MERGE_SIZE,
+        min_pixels,
+        max_pixels,
+    )?;
     Ok(ImageGeometry {
         width,
         height,

@@ -29,17 +29,27 @@ pub const VISUAL_KEYS: &[&str] = &[
 ];
 
 /// Older spelling -> canonical spelling, accepted at both levels.
-pub const ALIASES: &[(&str, &str)] = &[("max_seq_lens", "max_seq_len"), ("tensor_parallel_size", "num_devices")];
+pub const ALIASES: &[(&str, &str)] = &[
+    ("max_seq_lens", "max_seq_len"),
+    ("tensor_parallel_size", "num_devices"),
+];
 
 /// The canonical name of `key`, if it is an older spelling.
 pub fn canonical(key: &str) -> &str {
-    ALIASES.iter().find(|(old, _)| *old == key).map(|(_, new)| *new).unwrap_or(key)
+    ALIASES
+        .iter()
+        .find(|(old, _)| *old == key)
+        .map(|(_, new)| *new)
+        .unwrap_or(key)
 }
 
 /// The known key closest to `key` (edit distance at most a third of its length, at least 2),
 /// among `known` and the aliases.
 pub fn suggest(key: &str, known: &[&str]) -> Option<String> {
-    let candidates = known.iter().copied().chain(ALIASES.iter().map(|(old, _)| *old));
+    let candidates = known
+        .iter()
+        .copied()
+        .chain(ALIASES.iter().map(|(old, _)| *old));
     let (best, dist) = candidates
         .map(|k| (k, edit_distance(&key.to_ascii_lowercase(), k)))
         .min_by_key(|(_, d)| *d)?;
@@ -68,7 +78,10 @@ mod tests {
 
     #[test]
     fn suggests_nearest() {
-        assert_eq!(suggest("max_seq_le", LM_KEYS).as_deref(), Some("max_seq_len"));
+        assert_eq!(
+            suggest("max_seq_le", LM_KEYS).as_deref(),
+            Some("max_seq_len")
+        );
         assert_eq!(suggest("batchsize", LM_KEYS).as_deref(), Some("batch_size"));
         assert_eq!(suggest("devices", VISUAL_KEYS).as_deref(), Some("device"));
         assert_eq!(suggest("completely_different", LM_KEYS), None);

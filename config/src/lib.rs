@@ -26,8 +26,8 @@ pub use error::{BucketError, ConfigError};
 pub use file::Format;
 pub use geometry::{image_geometry, smart_resize, GeometryError, ImageGeometry};
 pub use parse::{
-    DEFAULT_BATCH_SIZE, DEFAULT_KVCACHE_PARTITION_LEN, DEFAULT_MAX_SEQ_LEN, DEFAULT_PREFILL_CHUNK_SIZE,
-    DEFAULT_VIT_BUCKETS,
+    DEFAULT_BATCH_SIZE, DEFAULT_KVCACHE_PARTITION_LEN, DEFAULT_MAX_SEQ_LEN,
+    DEFAULT_PREFILL_CHUNK_SIZE, DEFAULT_VIT_BUCKETS,
 };
 pub use rules::{PREFILL_CHUNK_MULTIPLE, VIT_BUCKET_MULTIPLE};
 pub use types::{DeployConfig, Dtype, Oversize, VisualConfig};
@@ -64,6 +64,8 @@ impl DeployConfig {
 
     /// The config with every default, as the services would run it.
     pub fn default_config() -> DeployConfig {
-        Self::from_value(&serde_json::json!({})).expect("the defaults satisfy every rule").config
+        Self::from_value(&serde_json::json!({}))
+            .expect("the defaults satisfy every rule")
+            .config
     }
 }

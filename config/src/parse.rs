@@ -25,7 +25,11 @@ pub(crate) struct Section<'a> {
 impl<'a> Section<'a> {
     /// Checks every key against `known` (accepting older spellings), refusing unknown keys and
     /// a key given under both spellings.
-    pub(crate) fn new(prefix: &'static str, obj: &'a Map<String, Value>, known: &[&'static str]) -> Result<Self, ConfigError> {
+    pub(crate) fn new(
+        prefix: &'static str,
+        obj: &'a Map<String, Value>,
+        known: &[&'static str],
+    ) -> Result<Self, ConfigError> {
         let mut map: Vec<(&'static str, &'a Value)> = Vec::new();
         let mut spelled: Vec<(&'static str, &'a str)> = Vec::new();
         for (key, value) in obj {
@@ -62,10 +66,18 @@ impl<'a> Section<'a> {
             None => Ok(default),
             Some(v) => {
                 let n = as_uint(v).ok_or_else(|| {
-                    ConfigError::invalid(&self.path(key), v, format!("expected an integer >= {min}"))
+                    ConfigError::invalid(
+                        &self.path(key),
+                        v,
+                        format!("expected an integer >= {min}"),
+                    )
                 })?;
                 if n < min {
-                    return Err(ConfigError::invalid(&self.path(key), v, format!("must be >= {min}")));
+                    return Err(ConfigError::invalid(
+                        &self.path(key),
+                        v,
+                        format!("must be >= {min}"),
+                    ));
                 }
                 Ok(n)
             }
@@ -74,21 +86,35 @@ impl<'a> Section<'a> {
 
     fn u32(&self, key: &str, default: u32, min: u32) -> Result<u32, ConfigError> {
         let n = self.uint(key, default as u64, min as u64)?;
-        u32::try_from(n).map_err(|_| ConfigError::invalid(&self.path(key), n, format!("must be <= {}", u32::MAX)))
+        u32::try_from(n).map_err(|_| {
+            ConfigError::invalid(&self.path(key), n, format!("must be <= {}", u32::MAX))
+        })
     }
 
     fn bool(&self, key: &str, default: bool) -> Result<bool, ConfigError> {
         match self.get(key) {
             None => Ok(default),
             Some(Value::Bool(b)) => Ok(*b),
-            Some(v) => Err(ConfigError::invalid(&self.path(key), v, "expected true or false")),
+            Some(v) => Err(ConfigError::invalid(
+                &self.path(key),
+                v,
+                "expected true or false",
+            )),
         }
     }
 
     /// An int or a list of ints (`device`, `visual.max_seq_len`, `decoder_batch_sizes`).
     fn u32_list(&self, key: &str) -> Result<Option<Vec<u32>>, ConfigError> {
-        let Some(v) = self.get(key) else { return Ok(None) };
-        let bad = || ConfigError::invalid(&self.path(key), v, "expected a non-negative integer or a non-empty list of them");
+        let Some(v) = self.get(key) else {
+            return Ok(None);
+        };
+        let bad = || {
+            ConfigError::invalid(
+                &self.path(key),
+                v,
+                "expected a non-negative integer or a non-empty list of them",
+            )
+        };
         let items: Vec<&Value> = match v {
             Value::Array(a) if !a.is_empty() => a.iter().collect(),
             Value::Number(_) | Value::String(_) => vec![v],
@@ -96,7 +122,11 @@ impl<'a> Section<'a> {
         };
         items
             .into_iter()
-            .map(|x| as_uint(x).and_then(|n| u32::try_from(n).ok()).ok_or_else(bad))
+            .map(|x| {
+                as_uint(x)
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(bad)
+            })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
@@ -108,7 +138,11 @@ impl<'a> Section<'a> {
                 Some(s) if s == "f32" || s == "float32" => Ok(Dtype::F32),
                 Some(s) if s == "f16" || s == "float16" => Ok(Dtype::F16),
                 Some(s) if s == "bf16" || s == "bfloat16" => Ok(Dtype::Bf16),
-                _ => Err(ConfigError::invalid(&self.path(key), v, "expected one of \"f32\", \"f16\", \"bf16\"")),
+                _ => Err(ConfigError::invalid(
+                    &self.path(key),
+                    v,
+                    "expected one of \"f32\", \"f16\", \"bf16\"",
+                )),
             },
         }
     }
@@ -149,7 +183,11 @@ impl<'a> Section<'a> {
 /// Reads the document into a config, without the cross-field rules.
 pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
     let Value::Object(top) = doc else {
-        return Err(ConfigError::invalid("(root)", short(doc), "the config must be a mapping of keys to values"));
+        return Err(ConfigError::invalid(
+            "(root)",
+            short(doc),
+            "the config must be a mapping of keys to values",
+        ));
     };
     if let Some(Value::Object(vis)) = top.get("visual") {
         if vis.contains_key("batch_size") {
@@ -165,20 +203,34 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
     let vis_obj = match lm.get("visual") {
         None => &empty,
         Some(Value::Object(o)) => o,
-        Some(v) => return Err(ConfigError::invalid("visual", short(v), "expected a mapping (the ViT's section)")),
+        Some(v) => {
+            return Err(ConfigError::invalid(
+                "visual",
+                short(v),
+                "expected a mapping (the ViT's section)",
+            ))
+        }
     };
     let vis = Section::new("visual.", vis_obj, VISUAL_KEYS)?;
 
     let (num_devices, device) = lm.devices()?;
     let batch_size = lm.u32("batch_size", DEFAULT_BATCH_SIZE, 1)?;
-    let decoder_batch_sizes = lm.u32_list("decoder_batch_sizes")?.unwrap_or_else(|| vec![batch_size]);
+    let decoder_batch_sizes = lm
+        .u32_list("decoder_batch_sizes")?
+        .unwrap_or_else(|| vec![batch_size]);
     let (v_num_devices, v_device) = vis.devices()?;
     let oversize = match vis.get("oversize") {
         None => Oversize::default(),
         Some(v) => match v.as_str() {
             Some("reject") => Oversize::Reject,
             Some("downscale") => Oversize::Downscale,
-            _ => return Err(ConfigError::invalid("visual.oversize", v, "expected \"reject\" or \"downscale\"")),
+            _ => {
+                return Err(ConfigError::invalid(
+                    "visual.oversize",
+                    v,
+                    "expected \"reject\" or \"downscale\"",
+                ))
+            }
         },
     };
     Ok(DeployConfig {
@@ -193,7 +245,9 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
         create_runtimes: lm.bool("create_runtimes", true)?,
         dtype: lm.dtype("dtype")?,
         visual: VisualConfig {
-            max_seq_len: vis.u32_list("max_seq_len")?.unwrap_or_else(|| DEFAULT_VIT_BUCKETS.to_vec()),
+            max_seq_len: vis
+                .u32_list("max_seq_len")?
+                .unwrap_or_else(|| DEFAULT_VIT_BUCKETS.to_vec()),
             num_devices: v_num_devices,
             device: v_device,
             create_runtimes: vis.bool("create_runtimes", true)?,
@@ -212,7 +266,10 @@ fn as_uint(v: &Value) -> Option<u64> {
         Value::Number(n) => n.as_u64(),
         Value::String(s) => {
             let groups: Vec<&str> = s.split('_').collect();
-            if groups.iter().all(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit())) {
+            if groups
+                .iter()
+                .all(|g| !g.is_empty() && g.bytes().all(|b| b.is_ascii_digit()))
+            {
                 groups.concat().parse().ok()
             } else {
                 None

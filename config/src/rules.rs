@@ -15,7 +15,7 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
     let mut warnings = Vec::new();
 
     // max_seq_len is a multiple of kvcache_partition_len, and at least two partitions.
-    if cfg.max_seq_len % cfg.kvcache_partition_len != 0 {
+    if !cfg.max_seq_len.is_multiple_of(cfg.kvcache_partition_len) {
         let lower = cfg.max_seq_len / cfg.kvcache_partition_len * cfg.kvcache_partition_len;
         let upper = lower + cfg.kvcache_partition_len;
         return Err(ConfigError::invalid(
@@ -42,7 +42,7 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
     }
 
     // prefill_chunk_size is a positive multiple of 64.
-    if cfg.prefill_chunk_size == 0 || cfg.prefill_chunk_size % PREFILL_CHUNK_MULTIPLE != 0 {
+    if cfg.prefill_chunk_size == 0 || !cfg.prefill_chunk_size.is_multiple_of(PREFILL_CHUNK_MULTIPLE) {
         return Err(ConfigError::invalid(
             "prefill_chunk_size",
             cfg.prefill_chunk_size,
@@ -110,7 +110,11 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
 
     // visual.max_seq_len: positive multiples of 4, ascending.
     let v = &mut cfg.visual;
-    if let Some(&bad) = v.max_seq_len.iter().find(|&&b| b == 0 || b % VIT_BUCKET_MULTIPLE != 0) {
+    if let Some(&bad) = v
+        .max_seq_len
+        .iter()
+        .find(|&&b| b == 0 || b % VIT_BUCKET_MULTIPLE != 0)
+    {
         return Err(ConfigError::invalid(
             "visual.max_seq_len",
             format!("{:?}", v.max_seq_len),
@@ -123,7 +127,10 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
     buckets.sort_unstable();
     buckets.dedup();
     if buckets != v.max_seq_len {
-        warnings.push(format!("visual.max_seq_len {:?} normalized to {:?}", v.max_seq_len, buckets));
+        warnings.push(format!(
+            "visual.max_seq_len {:?} normalized to {:?}",
+            v.max_seq_len, buckets
+        ));
     }
     v.max_seq_len = buckets;
 

@@ -77,7 +77,13 @@ fn sixty_thirty_ten_mix() {
     let brute = choose_brute_force(&s, 3, &c);
     assert!(best.expected_cost <= brute.expected_cost * 1.05);
     assert_eq!(best.buckets, vec![1024, 4096, 16384]);
-    assert_eq!(best.buckets, DEFAULT_VIT_BUCKETS.iter().map(|&b| b as u64).collect::<Vec<_>>());
+    assert_eq!(
+        best.buckets,
+        DEFAULT_VIT_BUCKETS
+            .iter()
+            .map(|&b| b as u64)
+            .collect::<Vec<_>>()
+    );
     let single = evaluate(&s, &[16384], &c);
     assert!(single.expected_cost > 5.0 * best.expected_cost);
     assert!(single.padding_waste > 0.7);
@@ -125,12 +131,21 @@ fn random_samples_match_brute_force() {
     let mut rng = Rng(42);
     for round in 0..30 {
         let n = 1 + rng.below(12) as usize;
-        let s: Vec<(u64, f64)> = (0..n).map(|_| (4 * (1 + rng.below(4096)), 1.0 + rng.below(5) as f64)).collect();
-        let c = if round % 2 == 0 { vit() } else { CostModel { a: 1.0, c: 0.0 } };
+        let s: Vec<(u64, f64)> = (0..n)
+            .map(|_| (4 * (1 + rng.below(4096)), 1.0 + rng.below(5) as f64))
+            .collect();
+        let c = if round % 2 == 0 {
+            vit()
+        } else {
+            CostModel { a: 1.0, c: 0.0 }
+        };
         let k = 1 + rng.below(4) as usize;
         let best = choose(&s, k, None, &c, &any).unwrap();
         let brute = choose_brute_force(&s, k, &c);
-        assert!((best.expected_cost - brute.expected_cost).abs() <= 1e-9 * brute.expected_cost, "{s:?} k={k}");
+        assert!(
+            (best.expected_cost - brute.expected_cost).abs() <= 1e-9 * brute.expected_cost,
+            "{s:?} k={k}"
+        );
     }
 }
 
@@ -159,7 +174,8 @@ fn memory_bounds_the_choice() {
     let fits = |set: &[u64]| {
         let mut c = cfg.clone();
         c.visual.max_seq_len = set.iter().map(|&b| b as u32).collect();
-        vlm_config::plan::plan_only(&c, &dims, &kind, &PlanOptions::default()).part_fits(Part::Visual)
+        vlm_config::plan::plan_only(&c, &dims, &kind, &PlanOptions::default())
+            .part_fits(Part::Visual)
     };
     assert!(!fits(&[4096, 16384]));
     assert!(fits(&[1024, 16384]));
@@ -197,7 +213,9 @@ fn traffic_formats() {
     assert!(s.iter().all(|x| x.0 % 4 == 0));
     let err = parse_traffic("512x\n").unwrap_err().to_string();
     assert!(err.contains("line 1"), "{err}");
-    let err = parse_traffic("{\"images\": [{\"width\": 5}]}").unwrap_err().to_string();
+    let err = parse_traffic("{\"images\": [{\"width\": 5}]}")
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("height"), "{err}");
     assert!(buckets::choose(&[], 3, None, &vit(), &any).is_err());
 }

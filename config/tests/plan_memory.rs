@@ -1,6 +1,8 @@
 //! The memory plan: parameter counts, the accounting per device, automatic KV blocks, the CPU
 //! figures and the checked suggestions.
-use vlm_config::plan::{self, BufferPolicy, DeviceKind, ModelDims, PlanError, PlanOptions, Service, GIB, MIB};
+use vlm_config::plan::{
+    self, BufferPolicy, DeviceKind, ModelDims, PlanError, PlanOptions, Service, GIB, MIB,
+};
 use vlm_config::{DeployConfig, Dtype};
 
 fn cfg(json: &str) -> DeployConfig {
@@ -51,7 +53,10 @@ fn dims_from_config_json_match_the_preset() {
     assert_eq!(ModelDims::from_config_json(CONFIG_JSON).unwrap(), dims());
     assert_eq!(ModelDims::preset("qwen3-vl-2b").unwrap(), dims());
     // Untied head: counted twice.
-    let untied = CONFIG_JSON.replace("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false");
+    let untied = CONFIG_JSON.replace(
+        "\"tie_word_embeddings\": true",
+        "\"tie_word_embeddings\": false",
+    );
     let d = ModelDims::from_config_json(&untied).unwrap();
     assert!(!d.tied);
     assert_eq!(d.params().text - dims().params().text, 151_936 * 2048);
@@ -71,7 +76,10 @@ fn device_kinds_and_byte_counts() {
     assert_eq!(plan::parse_bytes("141GB").unwrap(), 141_000_000_000);
     assert_eq!(plan::parse_bytes("1_024").unwrap(), 1024);
     assert!(plan::parse_bytes("lots").is_err());
-    assert!(DeviceKind::by_name("tpu").unwrap_err().to_string().contains("known: atom"));
+    assert!(DeviceKind::by_name("tpu")
+        .unwrap_err()
+        .to_string()
+        .contains("known: atom"));
 }
 
 /// Disjoint layout on ATOM: each part's bytes split over its devices, the reservation on each.
@@ -94,18 +102,28 @@ fn parts_split_over_their_devices() {
     assert_eq!(kind.buffers, BufferPolicy::PerGraph);
     assert_eq!(p.visual.graphs.len(), 2);
     assert_eq!(p.lm.graphs.len(), 3);
-    assert_eq!(p.visual.buffers, p.visual.graphs.iter().map(|g| g.bytes).sum::<u64>());
+    assert_eq!(
+        p.visual.buffers,
+        p.visual.graphs.iter().map(|g| g.bytes).sum::<u64>()
+    );
     // KV: 32 blocks x 1024 tokens x 112 KiB, over 4 devices.
     assert_eq!(p.lm.kv_cache, 32 * 1024 * 112 * 1024);
     let d2 = p.devices.iter().find(|d| d.id == "2").unwrap();
-    let kv = d2.items.iter().find(|i| i.what.starts_with("kv cache")).unwrap();
+    let kv = d2
+        .items
+        .iter()
+        .find(|i| i.what.starts_with("kv cache"))
+        .unwrap();
     assert_eq!(kv.bytes, p.lm.kv_cache / 4);
     let w = d2.items.iter().find(|i| i.what == "weights").unwrap();
     assert_eq!(w.bytes, (pc.text * 2).div_ceil(4));
     let d0 = p.devices.iter().find(|d| d.id == "0").unwrap();
     assert!(d0.items.iter().all(|i| i.part == plan::Part::Visual));
     for d in &p.devices {
-        assert_eq!(d.used, d.items.iter().map(|i| i.bytes).sum::<u64>() + 288 * MIB);
+        assert_eq!(
+            d.used,
+            d.items.iter().map(|i| i.bytes).sum::<u64>() + 288 * MIB
+        );
         assert_eq!(d.headroom, 16 * GIB as i64 - d.used as i64);
     }
 }
@@ -114,8 +132,15 @@ fn parts_split_over_their_devices() {
 fn a_dtype_override_changes_weights_kv_and_activations() {
     let c = cfg(r#"{"max_seq_len": 8192, "kvcache_partition_len": 1024, "kvcache_num_blocks": 8}"#);
     let bf16 = plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
-    let f32 =
-        plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions { dtype: Some(Dtype::F32), ..Default::default() });
+    let f32 = plan::plan(
+        &c,
+        &dims(),
+        &DeviceKind::atom(),
+        &PlanOptions {
+            dtype: Some(Dtype::F32),
+            ..Default::default()
+        },
+    );
     assert_eq!(f32.lm.weights, 2 * bf16.lm.weights);
     assert_eq!(f32.lm.kv_cache, 2 * bf16.lm.kv_cache);
     assert_eq!(f32.visual.buffers, 2 * bf16.visual.buffers);
@@ -157,7 +182,10 @@ fn automatic_blocks_fill_what_is_left_and_the_vit_takes_its_share() {
 #[test]
 fn automatic_blocks_are_capped_at_a_full_batch() {
     let c = cfg(r#"{"max_seq_len": 4096, "kvcache_partition_len": 1024, "batch_size": 2}"#);
-    assert_eq!(plan::resolve_kv_blocks(&c, &dims(), &DeviceKind::rebel()).unwrap(), 8);
+    assert_eq!(
+        plan::resolve_kv_blocks(&c, &dims(), &DeviceKind::rebel()).unwrap(),
+        8
+    );
     let p = plan::plan(&c, &dims(), &DeviceKind::rebel(), &PlanOptions::default());
     assert!(p.fits && p.full_batch);
 }
@@ -168,7 +196,12 @@ fn fewer_blocks_than_one_sequence_is_an_error_that_says_so() {
     let c = cfg(r#"{"max_seq_len": 262144, "kvcache_partition_len": 16384}"#);
     let err = plan::resolve_kv_blocks(&c, &dims(), &DeviceKind::atom()).unwrap_err();
     match &err {
-        PlanError::KvTooSmall { needed, fits, device, .. } => {
+        PlanError::KvTooSmall {
+            needed,
+            fits,
+            device,
+            ..
+        } => {
             assert_eq!(*needed, 16);
             assert!(*fits < 16);
             assert_eq!(device, "0");
@@ -176,14 +209,23 @@ fn fewer_blocks_than_one_sequence_is_an_error_that_says_so() {
         e => panic!("{e:?}"),
     }
     let msg = err.to_string();
-    assert!(msg.contains("one full-length sequence") && msg.contains("16 blocks"), "{msg}");
+    assert!(
+        msg.contains("one full-length sequence") && msg.contains("16 blocks"),
+        "{msg}"
+    );
     let p = plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
     assert!(!p.fits);
     assert!(p.problems[0].contains("one full-length sequence"));
     assert!(p.problems.iter().any(|x| x.contains("short by")));
     // Suggestions: a shorter context, more devices; each re-planned and fitting.
-    assert!(p.suggestions.iter().any(|s| s.patch.get("max_seq_len").is_some()));
-    assert!(p.suggestions.iter().any(|s| s.patch.get("num_devices").is_some()));
+    assert!(p
+        .suggestions
+        .iter()
+        .any(|s| s.patch.get("max_seq_len").is_some()));
+    assert!(p
+        .suggestions
+        .iter()
+        .any(|s| s.patch.get("num_devices").is_some()));
     for s in &p.suggestions {
         assert!(s.min_headroom >= 0, "{s:?}");
     }
@@ -201,13 +243,21 @@ fn suggestions_apply_and_fit() {
     let p = plan::plan(&c, &dims(), &kind, &PlanOptions::default());
     assert!(!p.fits);
     assert!(
-        p.problems.iter().any(|x| x.starts_with("devices 0, 1 (atom): each needs") && x.contains("short by")),
+        p.problems
+            .iter()
+            .any(|x| x.starts_with("devices 0, 1 (atom): each needs") && x.contains("short by")),
         "{:?}",
         p.problems
     );
     let kinds: Vec<String> = p.suggestions.iter().map(|s| s.change.clone()).collect();
-    assert!(kinds.iter().any(|s| s.starts_with("kvcache_num_blocks")), "{kinds:?}");
-    assert!(kinds.iter().any(|s| s.starts_with("num_devices")), "{kinds:?}");
+    assert!(
+        kinds.iter().any(|s| s.starts_with("kvcache_num_blocks")),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.iter().any(|s| s.starts_with("num_devices")),
+        "{kinds:?}"
+    );
     // Apply each patch by hand and plan again.
     for s in &p.suggestions {
         let mut v = serde_json::to_value(&c).unwrap();
@@ -252,10 +302,16 @@ fn the_cpu_backend_pools_everything() {
     assert_eq!(p.visual.policy, BufferPolicy::PerGraph);
     assert_eq!(
         p.visual.buffers,
-        [1024, 4096, 16384].iter().map(|&b| plan::memory::vit_cpu_engine_bytes(&dims(), b)).sum::<u64>()
+        [1024, 4096, 16384]
+            .iter()
+            .map(|&b| plan::memory::vit_cpu_engine_bytes(&dims(), b))
+            .sum::<u64>()
     );
     assert_eq!(p.lm.policy, BufferPolicy::PerRun);
-    assert_eq!(p.lm.buffers, p.lm.graphs.iter().map(|g| g.bytes).max().unwrap());
+    assert_eq!(
+        p.lm.buffers,
+        p.lm.graphs.iter().map(|g| g.bytes).max().unwrap()
+    );
     assert_eq!(p.kv.bytes_per_token, 224 * 1024);
     assert_eq!(p.lm.kv_cache, 65 * 256 * 224 * 1024);
     assert!(p.fits);
@@ -263,13 +319,19 @@ fn the_cpu_backend_pools_everything() {
     let mut half = c.clone();
     half.dtype = Dtype::F16;
     let q = plan::plan(&half, &dims(), &kind, &PlanOptions::default());
-    assert_eq!(q.lm.weights, (pc.text - pc.text_vectors) * 2 + pc.text_vectors * 4);
+    assert_eq!(
+        q.lm.weights,
+        (pc.text - pc.text_vectors) * 2 + pc.text_vectors * 4
+    );
     // A non-f32 ViT runs candle ops: its largest run.
     let mut half = c.clone();
     half.visual.dtype = Dtype::F16;
     let q = plan::plan(&half, &dims(), &kind, &PlanOptions::default());
     assert_eq!(q.visual.policy, BufferPolicy::PerRun);
-    assert_eq!(q.visual.buffers, q.visual.graphs.iter().map(|g| g.bytes).max().unwrap());
+    assert_eq!(
+        q.visual.buffers,
+        q.visual.graphs.iter().map(|g| g.bytes).max().unwrap()
+    );
 }
 
 #[test]
@@ -284,7 +346,12 @@ fn cpu_service_bytes_are_the_plans_parts() {
     assert_eq!(v.total, v.weights + v.buffers);
     assert_eq!(l.total, l.weights + l.buffers + l.kv_cache);
     assert_eq!(l.kv_cache, 17 * 256 * 224 * 1024);
-    let p = plan::plan(&c, &dims(), &DeviceKind::cpu().unwrap(), &PlanOptions::default());
+    let p = plan::plan(
+        &c,
+        &dims(),
+        &DeviceKind::cpu().unwrap(),
+        &PlanOptions::default(),
+    );
     assert_eq!(p.visual.total, v.total);
     assert_eq!(p.lm.total, l.total);
     assert_eq!(p.devices[0].used, v.total + l.total);
@@ -292,12 +359,17 @@ fn cpu_service_bytes_are_the_plans_parts() {
 
 #[test]
 fn the_report_names_devices_and_verdict() {
-    let c = cfg(r#"{"visual": {"device": 0}, "device": 0, "max_seq_len": 262144, "kvcache_partition_len": 16384}"#);
+    let c = cfg(
+        r#"{"visual": {"device": 0}, "device": 0, "max_seq_len": 262144, "kvcache_partition_len": 16384}"#,
+    );
     let p = plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
     let text = plan::report::render(&p, &dims());
     assert!(text.contains("device 0 (visual + lm)"), "{text}");
     assert!(text.contains("fits: NO"), "{text}");
-    assert!(text.contains("changes that fit (each re-planned):"), "{text}");
+    assert!(
+        text.contains("changes that fit (each re-planned):"),
+        "{text}"
+    );
     let json = serde_json::to_value(&p).unwrap();
     assert_eq!(json["fits"], false);
     assert_eq!(json["devices"][0]["id"], "0");

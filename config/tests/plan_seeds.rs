@@ -8,9 +8,13 @@ use vlm_config::plan::{self, DeviceKind, ModelDims, Plan, PlanOptions, GIB, KIB,
 use vlm_config::DeployConfig;
 
 fn example(name: &str) -> DeployConfig {
-    DeployConfig::from_path(&Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name))
-        .unwrap_or_else(|e| panic!("{name}: {e}"))
-        .config
+    DeployConfig::from_path(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("examples")
+            .join(name),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"))
+    .config
 }
 
 fn dims() -> ModelDims {
@@ -19,7 +23,10 @@ fn dims() -> ModelDims {
 
 /// The library's default block count: every sequence slot can reach max_seq_len.
 fn full_batch() -> PlanOptions {
-    PlanOptions { require_full_batch: true, ..Default::default() }
+    PlanOptions {
+        require_full_batch: true,
+        ..Default::default()
+    }
 }
 
 fn run(cfg: &DeployConfig, kind: &DeviceKind, opts: &PlanOptions) -> Plan {
@@ -39,7 +46,11 @@ fn one_npu(max_seq_len: u32) -> DeployConfig {
 #[test]
 fn kv_cache_is_112_kib_per_token_in_16_bit() {
     assert_eq!(dims().kv_bytes_per_token(2), 112 * KIB);
-    let p = run(&example("en-one-device-compile.yaml"), &DeviceKind::rebel(), &PlanOptions::default());
+    let p = run(
+        &example("en-one-device-compile.yaml"),
+        &DeviceKind::rebel(),
+        &PlanOptions::default(),
+    );
     assert_eq!(p.kv.bytes_per_token, 112 * KIB);
     assert_eq!(p.kv.dtype.bytes(), 2);
 }
@@ -51,8 +62,15 @@ fn a_full_262144_token_context_is_28_gib_per_sequence() {
     let p = run(&cfg, &DeviceKind::rebel(), &PlanOptions::default());
     assert_eq!(p.kv.blocks_per_sequence as u64 * p.kv.block_bytes, 28 * GIB);
     // The Korean guide's partition (16,384) gives the same per-sequence figure.
-    let ko = run(&example("ko-submodule-structure.yaml"), &DeviceKind::atom(), &PlanOptions::default());
-    assert_eq!(ko.kv.blocks_per_sequence as u64 * ko.kv.block_bytes, 28 * GIB);
+    let ko = run(
+        &example("ko-submodule-structure.yaml"),
+        &DeviceKind::atom(),
+        &PlanOptions::default(),
+    );
+    assert_eq!(
+        ko.kv.blocks_per_sequence as u64 * ko.kv.block_bytes,
+        28 * GIB
+    );
     assert_eq!(ko.kv.block_bytes, 1792 * MIB); // 1.75 GiB
 }
 
@@ -75,18 +93,28 @@ fn rebel_262144_at_batch_4_with_the_vit() {
     assert_eq!(big.shared_devices, vec![0]);
     let used = big.devices[0].used - kind.reserved;
     assert!(used > 116 * GIB && used < 117 * GIB, "{used}");
-    assert!(big.fits, "on 144 GiB the seed's failing layout fits: see the doc comment");
+    assert!(
+        big.fits,
+        "on 144 GiB the seed's failing layout fits: see the doc comment"
+    );
     assert!(run(&one_npu(32_768), &kind, &full_batch()).fits);
 
     let chiplet = DeviceKind::rebel_chiplet();
     let big = run(&one_npu(262_144), &chiplet, &full_batch());
     assert!(!big.fits);
     let problem = big.problems.join("\n");
-    assert!(problem.contains("device 0") && problem.contains("short by 81.75 GiB"), "{problem}");
+    assert!(
+        problem.contains("device 0") && problem.contains("short by 81.75 GiB"),
+        "{problem}"
+    );
     // Every suggestion was re-planned and fits; lowering max_seq_len is among them and keeps at
     // least the seed's 32,768.
     assert!(!big.suggestions.is_empty());
-    let seq = big.suggestions.iter().find(|s| s.patch.get("max_seq_len").is_some()).expect("a max_seq_len change");
+    let seq = big
+        .suggestions
+        .iter()
+        .find(|s| s.patch.get("max_seq_len").is_some())
+        .expect("a max_seq_len change");
     let m = seq.patch["max_seq_len"].as_u64().unwrap();
     assert!((32_768..262_144).contains(&m), "{m}");
     for s in &big.suggestions {
@@ -135,12 +163,32 @@ fn atom_disjoint_16_against_shared_8_at_batch_8() {
     assert!(d.fits && s.fits);
     assert!(d.shared_devices.is_empty());
     assert_eq!(s.shared_devices, (0..8).collect::<Vec<_>>());
-    assert_eq!(plan::resolve_kv_blocks(&disjoint, &dims(), &kind).unwrap(), 69);
-    assert_eq!(plan::resolve_kv_blocks(&shared, &dims(), &kind).unwrap(), 69);
-    let lm_headroom =
-        |p: &Plan| p.devices.iter().filter(|x| x.parts.contains(&plan::Part::Lm)).map(|x| x.headroom).min().unwrap();
-    let vit_share = s.devices[0].items.iter().filter(|i| i.part == plan::Part::Visual).map(|i| i.bytes).sum::<u64>();
-    assert!(vit_share > 180 * MIB && vit_share < 200 * MIB, "{vit_share}");
+    assert_eq!(
+        plan::resolve_kv_blocks(&disjoint, &dims(), &kind).unwrap(),
+        69
+    );
+    assert_eq!(
+        plan::resolve_kv_blocks(&shared, &dims(), &kind).unwrap(),
+        69
+    );
+    let lm_headroom = |p: &Plan| {
+        p.devices
+            .iter()
+            .filter(|x| x.parts.contains(&plan::Part::Lm))
+            .map(|x| x.headroom)
+            .min()
+            .unwrap()
+    };
+    let vit_share = s.devices[0]
+        .items
+        .iter()
+        .filter(|i| i.part == plan::Part::Visual)
+        .map(|i| i.bytes)
+        .sum::<u64>();
+    assert!(
+        vit_share > 180 * MIB && vit_share < 200 * MIB,
+        "{vit_share}"
+    );
     assert_eq!(lm_headroom(&d) - lm_headroom(&s), vit_share as i64);
 
     // At full batch, the longest context each layout holds (1,024-token partitions for a fine
@@ -150,7 +198,10 @@ fn atom_disjoint_16_against_shared_8_at_batch_8() {
         c.kvcache_partition_len = 1024;
         let p = run(&c, &kind, &full_batch());
         assert!(!p.fits);
-        p.suggestions.iter().find_map(|s| s.patch.get("max_seq_len").and_then(|v| v.as_u64())).unwrap()
+        p.suggestions
+            .iter()
+            .find_map(|s| s.patch.get("max_seq_len").and_then(|v| v.as_u64()))
+            .unwrap()
     };
     let (ld, ls) = (longest(&disjoint), longest(&shared));
     assert!(ld > ls, "disjoint {ld} vs shared {ls}");
@@ -161,7 +212,9 @@ fn atom_disjoint_16_against_shared_8_at_batch_8() {
     let p = run(&at, &kind, &full_batch());
     assert!(!p.fits);
     assert!(
-        p.problems.iter().any(|x| x.starts_with("devices 0, 1, 2, 3, 4, 5, 6, 7 (atom): each needs")),
+        p.problems
+            .iter()
+            .any(|x| x.starts_with("devices 0, 1, 2, 3, 4, 5, 6, 7 (atom): each needs")),
         "{:?}",
         p.problems
     );

@@ -2,7 +2,9 @@
 use vlm_config::{image_geometry, BucketError, DeployConfig, ImagePlanError, Oversize};
 
 fn example(name: &str) -> vlm_config::Loaded {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(name);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name);
     DeployConfig::from_path(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -22,10 +24,16 @@ fn every_seed_example_is_valid() {
 fn one_device_layout() {
     let c = example("en-one-device-compile.yaml").config;
     assert_eq!(c.visual.max_seq_len, vec![16384]);
-    assert_eq!((c.num_devices, c.kvcache_partition_len, c.max_seq_len), (1, 8192, 262_144));
+    assert_eq!(
+        (c.num_devices, c.kvcache_partition_len, c.max_seq_len),
+        (1, 8192, 262_144)
+    );
     assert!(!c.create_runtimes && !c.visual.create_runtimes);
     let load = example("en-one-device-load.yaml").config;
-    assert_eq!((load.device.clone(), load.visual.device.clone()), (vec![0], vec![0]));
+    assert_eq!(
+        (load.device.clone(), load.visual.device.clone()),
+        (vec![0], vec![0])
+    );
 }
 
 #[test]
@@ -50,7 +58,11 @@ fn vit_bucket_table() {
         let err = v.bucket_for(20000).unwrap_err();
         assert_eq!(
             err,
-            BucketError::OverLargestVitBucket { patches: 20000, largest: 16384, buckets: vec![1024, 3136, 16384] }
+            BucketError::OverLargestVitBucket {
+                patches: 20000,
+                largest: 16384,
+                buckets: vec![1024, 3136, 16384]
+            }
         );
         let msg = err.to_string();
         assert!(msg.contains("20000") && msg.contains("16384"), "{msg}");
@@ -61,7 +73,10 @@ fn vit_bucket_table() {
 fn decoder_graph_tables() {
     let c = example("ko-decoder-buckets.yaml").config;
     assert_eq!(c.decoder_batch_sizes, vec![1, 2, 4, 8]);
-    let chosen: Vec<u32> = [1, 2, 3, 5, 8].iter().map(|&n| c.decoder_graph_for(n).unwrap()).collect();
+    let chosen: Vec<u32> = [1, 2, 3, 5, 8]
+        .iter()
+        .map(|&n| c.decoder_graph_for(n).unwrap())
+        .collect();
     assert_eq!(chosen, vec![1, 2, 4, 8, 8]);
     assert!(c.decoder_graph_for(9).is_err());
 
@@ -81,11 +96,21 @@ fn image_sizes_in_raw_patches() {
     let mut v = example("en-vit-buckets.yaml").config.visual;
     assert_eq!(v.oversize, Oversize::Reject);
     let err = v.plan_image(4096, 4096).unwrap_err();
-    assert!(matches!(err, ImagePlanError::Bucket(BucketError::OverLargestVitBucket { patches: 65536, .. })));
+    assert!(matches!(
+        err,
+        ImagePlanError::Bucket(BucketError::OverLargestVitBucket { patches: 65536, .. })
+    ));
     v.oversize = Oversize::Downscale;
     let p = v.plan_image(4096, 4096).unwrap();
     assert!(p.downscaled);
-    assert_eq!((p.geometry.resized_width, p.geometry.resized_height, p.bucket), (2048, 2048, 16384));
+    assert_eq!(
+        (
+            p.geometry.resized_width,
+            p.geometry.resized_height,
+            p.bucket
+        ),
+        (2048, 2048, 16384)
+    );
     // The seed's "merged patches" formula would give 1024 for 1024x1024; the library's code (and
     // ours) counts raw patches: 4096.
     assert_eq!(v.plan_image(1024, 1024).unwrap().bucket, 16384);
@@ -96,6 +121,8 @@ fn json_yaml_toml_agree() {
     let yaml = example("local.yaml").config;
     let toml = example("local.toml").config;
     assert_eq!(yaml, toml);
-    let json = DeployConfig::from_json(&serde_json::to_string(&yaml).unwrap()).unwrap().config;
+    let json = DeployConfig::from_json(&serde_json::to_string(&yaml).unwrap())
+        .unwrap()
+        .config;
     assert_eq!(json, yaml);
 }

@@ -18,7 +18,10 @@ use vlm_model::tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
 use vlm_proto::v1 as pb;
 
 fn env_usize(k: &str, d: usize) -> usize {
-    std::env::var(k).ok().and_then(|v| v.parse().ok()).unwrap_or(d)
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
 }
 
 fn png(seed: u32) -> Vec<u8> {
@@ -56,7 +59,10 @@ fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
             let emb = p.encode_images(std::slice::from_ref(&pix)).unwrap();
             let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Text(PROMPT.into())]);
             let ids = tok.encode_prompt(&[msg], &[emb[0].tokens()]).unwrap();
-            reqs.push(GreedyRequest { input_ids: ids, images: emb });
+            reqs.push(GreedyRequest {
+                input_ids: ids,
+                images: emb,
+            });
         }
         // TTFT: encoding + the prefills (all first tokens ready).
         let t_pre = Instant::now();
@@ -67,11 +73,16 @@ fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
         let ttft = t0.elapsed().as_secs_f64();
         // The batch call prefills again, then decodes: its decode part is total - prefill.
         let t1 = Instant::now();
-        let out = p.generate_greedy_batch(&reqs, conc.next_power_of_two(), tokens, &[]).unwrap();
+        let out = p
+            .generate_greedy_batch(&reqs, conc.next_power_of_two(), tokens, &[])
+            .unwrap();
         let decode = (t1.elapsed().as_secs_f64() - prefill).max(1e-9);
         let n: usize = out.iter().map(|o| o.tokens.len().saturating_sub(1)).sum();
         if r > 0 {
-            acc.push(Stat { ttft_ms: ttft * 1e3, tok_s: n as f64 / decode });
+            acc.push(Stat {
+                ttft_ms: ttft * 1e3,
+                tok_s: n as f64 / decode,
+            });
         }
     }
     mean(&acc)
@@ -79,7 +90,10 @@ fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
 
 fn mean(v: &[Stat]) -> Stat {
     let n = v.len().max(1) as f64;
-    Stat { ttft_ms: v.iter().map(|s| s.ttft_ms).sum::<f64>() / n, tok_s: v.iter().map(|s| s.tok_s).sum::<f64>() / n }
+    Stat {
+        ttft_ms: v.iter().map(|s| s.ttft_ms).sum::<f64>() / n,
+        tok_s: v.iter().map(|s| s.tok_s).sum::<f64>() / n,
+    }
 }
 
 // ------------------------------------------------------------------ split
@@ -98,7 +112,11 @@ fn bin_dir() -> PathBuf {
     }
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
-    let have = |d: &Path| ["gateway", "lm-service", "vision-service"].iter().all(|b| d.join(b).is_file());
+    let have = |d: &Path| {
+        ["gateway", "lm-service", "vision-service"]
+            .iter()
+            .all(|b| d.join(b).is_file())
+    };
     if have(&profile_dir) {
         return profile_dir;
     }
@@ -110,7 +128,16 @@ fn bin_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let st = Command::new(cargo)
         .current_dir(root)
-        .args(["build", "--release", "-p", "vlm-vision-service", "-p", "vlm-lm-service", "-p", "vlm-gateway"])
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "vlm-vision-service",
+            "-p",
+            "vlm-lm-service",
+            "-p",
+            "vlm-gateway",
+        ])
         .status()
         .unwrap();
     assert!(st.success());
@@ -140,8 +167,17 @@ fn spawn(bin: &Path, args: &[String]) -> Proc {
 async fn wait_serving(addr: &str) {
     use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
     for _ in 0..6000 {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await {
-            if let Ok(r) = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            if let Ok(r) = HealthClient::new(ch)
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+            {
                 if r.get_ref().status == 1 {
                     return;
                 }
@@ -153,10 +189,16 @@ async fn wait_serving(addr: &str) {
 }
 
 fn write_config(dir: &Path) -> PathBuf {
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u32;
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as u32;
     let v = (n / 2).max(1);
     let vis: Vec<String> = (0..v).map(|i| i.to_string()).collect();
-    let lm: Vec<String> = if n > 1 { (v..n).map(|i| i.to_string()).collect() } else { vec!["0".into()] };
+    let lm: Vec<String> = if n > 1 {
+        (v..n).map(|i| i.to_string()).collect()
+    } else {
+        vec!["0".into()]
+    };
     let text = format!(
         "visual:\n  max_seq_len: [1024, 4096, 16384]\n  num_devices: {}\n  device: [{}]\nmax_seq_len: 4096\n\
          kvcache_partition_len: 256\nkvcache_num_blocks: 64\nbatch_size: 8\ndecoder_batch_sizes: [1, 2, 4, 8]\n\
@@ -173,17 +215,32 @@ fn write_config(dir: &Path) -> PathBuf {
 
 async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, f64, usize) {
     use pb::content_part::Part;
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap();
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut c = pb::gateway_client::GatewayClient::new(ch);
     let req = pb::GenerateRequest {
         messages: vec![pb::ChatMessage {
             role: "user".into(),
             content: vec![
-                pb::ContentPart { part: Some(Part::Image(pb::ImagePart { data: image, mime_type: String::new() })) },
-                pb::ContentPart { part: Some(Part::Text(PROMPT.into())) },
+                pb::ContentPart {
+                    part: Some(Part::Image(pb::ImagePart {
+                        data: image,
+                        mime_type: String::new(),
+                    })),
+                },
+                pb::ContentPart {
+                    part: Some(Part::Text(PROMPT.into())),
+                },
             ],
         }],
-        sampling: Some(pb::SamplingParams { max_tokens: tokens, ignore_eos: true, ..Default::default() }),
+        sampling: Some(pb::SamplingParams {
+            max_tokens: tokens,
+            ignore_eos: true,
+            ..Default::default()
+        }),
         model: String::new(),
     };
     let t0 = Instant::now();
@@ -204,21 +261,41 @@ async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, f64, us
 
 /// The same request sent straight to `Lm.Generate` (prompt built with the gateway's own
 /// validator), to isolate the gateway hop.
-async fn one_direct(lm: String, vision: String, validator: vlm_gateway::validation::Validator, image: Vec<u8>, tokens: u32) -> f64 {
+async fn one_direct(
+    lm: String,
+    vision: String,
+    validator: vlm_gateway::validation::Validator,
+    image: Vec<u8>,
+    tokens: u32,
+) -> f64 {
     use vlm_gateway::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
     let t0 = Instant::now();
     let valid = validator
         .validate(ChatRequest {
             messages: vec![InputMessage {
                 role: "user".into(),
-                content: vec![InputPart::Image { data: image.into(), mime_type: String::new() }, InputPart::Text(PROMPT.into())],
+                content: vec![
+                    InputPart::Image {
+                        data: image.into(),
+                        mime_type: String::new(),
+                    },
+                    InputPart::Text(PROMPT.into()),
+                ],
             }],
-            sampling: InputSampling { max_tokens: tokens, ignore_eos: true, ..Default::default() },
+            sampling: InputSampling {
+                max_tokens: tokens,
+                ignore_eos: true,
+                ..Default::default()
+            },
             ..Default::default()
         })
         .unwrap();
     let req = vlm_gateway::client::lm_request("bench", &valid, format!("http://{vision}"));
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{lm}")).unwrap().connect().await.unwrap();
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{lm}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut c = pb::lm_client::LmClient::new(ch).max_encoding_message_size(256 << 20);
     let mut s = c.generate(req).await.unwrap().into_inner();
     let mut first = None;
@@ -245,20 +322,41 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
         a.extend(extra.iter().map(|s| s.to_string()));
         a
     };
-    let vision = spawn(&bins.join("vision-service"), &common(&["--metrics-listen", "127.0.0.1:0"]));
-    let lm = spawn(&bins.join("lm-service"), &common(&["--metrics-listen", "127.0.0.1:0"]));
+    let vision = spawn(
+        &bins.join("vision-service"),
+        &common(&["--metrics-listen", "127.0.0.1:0"]),
+    );
+    let lm = spawn(
+        &bins.join("lm-service"),
+        &common(&["--metrics-listen", "127.0.0.1:0"]),
+    );
     wait_serving(&vision.1).await;
     wait_serving(&lm.1).await;
     let gw = spawn(
         &bins.join("gateway"),
-        &common(&["--http-listen", "127.0.0.1:0", "--vision", &vision.1, "--lm", &lm.1, "--poll-ms", "200"]),
+        &common(&[
+            "--http-listen",
+            "127.0.0.1:0",
+            "--vision",
+            &vision.1,
+            "--lm",
+            &lm.1,
+            "--poll-ms",
+            "200",
+        ]),
     );
     wait_serving(&gw.1).await;
     let mut acc = Vec::new();
     for r in 0..rounds + 1 {
         let t0 = Instant::now();
         let hs: Vec<_> = (0..conc)
-            .map(|i| tokio::spawn(one_request(gw.1.clone(), png((1000 + r * 100 + i) as u32), tokens as u32)))
+            .map(|i| {
+                tokio::spawn(one_request(
+                    gw.1.clone(),
+                    png((1000 + r * 100 + i) as u32),
+                    tokens as u32,
+                ))
+            })
             .collect();
         let mut ttft = 0.0;
         let mut n = 0;
@@ -270,7 +368,10 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
         let wall = t0.elapsed().as_secs_f64();
         let ttft = ttft / conc as f64;
         if r > 0 {
-            acc.push(Stat { ttft_ms: ttft * 1e3, tok_s: n as f64 / (wall - ttft).max(1e-9) });
+            acc.push(Stat {
+                ttft_ms: ttft * 1e3,
+                tok_s: n as f64 / (wall - ttft).max(1e-9),
+            });
         }
     }
     // Straight to the LM, same work minus the gateway.
@@ -285,7 +386,13 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
     for r in 0..rounds + 1 {
         let hs: Vec<_> = (0..conc)
             .map(|i| {
-                tokio::spawn(one_direct(lm.1.clone(), vision.1.clone(), validator.clone(), png((5000 + r * 100 + i) as u32), tokens as u32))
+                tokio::spawn(one_direct(
+                    lm.1.clone(),
+                    vision.1.clone(),
+                    validator.clone(),
+                    png((5000 + r * 100 + i) as u32),
+                    tokens as u32,
+                ))
             })
             .collect();
         let mut t = 0.0;
@@ -299,7 +406,10 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
     drop(gw);
     drop(lm);
     drop(vision);
-    (mean(&acc), direct.iter().sum::<f64>() / direct.len().max(1) as f64)
+    (
+        mean(&acc),
+        direct.iter().sum::<f64>() / direct.len().max(1) as f64,
+    )
 }
 
 fn main() {
@@ -314,13 +424,21 @@ fn main() {
     let tmp = PathBuf::from(option_env!("CARGO_TARGET_TMPDIR").unwrap_or("/tmp"));
     let tiny = tmp.join("bench-tiny-s0");
     if !tiny.join("config.json").is_file() {
-        vlm_model::make::make_model(&tiny, &vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny)).unwrap();
+        vlm_model::make::make_model(
+            &tiny,
+            &vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny),
+        )
+        .unwrap();
     }
     let mut models = vec![("tiny", tiny)];
     if let Ok(m) = std::env::var("VLM_BENCH_MODEL") {
         models.push(("VLM_BENCH_MODEL", PathBuf::from(m)));
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     println!("split_overhead: {tokens} output tokens per request, one 512x512 image each, {rounds} rounds (+1 warm-up)");
     for (name, dir) in models {
         for conc in [1usize, 8] {

@@ -79,7 +79,10 @@ impl Shared {
     fn grant(self: &Arc<Self>, st: &mut State, kv: u64) -> Permit {
         st.in_flight += 1;
         st.kv_tokens += kv;
-        Permit { shared: Some(self.clone()), kv_tokens: kv }
+        Permit {
+            shared: Some(self.clone()),
+            kv_tokens: kv,
+        }
     }
 
     /// Admits queued requests in order while the head fits (FIFO: no overtaking).
@@ -125,7 +128,12 @@ impl Drop for QueueGuard {
 
 impl Admission {
     pub fn new(limits: AdmissionLimits) -> Self {
-        Admission { shared: Arc::new(Shared { limits, state: Mutex::new(State::default()) }) }
+        Admission {
+            shared: Arc::new(Shared {
+                limits,
+                state: Mutex::new(State::default()),
+            }),
+        }
     }
 
     pub fn limits(&self) -> AdmissionLimits {
@@ -166,10 +174,19 @@ impl Admission {
             let id = st.next_id;
             st.queue.push_back(Waiter { id, kv_tokens, tx });
             self.shared.publish(&st);
-            (rx, QueueGuard { shared: self.shared.clone(), id, armed: true })
+            (
+                rx,
+                QueueGuard {
+                    shared: self.shared.clone(),
+                    id,
+                    armed: true,
+                },
+            )
         };
         let (rx, mut guard) = rx;
-        let permit = rx.await.map_err(|_| GatewayError::Internal("admission queue closed".into()));
+        let permit = rx
+            .await
+            .map_err(|_| GatewayError::Internal("admission queue closed".into()));
         guard.armed = false;
         permit
     }
@@ -210,7 +227,11 @@ mod tests {
     use std::time::Duration;
 
     fn adm(in_flight: usize, queue: usize, kv: u64) -> Admission {
-        Admission::new(AdmissionLimits { max_in_flight: in_flight, max_queue: queue, max_kv_tokens: kv })
+        Admission::new(AdmissionLimits {
+            max_in_flight: in_flight,
+            max_queue: queue,
+            max_kv_tokens: kv,
+        })
     }
 
     fn reason(e: GatewayError) -> OverloadReason {
@@ -271,6 +292,9 @@ mod tests {
     async fn draining_refuses() {
         let a = adm(1, 1, 0);
         a.drain();
-        assert_eq!(reason(a.acquire(1).await.unwrap_err()), OverloadReason::Draining);
+        assert_eq!(
+            reason(a.acquire(1).await.unwrap_err()),
+            OverloadReason::Draining
+        );
     }
 }

@@ -10,7 +10,14 @@ pub struct ApiKeys {
 
 impl ApiKeys {
     pub fn new(keys: Vec<String>) -> Self {
-        ApiKeys { keys: Arc::new(keys.into_iter().map(|k| k.trim().to_string()).filter(|k| !k.is_empty()).collect()) }
+        ApiKeys {
+            keys: Arc::new(
+                keys.into_iter()
+                    .map(|k| k.trim().to_string())
+                    .filter(|k| !k.is_empty())
+                    .collect(),
+            ),
+        }
     }
 
     /// Keys from a file (one per line, `#` comments) and/or a single key.
@@ -38,13 +45,25 @@ impl ApiKeys {
             return Ok(());
         }
         let Some(h) = header else {
-            return Err(GatewayError::Unauthenticated("missing `authorization: Bearer <key>`".into()));
+            return Err(GatewayError::Unauthenticated(
+                "missing `authorization: Bearer <key>`".into(),
+            ));
         };
-        let token = h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")).unwrap_or(h).trim();
-        if self.keys.iter().any(|k| constant_time_eq(k.as_bytes(), token.as_bytes())) {
+        let token = h
+            .strip_prefix("Bearer ")
+            .or_else(|| h.strip_prefix("bearer "))
+            .unwrap_or(h)
+            .trim();
+        if self
+            .keys
+            .iter()
+            .any(|k| constant_time_eq(k.as_bytes(), token.as_bytes()))
+        {
             Ok(())
         } else {
-            Err(GatewayError::Unauthenticated("the API key is not valid".into()))
+            Err(GatewayError::Unauthenticated(
+                "the API key is not valid".into(),
+            ))
         }
     }
 
@@ -52,7 +71,10 @@ impl ApiKeys {
     pub fn interceptor(&self) -> impl tonic::service::Interceptor + Clone {
         let keys = self.clone();
         move |req: tonic::Request<()>| -> Result<tonic::Request<()>, tonic::Status> {
-            let h = req.metadata().get("authorization").and_then(|v| v.to_str().ok());
+            let h = req
+                .metadata()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok());
             keys.check(h).map_err(tonic::Status::from)?;
             Ok(req)
         }

@@ -9,24 +9,35 @@ pub enum ClientError {
     /// Connection refused, reset, timed out, or the replica said UNAVAILABLE / busy: try
     /// another.
     #[error("{addr} unreachable: {message}")]
-    Unreachable { addr: String, message: String, code: tonic::Code },
+    Unreachable {
+        addr: String,
+        message: String,
+        code: tonic::Code,
+    },
     /// The replica refused the request itself (INVALID_ARGUMENT, ...): do not retry.
     #[error("{addr}: {status}")]
-    Refused { addr: String, status: String, code: tonic::Code },
+    Refused {
+        addr: String,
+        status: String,
+        code: tonic::Code,
+    },
 }
 
 impl ClientError {
     pub fn from_status(addr: &str, s: tonic::Status) -> Self {
         use tonic::Code::*;
         match s.code() {
-            Unavailable | Unknown | Internal | Aborted | DeadlineExceeded | ResourceExhausted | Cancelled => {
-                ClientError::Unreachable {
-                    addr: addr.to_string(),
-                    message: format!("{:?}: {}", s.code(), s.message()),
-                    code: s.code(),
-                }
-            }
-            code => ClientError::Refused { addr: addr.to_string(), status: s.message().to_string(), code },
+            Unavailable | Unknown | Internal | Aborted | DeadlineExceeded | ResourceExhausted
+            | Cancelled => ClientError::Unreachable {
+                addr: addr.to_string(),
+                message: format!("{:?}: {}", s.code(), s.message()),
+                code: s.code(),
+            },
+            code => ClientError::Refused {
+                addr: addr.to_string(),
+                status: s.message().to_string(),
+                code,
+            },
         }
     }
 
@@ -38,7 +49,13 @@ impl ClientError {
     /// finds it healthy again.
     pub fn replica_down(&self) -> bool {
         use tonic::Code::*;
-        matches!(self, ClientError::Unreachable { code: Unavailable | Unknown | Internal | DeadlineExceeded, .. })
+        matches!(
+            self,
+            ClientError::Unreachable {
+                code: Unavailable | Unknown | Internal | DeadlineExceeded,
+                ..
+            }
+        )
     }
 }
 
@@ -46,16 +63,22 @@ impl From<ClientError> for GatewayError {
     fn from(e: ClientError) -> Self {
         match e {
             ClientError::Unreachable { .. } => GatewayError::Unavailable(e.to_string()),
-            ClientError::Refused { code: tonic::Code::InvalidArgument | tonic::Code::OutOfRange, status, .. } => {
-                GatewayError::UpstreamInvalid(status)
-            }
+            ClientError::Refused {
+                code: tonic::Code::InvalidArgument | tonic::Code::OutOfRange,
+                status,
+                ..
+            } => GatewayError::UpstreamInvalid(status),
             ClientError::Refused { .. } => GatewayError::Internal(e.to_string()),
         }
     }
 }
 
 /// The `Lm.Generate` request for a validated request.
-pub fn lm_request(request_id: &str, req: &ValidRequest, vision_endpoint: String) -> pb::LmGenerateRequest {
+pub fn lm_request(
+    request_id: &str,
+    req: &ValidRequest,
+    vision_endpoint: String,
+) -> pb::LmGenerateRequest {
     let s = &req.sampling;
     pb::LmGenerateRequest {
         request_id: request_id.to_string(),
@@ -64,7 +87,11 @@ pub fn lm_request(request_id: &str, req: &ValidRequest, vision_endpoint: String)
             .images
             .iter()
             .map(|i| {
-                let grid = pb::ImageGrid { t: i.grid[0], h: i.grid[1], w: i.grid[2] };
+                let grid = pb::ImageGrid {
+                    t: i.grid[0],
+                    h: i.grid[1],
+                    w: i.grid[2],
+                };
                 pb::LmImage {
                     content_hash: i.content_hash.to_vec(),
                     grid: Some(grid),

@@ -31,7 +31,10 @@ pub enum GatewayError {
     Validation(String),
     /// Admission refused it at once.
     #[error("overloaded ({}): {message}", reason.label())]
-    Overloaded { reason: OverloadReason, message: String },
+    Overloaded {
+        reason: OverloadReason,
+        message: String,
+    },
     /// Missing or wrong API key.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -68,7 +71,9 @@ impl GatewayError {
     /// The HTTP status of this error.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => StatusCode::BAD_REQUEST,
+            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => {
+                StatusCode::BAD_REQUEST
+            }
             GatewayError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -81,7 +86,9 @@ impl GatewayError {
     /// The OpenAI error `type` string.
     pub fn openai_type(&self) -> &'static str {
         match self {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => "invalid_request_error",
+            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => {
+                "invalid_request_error"
+            }
             GatewayError::Overloaded { .. } => "rate_limit_exceeded",
             GatewayError::Unauthenticated(_) => "authentication_error",
             GatewayError::Unavailable(_) => "service_unavailable",
@@ -104,7 +111,9 @@ impl From<GatewayError> for tonic::Status {
     fn from(e: GatewayError) -> Self {
         let msg = e.to_string();
         match e {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => tonic::Status::invalid_argument(msg),
+            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => {
+                tonic::Status::invalid_argument(msg)
+            }
             GatewayError::Overloaded { .. } => tonic::Status::resource_exhausted(msg),
             GatewayError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),
@@ -128,7 +137,11 @@ pub enum ServeError {
     #[error("config: {0}")]
     Config(String),
     #[error("binding {what} on {addr}: {source}")]
-    Bind { what: &'static str, addr: String, source: std::io::Error },
+    Bind {
+        what: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
     #[error("replica list {0}")]
     Replicas(String),
     #[error("reflection: {0}")]
@@ -136,5 +149,8 @@ pub enum ServeError {
     #[error("serving gRPC: {0}")]
     Grpc(String),
     #[error("reading the API key file {path}: {source}")]
-    ApiKey { path: String, source: std::io::Error },
+    ApiKey {
+        path: String,
+        source: std::io::Error,
+    },
 }

@@ -73,7 +73,15 @@ struct CoreInner {
 impl Core {
     pub fn new(validator: Validator, admission: Admission, router: Router) -> Self {
         let id_prefix = format!("{:08x}", rand::random::<u32>());
-        Core { inner: Arc::new(CoreInner { validator, admission, router, next_id: AtomicU64::new(0), id_prefix }) }
+        Core {
+            inner: Arc::new(CoreInner {
+                validator,
+                admission,
+                router,
+                next_id: AtomicU64::new(0),
+                id_prefix,
+            }),
+        }
     }
 
     pub fn validator(&self) -> &Validator {
@@ -89,34 +97,58 @@ impl Core {
     /// Validates, admits, routes and waits for the first LM event. Errors before that are
     /// returned here (so an edge can answer them with a status); later ones come on the stream.
     /// `parent` carries the caller's trace context (extracted by the edge).
-    pub async fn start(&self, req: ChatRequest, parent: tracing::Span) -> Result<Generation, GatewayError> {
+    pub async fn start(
+        &self,
+        req: ChatRequest,
+        parent: tracing::Span,
+    ) -> Result<Generation, GatewayError> {
         let arrived = Instant::now();
         let result = self.start_inner(req, arrived, parent).await;
         if let Err(e) = &result {
             m::request_finished(e.status_label());
-            metrics::histogram!(m::REQUEST_DURATION_SECONDS).record(arrived.elapsed().as_secs_f64());
+            metrics::histogram!(m::REQUEST_DURATION_SECONDS)
+                .record(arrived.elapsed().as_secs_f64());
         }
         result
     }
 
-    async fn start_inner(&self, req: ChatRequest, arrived: Instant, parent: tracing::Span) -> Result<Generation, GatewayError> {
+    async fn start_inner(
+        &self,
+        req: ChatRequest,
+        arrived: Instant,
+        parent: tracing::Span,
+    ) -> Result<Generation, GatewayError> {
         let i = &self.inner;
         let valid = i.validator.validate(req)?;
         let permit = i.admission.acquire(valid.kv_tokens()).await?;
-        let request_id = format!("{}-{}", i.id_prefix, i.next_id.fetch_add(1, Ordering::Relaxed));
+        let request_id = format!(
+            "{}-{}",
+            i.id_prefix,
+            i.next_id.fetch_add(1, Ordering::Relaxed)
+        );
         metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(valid.prompt_tokens() as u64);
         let span = tracing::info_span!(parent: &parent, "generate", request_id = %request_id);
-        let (lm, stream, first) = self.open(&request_id, &valid).instrument_span(span.clone()).await?;
+        let (lm, stream, first) = self
+            .open(&request_id, &valid)
+            .instrument_span(span.clone())
+            .await?;
         tracing::debug!(lm = %lm.addr, "first event");
         let (tx, rx) = mpsc::channel(64);
         let pump = Pump {
             text: TextStream::new(i.validator.tokenizer(), valid.sampling.stop.clone()),
-            usage: Usage { prompt_tokens: valid.prompt_tokens(), image_tokens: valid.image_tokens, completion_tokens: 0 },
+            usage: Usage {
+                prompt_tokens: valid.prompt_tokens(),
+                image_tokens: valid.image_tokens,
+                completion_tokens: 0,
+            },
             max_tokens: valid.sampling.max_tokens,
             arrived,
             first_token_at: None,
         };
-        tokio::spawn(pump.run(first, stream, tx, lm, permit).instrument_span(span.clone()));
+        tokio::spawn(
+            pump.run(first, stream, tx, lm, permit)
+                .instrument_span(span.clone()),
+        );
         Ok(Generation { request_id, rx })
     }
 
@@ -155,7 +187,9 @@ impl Core {
                 }
             }
         }
-        Err(last.map(GatewayError::from).unwrap_or_else(|| GatewayError::Unavailable("no LM replica".into())))
+        Err(last
+            .map(GatewayError::from)
+            .unwrap_or_else(|| GatewayError::Unavailable("no LM replica".into())))
     }
 }
 
@@ -168,7 +202,11 @@ async fn first_event(
         .max_encoding_message_size(256 << 20);
     let mut req = tonic::Request::new(req);
     vlm_service_kit::telemetry::inject(req.metadata_mut());
-    let mut stream = client.generate(req).await.map_err(|s| ClientError::from_status(&lm.addr, s))?.into_inner();
+    let mut stream = client
+        .generate(req)
+        .await
+        .map_err(|s| ClientError::from_status(&lm.addr, s))?
+        .into_inner();
     match stream.message().await {
         Ok(Some(ev)) => Ok((stream, ev)),
         Ok(None) => Err(ClientError::Unreachable {
@@ -251,8 +289,10 @@ impl Pump {
         drop(lm);
         drop(permit);
         m::request_finished(status);
-        metrics::counter!(m::COMPLETION_TOKENS_TOTAL).increment(self.usage.completion_tokens as u64);
-        metrics::histogram!(m::REQUEST_DURATION_SECONDS).record(self.arrived.elapsed().as_secs_f64());
+        metrics::counter!(m::COMPLETION_TOKENS_TOTAL)
+            .increment(self.usage.completion_tokens as u64);
+        metrics::histogram!(m::REQUEST_DURATION_SECONDS)
+            .record(self.arrived.elapsed().as_secs_f64());
     }
 
     /// Turns one LM event into a delta; `true` when the stream must end (stop string).
@@ -260,12 +300,21 @@ impl Pump {
         if !ev.token_ids.is_empty() && self.first_token_at.is_none() {
             let now = Instant::now();
             self.first_token_at = Some(now);
-            metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS).record((now - self.arrived).as_secs_f64());
+            metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS)
+                .record((now - self.arrived).as_secs_f64());
         }
         self.usage.completion_tokens += ev.token_ids.len() as u32;
         let d = self.text.push(&ev.token_ids)?;
         if d.stopped {
-            return Ok((Delta { text: d.text, token_ids: ev.token_ids, finish: Some(Finish::Stop), usage: self.usage }, true));
+            return Ok((
+                Delta {
+                    text: d.text,
+                    token_ids: ev.token_ids,
+                    finish: Some(Finish::Stop),
+                    usage: self.usage,
+                },
+                true,
+            ));
         }
         use vlm_proto::v1::FinishReason as F;
         let finish = match F::try_from(ev.finish_reason).unwrap_or(F::Unspecified) {
@@ -274,18 +323,33 @@ impl Pump {
             F::Length => Some(Finish::Length),
             F::Cancelled => Some(Finish::Cancelled),
         };
-        let finish = finish.or_else(|| (self.usage.completion_tokens >= self.max_tokens).then_some(Finish::Length));
+        let finish = finish.or_else(|| {
+            (self.usage.completion_tokens >= self.max_tokens).then_some(Finish::Length)
+        });
         let mut text = d.text;
         if finish.is_some() {
             let rest = self.text.finish()?;
             text.push_str(&rest.text);
         }
-        Ok((Delta { text, token_ids: ev.token_ids, finish, usage: self.usage }, false))
+        Ok((
+            Delta {
+                text,
+                token_ids: ev.token_ids,
+                finish,
+                usage: self.usage,
+            },
+            false,
+        ))
     }
 
     fn finish_delta(&mut self, token_ids: Vec<u32>, finish: Finish) -> Result<Delta, GatewayError> {
         let rest = self.text.finish()?;
-        Ok(Delta { text: rest.text, token_ids, finish: Some(finish), usage: self.usage })
+        Ok(Delta {
+            text: rest.text,
+            token_ids,
+            finish: Some(finish),
+            usage: self.usage,
+        })
     }
 }
 

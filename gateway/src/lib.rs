@@ -59,9 +59,11 @@ pub struct Bound {
 pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
     let _ = vlm_service_kit::metrics_http::recorder();
     crate::metrics::describe();
-    let tokenizer = vlm_model::tokenizer::ChatTokenizer::from_dir(&cfg.model_dir).map_err(|e| ServeError::Tokenizer {
-        dir: cfg.model_dir.display().to_string(),
-        message: e.to_string(),
+    let tokenizer = vlm_model::tokenizer::ChatTokenizer::from_dir(&cfg.model_dir).map_err(|e| {
+        ServeError::Tokenizer {
+            dir: cfg.model_dir.display().to_string(),
+            message: e.to_string(),
+        }
     })?;
     let model_id = cfg
         .model_dir
@@ -76,27 +78,59 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
     let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
     let grpc = tokio::net::TcpListener::bind(cfg.listen)
         .await
-        .map_err(|source| ServeError::Bind { what: "gRPC", addr: cfg.listen.to_string(), source })?;
+        .map_err(|source| ServeError::Bind {
+            what: "gRPC",
+            addr: cfg.listen.to_string(),
+            source,
+        })?;
     let http = tokio::net::TcpListener::bind(cfg.http_listen)
         .await
-        .map_err(|source| ServeError::Bind { what: "HTTP", addr: cfg.http_listen.to_string(), source })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind { what: "gRPC", addr: cfg.listen.to_string(), source })?;
-    let http_addr =
-        http.local_addr().map_err(|source| ServeError::Bind { what: "HTTP", addr: cfg.http_listen.to_string(), source })?;
-    Ok(Bound { grpc_addr, http_addr, grpc, http, core, cfg })
+        .map_err(|source| ServeError::Bind {
+            what: "HTTP",
+            addr: cfg.http_listen.to_string(),
+            source,
+        })?;
+    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind {
+        what: "gRPC",
+        addr: cfg.listen.to_string(),
+        source,
+    })?;
+    let http_addr = http.local_addr().map_err(|source| ServeError::Bind {
+        what: "HTTP",
+        addr: cfg.http_listen.to_string(),
+        source,
+    })?;
+    Ok(Bound {
+        grpc_addr,
+        http_addr,
+        grpc,
+        http,
+        core,
+        cfg,
+    })
 }
 
 impl Bound {
     /// Serves until `shutdown` completes, then drains: health goes NOT_SERVING, new requests
     /// are refused, and running streams finish before this returns.
-    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Bound { grpc, http, core, cfg, .. } = self;
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Bound {
+            grpc,
+            http,
+            core,
+            cfg,
+            ..
+        } = self;
         let stop = CancellationToken::new();
         let router = core.router().clone();
         router.start(stop.clone()).await;
 
         let (reporter, health) = vlm_service_kit::grpc::health();
-        let reflection = vlm_service_kit::grpc::reflection().map_err(|e| ServeError::Reflection(e.to_string()))?;
+        let reflection = vlm_service_kit::grpc::reflection()
+            .map_err(|e| ServeError::Reflection(e.to_string()))?;
         // Health follows replica readiness until draining.
         {
             let reporter = reporter.clone();
@@ -126,10 +160,12 @@ impl Bound {
         });
 
         let svc = tonic::service::interceptor::InterceptedService::new(
-            vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(core.clone()))
-                // Room over the body limit, so that validation answers an oversized request with
-                // INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
-                .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
+            vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(
+                core.clone(),
+            ))
+            // Room over the body limit, so that validation answers an oversized request with
+            // INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
+            .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
             cfg.api_keys.interceptor(),
         );
         let grpc_stop = stop.clone();
@@ -137,9 +173,10 @@ impl Bound {
             .add_service(health)
             .add_service(reflection)
             .add_service(svc)
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(grpc), async move {
-                grpc_stop.cancelled().await
-            });
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(grpc),
+                async move { grpc_stop.cancelled().await },
+            );
 
         let state = openai::HttpState {
             core: core.clone(),
@@ -159,6 +196,9 @@ impl Bound {
 }
 
 /// [`bind`] then [`Bound::serve`].
-pub async fn run(cfg: GatewayConfig, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn run(
+    cfg: GatewayConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     bind(cfg).await?.serve(shutdown).await
 }

@@ -10,7 +10,11 @@ use vlm_gateway::routing::{ReplicaSource, RoutingOptions};
 use vlm_gateway::GatewayConfig;
 
 #[derive(Parser, Debug)]
-#[command(name = "gateway", version, about = "vlm gateway: gRPC and OpenAI-compatible HTTP in front of LM and vision replicas")]
+#[command(
+    name = "gateway",
+    version,
+    about = "vlm gateway: gRPC and OpenAI-compatible HTTP in front of LM and vision replicas"
+)]
 struct Args {
     /// gRPC listen address.
     #[arg(long, env = "VLM_GATEWAY_LISTEN", default_value = "0.0.0.0:50051")]
@@ -49,7 +53,11 @@ struct Args {
     #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
     /// Hosts http(s) image URLs may be fetched from (repeatable); none by default.
-    #[arg(long = "allow-image-host", env = "VLM_GATEWAY_ALLOW_IMAGE_HOSTS", value_delimiter = ',')]
+    #[arg(
+        long = "allow-image-host",
+        env = "VLM_GATEWAY_ALLOW_IMAGE_HOSTS",
+        value_delimiter = ','
+    )]
     allow_image_host: Vec<String>,
     /// How often replicas are polled for health and load, in milliseconds.
     #[arg(long, env = "VLM_GATEWAY_POLL_MS", default_value_t = 500)]
@@ -64,7 +72,8 @@ fn main() -> anyhow::Result<()> {
     }
     let deploy = match &a.config {
         Some(p) => {
-            let loaded = vlm_config::DeployConfig::from_path(p).with_context(|| format!("config {}", p.display()))?;
+            let loaded = vlm_config::DeployConfig::from_path(p)
+                .with_context(|| format!("config {}", p.display()))?;
             for w in &loaded.warnings {
                 tracing::warn!("config: {w}");
             }
@@ -90,15 +99,25 @@ fn main() -> anyhow::Result<()> {
         max_images: a.max_images,
         max_body_bytes: a.max_body_bytes,
         allow_image_hosts: a.allow_image_host,
-        routing: RoutingOptions { poll_interval: Duration::from_millis(a.poll_ms.max(10)), ..Default::default() },
+        routing: RoutingOptions {
+            poll_interval: Duration::from_millis(a.poll_ms.max(10)),
+            ..Default::default()
+        },
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async move {
         let bound = vlm_gateway::bind(cfg).await?;
-        println!("listening grpc={} http={}", bound.grpc_addr, bound.http_addr);
+        println!(
+            "listening grpc={} http={}",
+            bound.grpc_addr, bound.http_addr
+        );
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        bound.serve(vlm_service_kit::shutdown::shutdown_signal()).await?;
+        bound
+            .serve(vlm_service_kit::shutdown::shutdown_signal())
+            .await?;
         tracing::info!("drained; bye");
         Ok(())
     })

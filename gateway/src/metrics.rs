@@ -13,10 +13,22 @@ pub fn describe() {
     metrics::describe_counter!(REQUESTS_TOTAL, "Requests finished, by status");
     metrics::describe_gauge!(QUEUE_DEPTH, "Requests waiting for admission");
     metrics::describe_gauge!(IN_FLIGHT, "Requests admitted and not finished");
-    metrics::describe_counter!(ADMISSION_REFUSALS_TOTAL, "Requests refused by admission, by reason");
-    metrics::describe_histogram!(TIME_TO_FIRST_TOKEN_SECONDS, "Time from arrival to the first token");
-    metrics::describe_histogram!(REQUEST_DURATION_SECONDS, "Time from arrival to the end of the response");
-    metrics::describe_counter!(PROMPT_TOKENS_TOTAL, "Prompt tokens of admitted requests, images included");
+    metrics::describe_counter!(
+        ADMISSION_REFUSALS_TOTAL,
+        "Requests refused by admission, by reason"
+    );
+    metrics::describe_histogram!(
+        TIME_TO_FIRST_TOKEN_SECONDS,
+        "Time from arrival to the first token"
+    );
+    metrics::describe_histogram!(
+        REQUEST_DURATION_SECONDS,
+        "Time from arrival to the end of the response"
+    );
+    metrics::describe_counter!(
+        PROMPT_TOKENS_TOTAL,
+        "Prompt tokens of admitted requests, images included"
+    );
     metrics::describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated");
     metrics::gauge!(QUEUE_DEPTH).set(0.0);
     metrics::gauge!(IN_FLIGHT).set(0.0);

@@ -40,16 +40,27 @@ async fn health(State(s): State<HttpState>) -> Response {
     if *s.ready.borrow() {
         (StatusCode::OK, "ok\n").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "not ready: no healthy LM or vision replica\n").into_response()
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no healthy LM or vision replica\n",
+        )
+            .into_response()
     }
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        s.metrics.render(),
+    )
+        .into_response()
 }
 
 fn auth(s: &HttpState, req: &Request) -> Result<(), GatewayError> {
-    let h = req.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    let h = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
     s.keys.check(h)
 }
 
@@ -128,20 +139,33 @@ impl OaImageUrl {
 /// Decodes a `data:` URL; http(s) URLs are refused unless their host is allow-listed.
 pub fn image_from_url(url: &str, allow_hosts: &[String]) -> Result<InputPart, GatewayError> {
     if let Some(rest) = url.strip_prefix("data:") {
-        let (meta, data) = rest
-            .split_once(',')
-            .ok_or_else(|| GatewayError::validation("image_url data: URL has no ',' before the data"))?;
+        let (meta, data) = rest.split_once(',').ok_or_else(|| {
+            GatewayError::validation("image_url data: URL has no ',' before the data")
+        })?;
         let mime = meta.split(';').next().unwrap_or("").to_string();
         if !meta.split(';').any(|p| p == "base64") {
-            return Err(GatewayError::validation("image_url data: URL must be base64 (data:image/png;base64,...)"));
+            return Err(GatewayError::validation(
+                "image_url data: URL must be base64 (data:image/png;base64,...)",
+            ));
         }
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(data.trim())
-            .map_err(|e| GatewayError::validation(format!("image_url data: URL is not valid base64: {e}")))?;
-        return Ok(InputPart::Image { data: bytes.into(), mime_type: mime });
+            .map_err(|e| {
+                GatewayError::validation(format!("image_url data: URL is not valid base64: {e}"))
+            })?;
+        return Ok(InputPart::Image {
+            data: bytes.into(),
+            mime_type: mime,
+        });
     }
     if url.starts_with("http://") || url.starts_with("https://") {
-        let host = url.split("://").nth(1).unwrap_or("").split(['/', '?', '#']).next().unwrap_or("");
+        let host = url
+            .split("://")
+            .nth(1)
+            .unwrap_or("")
+            .split(['/', '?', '#'])
+            .next()
+            .unwrap_or("");
         let host = host.rsplit('@').next().unwrap_or(host);
         let name = host.split(':').next().unwrap_or(host);
         if !allow_hosts.iter().any(|h| h == name || h == host) {
@@ -154,7 +178,9 @@ pub fn image_from_url(url: &str, allow_hosts: &[String]) -> Result<InputPart, Ga
             "fetching image URLs (host {name:?}) is not implemented in this build; send the image as a data: URL"
         )));
     }
-    Err(GatewayError::validation("image_url must be a data: URL (data:image/png;base64,...) or an http(s) URL"))
+    Err(GatewayError::validation(
+        "image_url must be a data: URL (data:image/png;base64,...) or an http(s) URL",
+    ))
 }
 
 /// OpenAI body -> domain request.
@@ -164,7 +190,9 @@ pub fn to_chat_request(
     allow_hosts: &[String],
 ) -> Result<ChatRequest, GatewayError> {
     if body.n.is_some_and(|n| n != 1) {
-        return Err(GatewayError::validation("n must be 1: one choice per request"));
+        return Err(GatewayError::validation(
+            "n must be 1: one choice per request",
+        ));
     }
     let mut messages = Vec::with_capacity(body.messages.len());
     for m in body.messages {
@@ -179,7 +207,10 @@ pub fn to_chat_request(
                 })
                 .collect::<Result<_, _>>()?,
         };
-        messages.push(InputMessage { role: m.role, content });
+        messages.push(InputMessage {
+            role: m.role,
+            content,
+        });
     }
     let stop = match body.stop {
         None => Vec::new(),
@@ -204,7 +235,10 @@ pub fn to_chat_request(
 }
 
 fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 fn usage_json(u: Usage) -> Value {
@@ -262,7 +296,12 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
     };
     let parsed: ChatCompletionRequest = match serde_json::from_slice(&body) {
         Ok(p) => p,
-        Err(e) => return GatewayError::validation(format!("request body is not a valid chat completion request: {e}")).into_response(),
+        Err(e) => {
+            return GatewayError::validation(format!(
+                "request body is not a valid chat completion request: {e}"
+            ))
+            .into_response()
+        }
     };
     let stream = parsed.stream;
     let chat = match to_chat_request(parsed, body.len(), &s.allow_image_hosts) {
@@ -338,20 +377,40 @@ mod tests {
 
     #[test]
     fn sse_chunks() {
-        let d = Delta { text: "Hi".into(), token_ids: vec![1], finish: None, usage: Usage::default() };
+        let d = Delta {
+            text: "Hi".into(),
+            token_ids: vec![1],
+            finish: None,
+            usage: Usage::default(),
+        };
         let v = chunk_json("c1", "m", 7, &d, true);
-        assert_eq!(v["choices"][0]["delta"], json!({"role": "assistant", "content": "Hi"}));
+        assert_eq!(
+            v["choices"][0]["delta"],
+            json!({"role": "assistant", "content": "Hi"})
+        );
         assert_eq!(v["choices"][0]["finish_reason"], Value::Null);
         assert!(v.get("usage").is_none());
         let s = sse_event(&v);
         assert!(s.starts_with("data: {") && s.ends_with("}\n\n"), "{s}");
 
-        let u = Usage { prompt_tokens: 10, image_tokens: 4, completion_tokens: 3 };
-        let last = Delta { text: String::new(), token_ids: vec![2], finish: Some(Finish::Length), usage: u };
+        let u = Usage {
+            prompt_tokens: 10,
+            image_tokens: 4,
+            completion_tokens: 3,
+        };
+        let last = Delta {
+            text: String::new(),
+            token_ids: vec![2],
+            finish: Some(Finish::Length),
+            usage: u,
+        };
         let v = chunk_json("c1", "m", 7, &last, false);
         assert_eq!(v["choices"][0]["delta"], json!({}));
         assert_eq!(v["choices"][0]["finish_reason"], "length");
-        assert_eq!(v["usage"], json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}));
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13})
+        );
         assert_eq!(SSE_DONE, "data: [DONE]\n\n");
     }
 
@@ -372,7 +431,13 @@ mod tests {
         .unwrap();
         let r = to_chat_request(body, 100, &[]).unwrap();
         assert_eq!(r.messages.len(), 2);
-        assert_eq!(r.messages[1].content[0], InputPart::Image { data: vec![1u8, 2, 3].into(), mime_type: "image/png".into() });
+        assert_eq!(
+            r.messages[1].content[0],
+            InputPart::Image {
+                data: vec![1u8, 2, 3].into(),
+                mime_type: "image/png".into()
+            }
+        );
         assert_eq!(r.sampling.max_tokens, 5);
         assert_eq!(r.sampling.temperature, 0.0);
         assert_eq!(r.sampling.stop, vec!["x".to_string()]);
@@ -381,7 +446,10 @@ mod tests {
     #[test]
     fn image_urls_refused_unless_allowed() {
         let e = image_from_url("https://evil.example/a.png", &[]).unwrap_err();
-        assert!(e.to_string().contains("--allow-image-host evil.example"), "{e}");
+        assert!(
+            e.to_string().contains("--allow-image-host evil.example"),
+            "{e}"
+        );
         let e = image_from_url("https://ok.example/a.png", &["ok.example".into()]).unwrap_err();
         assert!(e.to_string().contains("not implemented"), "{e}");
         let e = image_from_url("data:image/png,abc", &[]).unwrap_err();

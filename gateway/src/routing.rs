@@ -9,7 +9,9 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
-use vlm_proto::v1::{lm_client::LmClient, vision_client::VisionClient, LoadRequest, VisionInfoRequest};
+use vlm_proto::v1::{
+    lm_client::LmClient, vision_client::VisionClient, LoadRequest, VisionInfoRequest,
+};
 
 /// Where replicas come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,12 +26,20 @@ impl ReplicaSource {
     /// Parses `host:port,host:port` or `dns:///name:port`.
     pub fn parse(s: &str) -> Result<Self, String> {
         let s = s.trim();
-        if let Some(rest) = s.strip_prefix("dns:///").or_else(|| s.strip_prefix("dns://")) {
+        if let Some(rest) = s
+            .strip_prefix("dns:///")
+            .or_else(|| s.strip_prefix("dns://"))
+        {
             let (host, port) = rest
                 .rsplit_once(':')
                 .ok_or_else(|| format!("{s:?}: expected dns:///name:port"))?;
-            let port = port.parse().map_err(|_| format!("{s:?}: port {port:?} is not a number"))?;
-            return Ok(ReplicaSource::Dns { host: host.to_string(), port });
+            let port = port
+                .parse()
+                .map_err(|_| format!("{s:?}: port {port:?} is not a number"))?;
+            return Ok(ReplicaSource::Dns {
+                host: host.to_string(),
+                port,
+            });
         }
         let list: Vec<String> = s
             .split(',')
@@ -48,18 +58,20 @@ impl ReplicaSource {
     async fn resolve(&self) -> Vec<String> {
         match self {
             ReplicaSource::Static(list) => list.clone(),
-            ReplicaSource::Dns { host, port } => match tokio::net::lookup_host((host.as_str(), *port)).await {
-                Ok(addrs) => {
-                    let mut v: Vec<String> = addrs.map(|a| a.to_string()).collect();
-                    v.sort();
-                    v.dedup();
-                    v
+            ReplicaSource::Dns { host, port } => {
+                match tokio::net::lookup_host((host.as_str(), *port)).await {
+                    Ok(addrs) => {
+                        let mut v: Vec<String> = addrs.map(|a| a.to_string()).collect();
+                        v.sort();
+                        v.dedup();
+                        v
+                    }
+                    Err(e) => {
+                        tracing::warn!(host, port, error = %e, "replica DNS lookup failed; keeping the last list");
+                        Vec::new()
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(host, port, error = %e, "replica DNS lookup failed; keeping the last list");
-                    Vec::new()
-                }
-            },
+            }
         }
     }
 }
@@ -92,7 +104,14 @@ pub fn choose_lm(loads: &[LmLoad], excluded: &[usize]) -> Option<usize> {
         .iter()
         .enumerate()
         .filter(|(i, l)| l.healthy && !l.draining && !excluded.contains(i))
-        .min_by_key(|(i, l)| (l.waiting, l.local_in_flight, std::cmp::Reverse(l.free_kv_blocks), *i))
+        .min_by_key(|(i, l)| {
+            (
+                l.waiting,
+                l.local_in_flight,
+                std::cmp::Reverse(l.free_kv_blocks),
+                *i,
+            )
+        })
         .map(|(i, _)| i)
 }
 
@@ -121,7 +140,12 @@ impl<L: Default> Replica<L> {
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true)
             .connect_lazy();
-        Ok(Replica { addr, channel, load: L::default(), local: Arc::new(AtomicUsize::new(0)) })
+        Ok(Replica {
+            addr,
+            channel,
+            load: L::default(),
+            local: Arc::new(AtomicUsize::new(0)),
+        })
     }
 }
 
@@ -135,7 +159,11 @@ pub struct Lease {
 impl Lease {
     fn new(addr: String, channel: Channel, local: Arc<AtomicUsize>) -> Self {
         local.fetch_add(1, Ordering::Relaxed);
-        Lease { addr, channel, local }
+        Lease {
+            addr,
+            channel,
+            local,
+        }
     }
     /// `http://host:port`.
     pub fn endpoint(&self) -> String {
@@ -238,8 +266,14 @@ impl Router {
         let (lm, vision): (Vec<_>, Vec<_>) = {
             let sets = self.sets.read().unwrap_or_else(|p| p.into_inner());
             (
-                sets.lm.iter().map(|r| (r.addr.clone(), r.channel.clone())).collect(),
-                sets.vision.iter().map(|r| (r.addr.clone(), r.channel.clone())).collect(),
+                sets.lm
+                    .iter()
+                    .map(|r| (r.addr.clone(), r.channel.clone()))
+                    .collect(),
+                sets.vision
+                    .iter()
+                    .map(|r| (r.addr.clone(), r.channel.clone()))
+                    .collect(),
             )
         };
         let t = self.opts.poll_timeout;
@@ -247,10 +281,12 @@ impl Router {
             let r = tokio::time::timeout(t, LmClient::new(ch).load(LoadRequest {})).await;
             (addr, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
         }));
-        let vision_res = futures::future::join_all(vision.into_iter().map(|(addr, ch)| async move {
-            let r = tokio::time::timeout(t, VisionClient::new(ch).info(VisionInfoRequest {})).await;
-            (addr, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
-        }));
+        let vision_res =
+            futures::future::join_all(vision.into_iter().map(|(addr, ch)| async move {
+                let r =
+                    tokio::time::timeout(t, VisionClient::new(ch).info(VisionInfoRequest {})).await;
+                (addr, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
+            }));
         let (lm_res, vision_res) = futures::join!(lm_res, vision_res);
         let ready = {
             let mut sets = self.sets.write().unwrap_or_else(|p| p.into_inner());
@@ -286,9 +322,11 @@ impl Router {
                     log_change("vision", &addr, was, r.load.healthy);
                 }
             }
-            sets.lm.iter().any(|r| r.load.healthy && !r.load.draining) && sets.vision.iter().any(|r| r.load.healthy)
+            sets.lm.iter().any(|r| r.load.healthy && !r.load.draining)
+                && sets.vision.iter().any(|r| r.load.healthy)
         };
-        self.ready_tx.send_if_modified(|v| std::mem::replace(v, ready) != ready);
+        self.ready_tx
+            .send_if_modified(|v| std::mem::replace(v, ready) != ready);
     }
 
     /// Picks an LM replica, skipping `excluded` addresses.
@@ -297,10 +335,18 @@ impl Router {
         let loads: Vec<LmLoad> = sets
             .lm
             .iter()
-            .map(|r| LmLoad { local_in_flight: r.local.load(Ordering::Relaxed), ..r.load })
+            .map(|r| LmLoad {
+                local_in_flight: r.local.load(Ordering::Relaxed),
+                ..r.load
+            })
             .collect();
-        let ex: Vec<usize> =
-            sets.lm.iter().enumerate().filter(|(_, r)| excluded.contains(&r.addr)).map(|(i, _)| i).collect();
+        let ex: Vec<usize> = sets
+            .lm
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| excluded.contains(&r.addr))
+            .map(|(i, _)| i)
+            .collect();
         let i = choose_lm(&loads, &ex).ok_or_else(|| {
             let healthy = loads.iter().filter(|l| l.healthy && !l.draining).count();
             GatewayError::Unavailable(format!(
@@ -310,7 +356,11 @@ impl Router {
             ))
         })?;
         let r = &sets.lm[i];
-        Ok(Lease::new(r.addr.clone(), r.channel.clone(), r.local.clone()))
+        Ok(Lease::new(
+            r.addr.clone(),
+            r.channel.clone(),
+            r.local.clone(),
+        ))
     }
 
     pub fn pick_vision(&self) -> Result<Lease, GatewayError> {
@@ -318,13 +368,23 @@ impl Router {
         let loads: Vec<VisionLoad> = sets
             .vision
             .iter()
-            .map(|r| VisionLoad { local_in_flight: r.local.load(Ordering::Relaxed), ..r.load })
+            .map(|r| VisionLoad {
+                local_in_flight: r.local.load(Ordering::Relaxed),
+                ..r.load
+            })
             .collect();
         let i = choose_vision(&loads).ok_or_else(|| {
-            GatewayError::Unavailable(format!("no healthy vision replica to use ({} configured)", loads.len()))
+            GatewayError::Unavailable(format!(
+                "no healthy vision replica to use ({} configured)",
+                loads.len()
+            ))
         })?;
         let r = &sets.vision[i];
-        Ok(Lease::new(r.addr.clone(), r.channel.clone(), r.local.clone()))
+        Ok(Lease::new(
+            r.addr.clone(),
+            r.channel.clone(),
+            r.local.clone(),
+        ))
     }
 
     /// Takes an LM replica out at once (a call to it failed); the next good poll puts it back.
@@ -339,7 +399,10 @@ impl Router {
     /// (addr, healthy) of every LM replica.
     pub fn lm_replicas(&self) -> Vec<(String, bool)> {
         let sets = self.sets.read().unwrap_or_else(|p| p.into_inner());
-        sets.lm.iter().map(|r| (r.addr.clone(), r.load.healthy)).collect()
+        sets.lm
+            .iter()
+            .map(|r| (r.addr.clone(), r.load.healthy))
+            .collect()
     }
 }
 
@@ -375,17 +438,42 @@ mod tests {
     use super::*;
 
     fn lm(healthy: bool, waiting: u32, free: u32, local: usize) -> LmLoad {
-        LmLoad { healthy, draining: false, running: 0, waiting, free_kv_blocks: free, local_in_flight: local }
+        LmLoad {
+            healthy,
+            draining: false,
+            running: 0,
+            waiting,
+            free_kv_blocks: free,
+            local_in_flight: local,
+        }
     }
 
     #[test]
     fn lm_choice_prefers_idle_then_free_blocks_and_skips_unhealthy() {
-        assert_eq!(choose_lm(&[lm(true, 1, 100, 0), lm(true, 0, 10, 0)], &[]), Some(1));
-        assert_eq!(choose_lm(&[lm(true, 0, 10, 0), lm(true, 0, 50, 0)], &[]), Some(1));
-        assert_eq!(choose_lm(&[lm(true, 0, 50, 2), lm(true, 0, 10, 1)], &[]), Some(1));
-        assert_eq!(choose_lm(&[lm(false, 0, 99, 0), lm(true, 5, 1, 0)], &[]), Some(1));
-        assert_eq!(choose_lm(&[lm(true, 0, 9, 0), lm(true, 0, 9, 0)], &[]), Some(0));
-        assert_eq!(choose_lm(&[lm(true, 0, 9, 0), lm(true, 0, 9, 0)], &[0]), Some(1));
+        assert_eq!(
+            choose_lm(&[lm(true, 1, 100, 0), lm(true, 0, 10, 0)], &[]),
+            Some(1)
+        );
+        assert_eq!(
+            choose_lm(&[lm(true, 0, 10, 0), lm(true, 0, 50, 0)], &[]),
+            Some(1)
+        );
+        assert_eq!(
+            choose_lm(&[lm(true, 0, 50, 2), lm(true, 0, 10, 1)], &[]),
+            Some(1)
+        );
+        assert_eq!(
+            choose_lm(&[lm(false, 0, 99, 0), lm(true, 5, 1, 0)], &[]),
+            Some(1)
+        );
+        assert_eq!(
+            choose_lm(&[lm(true, 0, 9, 0), lm(true, 0, 9, 0)], &[]),
+            Some(0)
+        );
+        assert_eq!(
+            choose_lm(&[lm(true, 0, 9, 0), lm(true, 0, 9, 0)], &[0]),
+            Some(1)
+        );
         assert_eq!(choose_lm(&[lm(true, 0, 9, 0)], &[0]), None);
         let mut d = lm(true, 0, 99, 0);
         d.draining = true;
@@ -395,7 +483,12 @@ mod tests {
 
     #[test]
     fn vision_choice_prefers_short_queue() {
-        let v = |healthy, q, f| VisionLoad { healthy, queue_depth: q, images_in_flight: f, local_in_flight: 0 };
+        let v = |healthy, q, f| VisionLoad {
+            healthy,
+            queue_depth: q,
+            images_in_flight: f,
+            local_in_flight: 0,
+        };
         assert_eq!(choose_vision(&[v(true, 3, 0), v(true, 1, 1)]), Some(1));
         assert_eq!(choose_vision(&[v(false, 0, 0), v(true, 9, 0)]), Some(1));
         assert_eq!(choose_vision(&[v(false, 0, 0)]), None);
@@ -409,7 +502,10 @@ mod tests {
         );
         assert_eq!(
             ReplicaSource::parse("dns:///lm.ns.svc:50052").unwrap(),
-            ReplicaSource::Dns { host: "lm.ns.svc".into(), port: 50052 }
+            ReplicaSource::Dns {
+                host: "lm.ns.svc".into(),
+                port: 50052
+            }
         );
         assert!(ReplicaSource::parse("").is_err());
         assert!(ReplicaSource::parse("nohost").is_err());
@@ -417,8 +513,14 @@ mod tests {
 
     #[tokio::test]
     async fn dns_source_resolves_every_address() {
-        let addrs = ReplicaSource::parse("dns:///localhost:7").unwrap().resolve().await;
-        assert!(addrs.iter().any(|a| a == "127.0.0.1:7" || a == "[::1]:7"), "{addrs:?}");
+        let addrs = ReplicaSource::parse("dns:///localhost:7")
+            .unwrap()
+            .resolve()
+            .await;
+        assert!(
+            addrs.iter().any(|a| a == "127.0.0.1:7" || a == "[::1]:7"),
+            "{addrs:?}"
+        );
     }
 
     #[tokio::test]
@@ -427,7 +529,10 @@ mod tests {
         let r = Router::new(
             ReplicaSource::parse("127.0.0.1:1").unwrap(),
             ReplicaSource::parse("127.0.0.1:1").unwrap(),
-            RoutingOptions { poll_timeout: Duration::from_millis(300), ..Default::default() },
+            RoutingOptions {
+                poll_timeout: Duration::from_millis(300),
+                ..Default::default()
+            },
         );
         r.refresh_sources().await;
         r.poll().await;

@@ -31,9 +31,10 @@ pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
                 .into_iter()
                 .filter_map(|p| match p.part? {
                     pb::content_part::Part::Text(t) => Some(InputPart::Text(t)),
-                    pb::content_part::Part::Image(i) => {
-                        Some(InputPart::Image { data: i.data.into(), mime_type: i.mime_type })
-                    }
+                    pb::content_part::Part::Image(i) => Some(InputPart::Image {
+                        data: i.data.into(),
+                        mime_type: i.mime_type,
+                    }),
                 })
                 .collect(),
         })
@@ -77,12 +78,19 @@ fn response(request_id: &str, d: Delta) -> pb::GenerateResponse {
 
 #[tonic::async_trait]
 impl pb::gateway_server::Gateway for GatewayService {
-    type GenerateStream = Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static>>;
+    type GenerateStream =
+        Pin<Box<dyn Stream<Item = Result<pb::GenerateResponse, Status>> + Send + 'static>>;
 
-    async fn generate(&self, request: Request<pb::GenerateRequest>) -> Result<Response<Self::GenerateStream>, Status> {
+    async fn generate(
+        &self,
+        request: Request<pb::GenerateRequest>,
+    ) -> Result<Response<Self::GenerateStream>, Status> {
         let span = tracing::info_span!("Gateway/Generate");
         vlm_service_kit::telemetry::extract(request.metadata(), &span);
-        let gen = self.core.start(chat_request(request.into_inner()), span).await?;
+        let gen = self
+            .core
+            .start(chat_request(request.into_inner()), span)
+            .await?;
         let id = gen.request_id;
         let mut rx = gen.rx;
         let out = async_stream::stream! {

@@ -14,7 +14,11 @@ pub struct StopMatcher {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> Self {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), held: String::new(), stopped: false }
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            held: String::new(),
+            stopped: false,
+        }
     }
 
     pub fn stopped(&self) -> bool {
@@ -28,7 +32,12 @@ impl StopMatcher {
             return (String::new(), true);
         }
         self.held.push_str(text);
-        if let Some(pos) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
+        if let Some(pos) = self
+            .stops
+            .iter()
+            .filter_map(|s| self.held.find(s.as_str()))
+            .min()
+        {
             self.stopped = true;
             let out = self.held[..pos].to_string();
             self.held.clear();
@@ -52,7 +61,11 @@ impl StopMatcher {
         let mut best = 0;
         for (start, _) in h.char_indices() {
             let suffix = &h[start..];
-            if self.stops.iter().any(|s| s.len() > suffix.len() && s.starts_with(suffix)) {
+            if self
+                .stops
+                .iter()
+                .any(|s| s.len() > suffix.len() && s.starts_with(suffix))
+            {
                 best = h.len() - start;
                 break;
             }
@@ -78,39 +91,64 @@ pub struct TextStream {
 impl TextStream {
     /// Special tokens (`<|im_end|>`, ...) are left out of the text, not out of the ids.
     pub fn new(tokenizer: &ChatTokenizer, stops: Vec<String>) -> Self {
-        TextStream { decoder: tokenizer.incremental_decoder(true), stops: StopMatcher::new(stops) }
+        TextStream {
+            decoder: tokenizer.incremental_decoder(true),
+            stops: StopMatcher::new(stops),
+        }
     }
 
     pub fn push(&mut self, ids: &[u32]) -> Result<TextDelta, GatewayError> {
         let mut out = String::new();
         for &id in ids {
-            let piece = self.decoder.push(id).map_err(|e| GatewayError::Internal(format!("detokenize: {e}")))?;
+            let piece = self
+                .decoder
+                .push(id)
+                .map_err(|e| GatewayError::Internal(format!("detokenize: {e}")))?;
             if let Some(p) = piece {
                 let (shown, stopped) = self.stops.push(&p);
                 out.push_str(&shown);
                 if stopped {
-                    return Ok(TextDelta { text: out, stopped: true });
+                    return Ok(TextDelta {
+                        text: out,
+                        stopped: true,
+                    });
                 }
             }
         }
-        Ok(TextDelta { text: out, stopped: false })
+        Ok(TextDelta {
+            text: out,
+            stopped: false,
+        })
     }
 
     /// End of generation: flushes the decoder and the held-back text.
     pub fn finish(&mut self) -> Result<TextDelta, GatewayError> {
         if self.stops.stopped() {
-            return Ok(TextDelta { text: String::new(), stopped: true });
+            return Ok(TextDelta {
+                text: String::new(),
+                stopped: true,
+            });
         }
         let mut out = String::new();
-        if let Some(p) = self.decoder.finish().map_err(|e| GatewayError::Internal(format!("detokenize: {e}")))? {
+        if let Some(p) = self
+            .decoder
+            .finish()
+            .map_err(|e| GatewayError::Internal(format!("detokenize: {e}")))?
+        {
             let (shown, stopped) = self.stops.push(&p);
             out.push_str(&shown);
             if stopped {
-                return Ok(TextDelta { text: out, stopped: true });
+                return Ok(TextDelta {
+                    text: out,
+                    stopped: true,
+                });
             }
         }
         out.push_str(&self.stops.finish());
-        Ok(TextDelta { text: out, stopped: false })
+        Ok(TextDelta {
+            text: out,
+            stopped: false,
+        })
     }
 }
 
@@ -134,7 +172,10 @@ mod tests {
 
     #[test]
     fn stops_before_the_stop_string_even_across_pieces() {
-        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), true));
+        assert_eq!(
+            run(&["END"], &["hello E", "N", "D more"]),
+            ("hello ".into(), true)
+        );
         assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
         assert_eq!(run(&["xy", "b"], &["abc"]), ("a".into(), true));
     }

@@ -136,8 +136,18 @@ pub struct Validator {
 const ROLES: [&str; 3] = ["system", "user", "assistant"];
 
 impl Validator {
-    pub fn new(tokenizer: ChatTokenizer, visual: VisualConfig, limits: Limits, model_id: String) -> Self {
-        Validator { tokenizer, visual, limits, model_id }
+    pub fn new(
+        tokenizer: ChatTokenizer,
+        visual: VisualConfig,
+        limits: Limits,
+        model_id: String,
+    ) -> Self {
+        Validator {
+            tokenizer,
+            visual,
+            limits,
+            model_id,
+        }
     }
 
     pub fn tokenizer(&self) -> &ChatTokenizer {
@@ -166,7 +176,9 @@ impl Validator {
             )));
         }
         if req.messages.is_empty() {
-            return Err(GatewayError::validation("messages is empty: at least one message is required"));
+            return Err(GatewayError::validation(
+                "messages is empty: at least one message is required",
+            ));
         }
         for (i, m) in req.messages.iter().enumerate() {
             if !ROLES.contains(&m.role.as_str()) {
@@ -176,7 +188,12 @@ impl Validator {
                 )));
             }
         }
-        let images = req.messages.iter().flat_map(|m| &m.content).filter(|p| matches!(p, InputPart::Image { .. })).count();
+        let images = req
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter(|p| matches!(p, InputPart::Image { .. }))
+            .count();
         if images > l.max_images {
             return Err(GatewayError::validation(format!(
                 "request has {images} images, over the limit of {} images per request (--max-images)",
@@ -185,10 +202,16 @@ impl Validator {
         }
         let s = &req.sampling;
         if !(s.temperature.is_finite() && s.temperature >= 0.0) {
-            return Err(GatewayError::validation(format!("temperature is {}; it must be >= 0", s.temperature)));
+            return Err(GatewayError::validation(format!(
+                "temperature is {}; it must be >= 0",
+                s.temperature
+            )));
         }
         if !(s.top_p.is_finite() && (0.0..=1.0).contains(&s.top_p)) {
-            return Err(GatewayError::validation(format!("top_p is {}; it must be in [0, 1]", s.top_p)));
+            return Err(GatewayError::validation(format!(
+                "top_p is {}; it must be in [0, 1]",
+                s.top_p
+            )));
         }
         if s.stop.len() > l.max_stop {
             return Err(GatewayError::validation(format!(
@@ -197,7 +220,11 @@ impl Validator {
                 l.max_stop
             )));
         }
-        if let Some(bad) = s.stop.iter().find(|t| t.is_empty() || t.len() > l.max_stop_len) {
+        if let Some(bad) = s
+            .stop
+            .iter()
+            .find(|t| t.is_empty() || t.len() > l.max_stop_len)
+        {
             return Err(GatewayError::validation(format!(
                 "stop string of {} bytes; each must be 1 to {} bytes",
                 bad.len(),
@@ -288,7 +315,10 @@ impl Validator {
             )));
         }
         let (width, height) = vlm_model::preprocess::read_image_size(&data).map_err(|e| {
-            GatewayError::validation(format!("image {index} (in messages[{message}]): {}", strip_prefix(&e.to_string())))
+            GatewayError::validation(format!(
+                "image {index} (in messages[{message}]): {}",
+                strip_prefix(&e.to_string())
+            ))
         })?;
         let planned = self.visual.plan_image(width, height).map_err(|e| {
             GatewayError::validation(format!("image {index} ({width}x{height}): {e}"))
@@ -323,7 +353,8 @@ pub(crate) mod tests {
     pub(crate) fn tiny_dir() -> PathBuf {
         static DIR: OnceLock<PathBuf> = OnceLock::new();
         DIR.get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("vlm-gateway-test-tok-{}", std::process::id()));
+            let dir =
+                std::env::temp_dir().join(format!("vlm-gateway-test-tok-{}", std::process::id()));
             let mut opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
             opts.weights = false;
             vlm_model::make::make_model(&dir, &opts).expect("make tiny checkpoint metadata");
@@ -333,7 +364,9 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn png(w: u32, h: u32) -> Bytes {
-        let img = image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x % 256) as u8, (y % 256) as u8, 7]));
+        let img = image::RgbImage::from_fn(w, h, |x, y| {
+            image::Rgb([(x % 256) as u8, (y % 256) as u8, 7])
+        });
         let mut out = std::io::Cursor::new(Vec::new());
         img.write_to(&mut out, image::ImageFormat::Png).unwrap();
         Bytes::from(out.into_inner())
@@ -349,14 +382,23 @@ pub(crate) mod tests {
     }
 
     fn req(parts: Vec<InputPart>) -> ChatRequest {
-        ChatRequest { messages: vec![InputMessage { role: "user".into(), content: parts }], ..Default::default() }
+        ChatRequest {
+            messages: vec![InputMessage {
+                role: "user".into(),
+                content: parts,
+            }],
+            ..Default::default()
+        }
     }
 
     fn err(v: &Validator, r: ChatRequest) -> String {
         match v.validate(r) {
             Err(GatewayError::Validation(m)) => m,
             Err(e) => panic!("expected a validation error, got {e:?}"),
-            Ok(r) => panic!("expected a validation error, got a prompt of {} tokens", r.input_ids.len()),
+            Ok(r) => panic!(
+                "expected a validation error, got a prompt of {} tokens",
+                r.input_ids.len()
+            ),
         }
     }
 
@@ -365,7 +407,13 @@ pub(crate) mod tests {
         let v = validator(4096);
         let img = png(512, 512);
         let r = v
-            .validate(req(vec![InputPart::Image { data: img.clone(), mime_type: String::new() }, InputPart::Text("hi".into())]))
+            .validate(req(vec![
+                InputPart::Image {
+                    data: img.clone(),
+                    mime_type: String::new(),
+                },
+                InputPart::Text("hi".into()),
+            ]))
             .unwrap();
         assert_eq!(r.images.len(), 1);
         let i = &r.images[0];
@@ -374,14 +422,26 @@ pub(crate) mod tests {
         assert_eq!(i.bucket, 1024);
         let pad = v.tokenizer().image_pad_id();
         assert_eq!(r.input_ids.iter().filter(|&&t| t == pad).count(), 256);
-        assert_eq!(hex::encode(i.content_hash), hex::encode(Sha256::digest(&img)));
+        assert_eq!(
+            hex::encode(i.content_hash),
+            hex::encode(Sha256::digest(&img))
+        );
         assert_eq!(r.sampling.max_tokens, 4096 - r.prompt_tokens());
     }
 
     #[test]
     fn refusals_name_the_limit() {
         let v = validator(200);
-        let m = err(&v, req(vec![InputPart::Image { data: png(512, 512), mime_type: String::new() }, InputPart::Text("hi".into())]));
+        let m = err(
+            &v,
+            req(vec![
+                InputPart::Image {
+                    data: png(512, 512),
+                    mime_type: String::new(),
+                },
+                InputPart::Text("hi".into()),
+            ]),
+        );
         assert!(m.contains("context limit is 200 tokens"), "{m}");
 
         let v = validator(4096);
@@ -390,20 +450,40 @@ pub(crate) mod tests {
         let m = err(&v, r);
         assert!(m.contains("max_tokens (5000)") && m.contains("4096"), "{m}");
 
-        let three: Vec<_> = (0..3).map(|_| InputPart::Image { data: png(64, 64), mime_type: String::new() }).collect();
+        let three: Vec<_> = (0..3)
+            .map(|_| InputPart::Image {
+                data: png(64, 64),
+                mime_type: String::new(),
+            })
+            .collect();
         let m = err(&v, req(three));
         assert!(m.contains("3 images") && m.contains("limit of 2"), "{m}");
 
-        let m = err(&v, req(vec![InputPart::Image { data: png(2048, 2048), mime_type: String::new() }]));
+        let m = err(
+            &v,
+            req(vec![InputPart::Image {
+                data: png(2048, 2048),
+                mime_type: String::new(),
+            }]),
+        );
         assert!(m.contains("16384") && m.contains("4096"), "{m}");
 
-        let m = err(&v, req(vec![InputPart::Image { data: Bytes::from_static(b"not an image"), mime_type: String::new() }]));
+        let m = err(
+            &v,
+            req(vec![InputPart::Image {
+                data: Bytes::from_static(b"not an image"),
+                mime_type: String::new(),
+            }]),
+        );
         assert!(m.contains("image 0"), "{m}");
 
         let mut r = req(vec![InputPart::Text("hi".into())]);
         r.body_bytes = 2 << 20;
         let m = err(&v, r);
-        assert!(m.contains("--max-body-bytes") && m.contains(&(1 << 20).to_string()), "{m}");
+        assert!(
+            m.contains("--max-body-bytes") && m.contains(&(1 << 20).to_string()),
+            "{m}"
+        );
 
         let mut r = req(vec![InputPart::Text("hi".into())]);
         r.model = "other".into();

@@ -21,7 +21,9 @@ const BLOCK_LEN: usize = 256;
 fn model_dir() -> PathBuf {
     std::env::var_os("VLM_BENCH_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny"))
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny")
+        })
 }
 
 /// Median seconds of `f` over at least 3 runs and about `budget` of time.
@@ -51,10 +53,13 @@ fn decode_table(dir: &Path, cfg: &Qwen3VlConfig) {
         if context + 1 > max_pos {
             // Rotary positions have no hard limit in this implementation: the timing is valid,
             // the numbers the model would produce there are not.
-            println!("| {context} | (beyond max_position_embeddings {max_pos}: timing only) | | | | |");
+            println!(
+                "| {context} | (beyond max_position_embeddings {max_pos}: timing only) | | | | |"
+            );
         }
         let per_seq = (context + 1).div_ceil(BLOCK_LEN);
-        let mut runner = Runner::load(dir, &Device::Cpu, DType::F32, per_seq * BATCH, BLOCK_LEN).expect("load model");
+        let mut runner = Runner::load(dir, &Device::Cpu, DType::F32, per_seq * BATCH, BLOCK_LEN)
+            .expect("load model");
         let rows_for = |n: usize| -> Vec<DecodeRow> {
             (0..n)
                 .map(|i| DecodeRow {

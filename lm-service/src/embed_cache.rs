@@ -72,7 +72,12 @@ impl EmbedCache {
             self.used -= old.bytes;
         }
         while self.used + bytes > self.capacity {
-            let Some(oldest) = self.map.iter().min_by_key(|(_, e)| e.last_used).map(|(k, _)| k.clone()) else {
+            let Some(oldest) = self
+                .map
+                .iter()
+                .min_by_key(|(_, e)| e.last_used)
+                .map(|(k, _)| k.clone())
+            else {
                 break;
             };
             if let Some(e) = self.map.remove(&oldest) {

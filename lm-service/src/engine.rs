@@ -156,7 +156,9 @@ impl EngineHandle {
             .name("lm-engine".into())
             .spawn(move || {
                 let _alive = guard;
-                if !opts.cores.is_empty() && !vlm_service_kit::affinity::pin_current_thread(&opts.cores) {
+                if !opts.cores.is_empty()
+                    && !vlm_service_kit::affinity::pin_current_thread(&opts.cores)
+                {
                     tracing::warn!(cores = ?opts.cores, "could not pin the engine thread");
                 }
                 let block_len = opts.deploy.kvcache_partition_len;
@@ -343,10 +345,9 @@ impl Engine {
     fn stop(&mut self) {
         for (id, s) in self.seqs.drain() {
             self.sched.finish(id);
-            let _ = s
-                .req
-                .events
-                .send(Err(LmError::Unavailable("the LM service is shutting down".into())));
+            let _ = s.req.events.send(Err(LmError::Unavailable(
+                "the LM service is shutting down".into(),
+            )));
         }
         self.publish();
     }
@@ -422,7 +423,8 @@ impl Engine {
             } else {
                 Err(LmError::internal("a decode row's sequence is missing"))
             });
-            metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string()).increment(1);
+            metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string())
+                .increment(1);
         }
 
         // Prefill chunk.
@@ -475,15 +477,16 @@ impl Engine {
     }
 
     fn sample_and_emit(&mut self, id: SeqId, logits: &[f32]) {
-        let Some(s) = self.seqs.get_mut(&id) else { return };
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
         let token = s.sampler.sample(logits);
         let now = Instant::now();
         match s.last_token_at {
             None => metrics::histogram!("vlm_lm_time_to_first_token_seconds")
                 .record(now.duration_since(s.req.received).as_secs_f64()),
-            Some(t) => {
-                metrics::histogram!("vlm_lm_time_per_output_token_seconds").record(now.duration_since(t).as_secs_f64())
-            }
+            Some(t) => metrics::histogram!("vlm_lm_time_per_output_token_seconds")
+                .record(now.duration_since(t).as_secs_f64()),
         }
         metrics::counter!("vlm_lm_generated_tokens_total").increment(1);
         s.last_token_at = Some(now);

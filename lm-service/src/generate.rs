@@ -64,7 +64,11 @@ impl Context {
 pub type EventReceiver = UnboundedReceiver<Result<GenEvent, LmError>>;
 
 /// Validates, fetches embeddings, queues. The stream of events is returned.
-pub async fn generate(ctx: &Context, input: GenerateInput, span: Span) -> Result<EventReceiver, LmError> {
+pub async fn generate(
+    ctx: &Context,
+    input: GenerateInput,
+    span: Span,
+) -> Result<EventReceiver, LmError> {
     let received = Instant::now();
     if ctx.is_draining() {
         return Err(LmError::Unavailable(
@@ -74,7 +78,9 @@ pub async fn generate(ctx: &Context, input: GenerateInput, span: Span) -> Result
     let info = ctx.engine.info();
     let n = input.input_ids.len();
     if n == 0 {
-        return Err(LmError::validation("the prompt is empty (input_ids has no tokens)"));
+        return Err(LmError::validation(
+            "the prompt is empty (input_ids has no tokens)",
+        ));
     }
     let max_seq_len = info.deploy.max_seq_len as usize;
     if n >= max_seq_len {
@@ -91,7 +97,12 @@ pub async fn generate(ctx: &Context, input: GenerateInput, span: Span) -> Result
         )));
     }
     let vocab = info.model.text.vocab_size;
-    if let Some((i, &bad)) = input.input_ids.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+    if let Some((i, &bad)) = input
+        .input_ids
+        .iter()
+        .enumerate()
+        .find(|(_, &t)| t as usize >= vocab)
+    {
         return Err(LmError::validation(format!(
             "input_ids[{i}] = {bad} is out of the vocabulary (size {vocab})"
         )));
@@ -106,7 +117,10 @@ pub async fn generate(ctx: &Context, input: GenerateInput, span: Span) -> Result
         )));
     }
     if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
-        return Err(LmError::validation(format!("top_p must be in [0, 1], got {}", s.top_p)));
+        return Err(LmError::validation(format!(
+            "top_p must be in [0, 1], got {}",
+            s.top_p
+        )));
     }
     // A sequence never grows past `limit`: max_tokens beyond it (or 0) means "until the context
     // is full" (finish reason LENGTH).

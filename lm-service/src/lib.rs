@@ -53,20 +53,29 @@ pub struct ServeConfig {
 /// ([`vlm_config::plan::resolve_kv_blocks`]: the largest count that fits this machine after the
 /// weights and graph buffers, capped at `batch_size` full-length sequences), so the plan
 /// (`vlm plan`) and the running service agree.
-pub fn resolve_num_blocks(d: &DeployConfig, model_dir: &std::path::Path) -> Result<u32, ServeError> {
+pub fn resolve_num_blocks(
+    d: &DeployConfig,
+    model_dir: &std::path::Path,
+) -> Result<u32, ServeError> {
     if d.kvcache_num_blocks != 0 {
         return Ok(d.kvcache_num_blocks);
     }
-    let dims = vlm_config::plan::ModelDims::from_dir(model_dir).map_err(|e| ServeError::Config(e.to_string()))?;
+    let dims = vlm_config::plan::ModelDims::from_dir(model_dir)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
     let kind = device_kind()?;
-    vlm_config::plan::resolve_kv_blocks(d, &dims, &kind).map_err(|e| ServeError::Config(e.to_string()))
+    vlm_config::plan::resolve_kv_blocks(d, &dims, &kind)
+        .map_err(|e| ServeError::Config(e.to_string()))
 }
 
 #[cfg(not(feature = "cuda"))]
 fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
     // MemAvailable (or the cgroup limit), not MemTotal: the pool is pre-faulted at start.
-    let kind = vlm_config::plan::DeviceKind::cpu_available().map_err(|e| ServeError::Config(e.to_string()))?;
-    tracing::info!(capacity_bytes = kind.capacity, "sizing kvcache_num_blocks: 0 against available memory");
+    let kind = vlm_config::plan::DeviceKind::cpu_available()
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    tracing::info!(
+        capacity_bytes = kind.capacity,
+        "sizing kvcache_num_blocks: 0 against available memory"
+    );
     Ok(kind)
 }
 
@@ -77,10 +86,15 @@ fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
 
 /// What the service would hold, without loading anything (`create_runtimes: false`).
 pub fn dry_run(cfg: &ServeConfig) -> Result<String, ServeError> {
-    let model = vlm_model::Qwen3VlConfig::from_dir(&cfg.model_dir).map_err(|e| ServeError::Model(e.to_string()))?;
+    let model = vlm_model::Qwen3VlConfig::from_dir(&cfg.model_dir)
+        .map_err(|e| ServeError::Model(e.to_string()))?;
     let d = &cfg.deploy;
     let blocks = resolve_num_blocks(d, &cfg.model_dir)?;
-    let kv = vlm_model::text::PagedKvCache::bytes_for(&model.text, blocks as usize, d.kvcache_partition_len as usize);
+    let kv = vlm_model::text::PagedKvCache::bytes_for(
+        &model.text,
+        blocks as usize,
+        d.kvcache_partition_len as usize,
+    );
     let weights: u64 = std::fs::read_dir(&cfg.model_dir)
         .map(|rd| {
             rd.filter_map(Result::ok)
@@ -137,7 +151,10 @@ fn register_metrics(graphs: &[u32]) {
         metrics::Unit::Seconds,
         "time between consecutive tokens of a stream"
     );
-    metrics::describe_counter!("vlm_lm_decode_steps_total", "decode steps by decode graph (bucket) run");
+    metrics::describe_counter!(
+        "vlm_lm_decode_steps_total",
+        "decode steps by decode graph (bucket) run"
+    );
     metrics::describe_gauge!("vlm_lm_kv_blocks_used", "KV blocks held by sequences");
 }
 
@@ -145,9 +162,13 @@ fn register_metrics(graphs: &[u32]) {
 /// serves health (NOT_SERVING) and reflection while it loads the model and warms every graph,
 /// then flips to SERVING and serves `vlm.v1.Lm` until `shutdown` completes; then drains
 /// (NOT_SERVING, new requests refused, running ones finished) and returns.
-pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn run(
+    cfg: ServeConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     let d = cfg.deploy.clone();
-    let cores = affinity::resolve(&d.device, "device").map_err(|e| ServeError::Config(e.to_string()))?;
+    let cores =
+        affinity::resolve(&d.device, "device").map_err(|e| ServeError::Config(e.to_string()))?;
     let num_blocks = resolve_num_blocks(&d, &cfg.model_dir)?;
     let recorder = metrics_http::recorder();
     register_metrics(&d.decoder_batch_sizes);
@@ -165,12 +186,16 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send + '
         source,
     })?;
     let stop_metrics = CancellationToken::new();
-    let metrics_addr = metrics_http::serve(cfg.metrics_listen, recorder, stop_metrics.clone().cancelled_owned())
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.metrics_listen.to_string(),
-            source,
-        })?;
+    let metrics_addr = metrics_http::serve(
+        cfg.metrics_listen,
+        recorder,
+        stop_metrics.clone().cancelled_owned(),
+    )
+    .await
+    .map_err(|source| ServeError::Bind {
+        addr: cfg.metrics_listen.to_string(),
+        source,
+    })?;
     println!("listening grpc={grpc_addr} metrics={metrics_addr}");
 
     // The server runs from now on; `Lm` answers UNAVAILABLE until the context is set.
@@ -199,14 +224,17 @@ pub async fn run(cfg: ServeConfig, shutdown: impl Future<Output = ()> + Send + '
         }
     };
     let reflection = grpc::reflection().map_err(|e| ServeError::Transport(e.to_string()))?;
-    let lm =
-        vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone())).max_decoding_message_size(256 << 20);
+    let lm = vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone()))
+        .max_decoding_message_size(256 << 20);
     let server = tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)
             .add_service(lm)
-            .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), drain),
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                drain,
+            ),
     );
 
     let opts = EngineOptions {

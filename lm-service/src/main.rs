@@ -38,7 +38,8 @@ fn main() -> anyhow::Result<()> {
     let _telemetry = vlm_service_kit::telemetry::init("lm-service");
     let mut deploy = match &args.config {
         Some(path) => {
-            let loaded = DeployConfig::from_path(path).with_context(|| format!("config {}", path.display()))?;
+            let loaded = DeployConfig::from_path(path)
+                .with_context(|| format!("config {}", path.display()))?;
             for w in &loaded.warnings {
                 tracing::warn!("config: {w}");
             }
@@ -62,7 +63,12 @@ fn main() -> anyhow::Result<()> {
         println!("{}", vlm_lm_service::dry_run(&cfg)?);
         return Ok(());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(vlm_lm_service::run(cfg, vlm_service_kit::shutdown::shutdown_signal()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(vlm_lm_service::run(
+        cfg,
+        vlm_service_kit::shutdown::shutdown_signal(),
+    ))?;
     Ok(())
 }

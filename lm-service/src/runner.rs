@@ -4,7 +4,9 @@ use crate::error::LmError;
 use candle_core::{DType, Device};
 use std::path::Path;
 use vlm_model::embeds::ImageEmbeds;
-use vlm_model::text::{BatchInput, DecodeBatch, DecodeRow, PagedKvCache, PrefillChunk, PromptLayout, TextModel};
+use vlm_model::text::{
+    BatchInput, DecodeBatch, DecodeRow, PagedKvCache, PrefillChunk, PromptLayout, TextModel,
+};
 
 /// The model and its KV cache.
 #[derive(Debug)]
@@ -47,7 +49,11 @@ impl Runner {
         }
         let block_len = self.kv.block_len();
         let n = chunk.min(self.kv.num_blocks() * block_len).max(1);
-        let token = if self.model.image_token_id() == 0 { 1 } else { 0 };
+        let token = if self.model.image_token_id() == 0 {
+            1
+        } else {
+            0
+        };
         let table: Vec<u32> = (0..n.div_ceil(block_len) as u32).collect();
         let c = PrefillChunk {
             tokens: vec![token; n],
@@ -64,14 +70,18 @@ impl Runner {
     pub fn decode(&mut self, graph: usize, rows: Vec<DecodeRow>) -> Result<Vec<Vec<f32>>, LmError> {
         let n = rows.len();
         let batch = DecodeBatch::padded(rows, graph)?;
-        let logits = self.model.forward(&BatchInput::Decode(batch), &mut self.kv)?;
+        let logits = self
+            .model
+            .forward(&BatchInput::Decode(batch), &mut self.kv)?;
         let logits = logits.narrow(0, 0, n)?.to_dtype(DType::F32)?;
         Ok(logits.to_vec2()?)
     }
 
     /// One prefill chunk: the logits of its last token.
     pub fn prefill(&mut self, chunk: PrefillChunk) -> Result<Vec<f32>, LmError> {
-        let logits = self.model.forward(&BatchInput::Prefill(chunk), &mut self.kv)?;
+        let logits = self
+            .model
+            .forward(&BatchInput::Prefill(chunk), &mut self.kv)?;
         Ok(logits.squeeze(0)?.to_dtype(DType::F32)?.to_vec1()?)
     }
 }

@@ -54,7 +54,9 @@ impl Sampler {
             return argmax(logits);
         }
         // Candidates sorted by logit, descending (ties: lower id first, as argmax).
-        let mut idx: Vec<usize> = (0..logits.len()).filter(|&i| logits[i].is_finite()).collect();
+        let mut idx: Vec<usize> = (0..logits.len())
+            .filter(|&i| logits[i].is_finite())
+            .collect();
         if idx.is_empty() {
             return argmax(logits);
         }
@@ -64,7 +66,10 @@ impl Sampler {
         }
         let t = self.cfg.temperature;
         let max = logits[idx[0]];
-        let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i] - max) / t) as f64).exp()).collect();
+        let mut probs: Vec<f64> = idx
+            .iter()
+            .map(|&i| (((logits[i] - max) / t) as f64).exp())
+            .collect();
         let sum: f64 = probs.iter().sum();
         for p in &mut probs {
             *p /= sum;

@@ -251,7 +251,9 @@ impl Scheduler {
                     rows.push(id);
                     break;
                 }
-                let Some(&victim) = self.running.last() else { break };
+                let Some(&victim) = self.running.last() else {
+                    break;
+                };
                 self.preempt(victim);
                 plan.preempted.push(victim);
                 if victim == id {
@@ -263,7 +265,9 @@ impl Scheduler {
         // 3. Admission, only when this step preempted nothing.
         if plan.preempted.is_empty() {
             while self.running.len() < self.cfg.deploy.batch_size as usize {
-                let Some(&id) = self.waiting.front() else { break };
+                let Some(&id) = self.waiting.front() else {
+                    break;
+                };
                 let target = self.seqs[&id].prefill_target();
                 if self.kv.allocate(id, target).is_none() {
                     break;
@@ -358,7 +362,13 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn cfg(batch: u32, buckets: &[u32], chunk: u32, blocks: u32, block_len: u32) -> SchedulerConfig {
+    fn cfg(
+        batch: u32,
+        buckets: &[u32],
+        chunk: u32,
+        blocks: u32,
+        block_len: u32,
+    ) -> SchedulerConfig {
         let mut d = DeployConfig::default_config();
         d.batch_size = batch;
         d.decoder_batch_sizes = buckets.to_vec();
@@ -404,7 +414,16 @@ mod tests {
         }
         assert_eq!(
             graphs,
-            vec![(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (6, 8), (7, 8), (8, 8)]
+            vec![
+                (1, 1),
+                (2, 2),
+                (3, 4),
+                (4, 4),
+                (5, 8),
+                (6, 8),
+                (7, 8),
+                (8, 8)
+            ]
         );
         // Sequences leave: the graph shrinks back.
         for id in 0..6u64 {
@@ -474,11 +493,17 @@ mod tests {
             let c = p.prefill.expect("a chunk every step");
             chunks.push((c.seq, c.start, c.len, c.sample));
         }
-        assert_eq!(chunks, vec![(2, 0, 4, false), (2, 4, 4, false), (2, 8, 2, true)]);
+        assert_eq!(
+            chunks,
+            vec![(2, 0, 4, false), (2, 4, 4, false), (2, 8, 2, true)]
+        );
         let p = step(&mut s, now);
         let d = p.decode.unwrap();
         assert_eq!(
-            d.rows.iter().map(|r| (r.seq, r.context_len)).collect::<Vec<_>>(),
+            d.rows
+                .iter()
+                .map(|r| (r.seq, r.context_len))
+                .collect::<Vec<_>>(),
             vec![(1, 6), (2, 10)]
         );
         assert!(p.prefill.is_none());
@@ -500,7 +525,10 @@ mod tests {
         assert_eq!(p.preempted, vec![3]);
         let d = p.decode.unwrap();
         assert_eq!(d.rows.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
-        assert!(p.admitted.is_empty(), "no admission in a step that preempted");
+        assert!(
+            p.admitted.is_empty(),
+            "no admission in a step that preempted"
+        );
         assert_eq!(s.waiting().collect::<Vec<_>>(), vec![3]);
         assert_eq!(s.kv().table(3).len(), 0);
         // Seq 3 comes back once blocks free up, and re-prefills prompt + generated but the last.
@@ -512,7 +540,10 @@ mod tests {
         let p = step(&mut s, now);
         let d = p.decode.unwrap();
         assert_eq!(
-            d.rows.iter().map(|r| (r.seq, r.context_len)).collect::<Vec<_>>(),
+            d.rows
+                .iter()
+                .map(|r| (r.seq, r.context_len))
+                .collect::<Vec<_>>(),
             vec![(2, 6), (3, 3)]
         );
     }
@@ -548,7 +579,10 @@ mod tests {
         for _ in 0..50 {
             let p = step(&mut s, now);
             if let Some(&first) = p.admitted.first() {
-                assert_eq!(first, 2, "the preempted sequence is admitted before any newcomer");
+                assert_eq!(
+                    first, 2,
+                    "the preempted sequence is admitted before any newcomer"
+                );
                 readmitted = true;
                 break;
             }
@@ -588,7 +622,10 @@ mod tests {
         s.add(3, 3, None);
         step(&mut s, now);
         let l = s.load();
-        assert_eq!((l.running, l.waiting, l.free_blocks, l.total_blocks), (2, 1, 7, 10));
+        assert_eq!(
+            (l.running, l.waiting, l.free_blocks, l.total_blocks),
+            (2, 1, 7, 10)
+        );
         assert_eq!(l.tokens_in_flight, 12, "seq 1 sampled its first token");
         assert!(s.finish(1));
         assert!(!s.finish(1));

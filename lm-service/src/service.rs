@@ -22,9 +22,9 @@ impl LmService {
     }
 
     fn ctx(&self) -> Result<&Arc<Context>, Status> {
-        self.ctx
-            .get()
-            .ok_or_else(|| Status::unavailable("the LM service is loading the model and warming up its graphs"))
+        self.ctx.get().ok_or_else(|| {
+            Status::unavailable("the LM service is loading the model and warming up its graphs")
+        })
     }
 }
 
@@ -34,8 +34,12 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<pb::TokenEvent, Status>> + S
 impl pb::lm_server::Lm for LmService {
     type GenerateStream = EventStream;
 
-    async fn generate(&self, request: Request<pb::LmGenerateRequest>) -> Result<Response<EventStream>, Status> {
-        let deadline = vlm_service_kit::grpc::grpc_timeout(request.metadata()).map(|d| Instant::now() + d);
+    async fn generate(
+        &self,
+        request: Request<pb::LmGenerateRequest>,
+    ) -> Result<Response<EventStream>, Status> {
+        let deadline =
+            vlm_service_kit::grpc::grpc_timeout(request.metadata()).map(|d| Instant::now() + d);
         let span = tracing::info_span!(
             "generate",
             request_id = tracing::field::Empty,
@@ -56,7 +60,8 @@ impl pb::lm_server::Lm for LmService {
                 tracing::info!(parent: &span, error = %e, kind = e.kind(), "generate refused");
                 Status::from(e)
             })?;
-        let stream = UnboundedReceiverStream::new(rx).map(|r| r.map(convert::token_event).map_err(Status::from));
+        let stream = UnboundedReceiverStream::new(rx)
+            .map(|r| r.map(convert::token_event).map_err(Status::from));
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -66,6 +71,9 @@ impl pb::lm_server::Lm for LmService {
 
     async fn load(&self, _: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {
         let ctx = self.ctx()?;
-        Ok(Response::new(convert::load(ctx.engine.load(), ctx.is_draining())))
+        Ok(Response::new(convert::load(
+            ctx.engine.load(),
+            ctx.is_draining(),
+        )))
     }
 }

@@ -64,12 +64,15 @@ impl VisionClients {
             format!("http://{endpoint}")
         };
         let ep = Endpoint::from_shared(uri)
-            .map_err(|e| LmError::validation(format!("vision endpoint {endpoint:?} is not a valid URI: {e}")))?
+            .map_err(|e| {
+                LmError::validation(format!(
+                    "vision endpoint {endpoint:?} is not a valid URI: {e}"
+                ))
+            })?
             .connect_timeout(self.connect_timeout);
-        let channel = ep
-            .connect()
-            .await
-            .map_err(|e| LmError::Unavailable(format!("vision endpoint {endpoint} is unreachable: {e}")))?;
+        let channel = ep.connect().await.map_err(|e| {
+            LmError::Unavailable(format!("vision endpoint {endpoint} is unreachable: {e}"))
+        })?;
         self.channels
             .lock()
             .map_err(poisoned)?
@@ -150,11 +153,13 @@ fn poisoned<T>(_: T) -> LmError {
 fn status_error(endpoint: &str, s: tonic::Status) -> LmError {
     let msg = format!("vision endpoint {endpoint}: {}", s.message());
     match s.code() {
-        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => LmError::Validation(msg),
-        Code::ResourceExhausted => LmError::Overloaded(msg),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => {
-            LmError::Unavailable(format!("vision endpoint {endpoint} is unavailable: {}", s.message()))
+        Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
+            LmError::Validation(msg)
         }
+        Code::ResourceExhausted => LmError::Overloaded(msg),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => LmError::Unavailable(
+            format!("vision endpoint {endpoint} is unavailable: {}", s.message()),
+        ),
         Code::Cancelled => LmError::Cancelled(msg),
         _ => LmError::Internal(msg),
     }
@@ -210,7 +215,10 @@ impl Assembler {
         let hidden = self.shape.hidden;
         let levels = self.shape.deepstack_levels;
         let Some(p) = self.images.get(k) else {
-            return Err(self.bad(format!("chunk for image {k}, but {} were sent", self.images.len())));
+            return Err(self.bad(format!(
+                "chunk for image {k}, but {} were sent",
+                self.images.len()
+            )));
         };
         let grid = c.grid.map(|g| [g.t as usize, g.h as usize, g.w as usize]);
         if grid != Some(p.grid) {
@@ -239,14 +247,21 @@ impl Assembler {
         }
         let (start, end) = (c.row_start as usize, c.row_end as usize);
         if start >= end || end > p.rows {
-            return Err(self.bad(format!("image {k}: chunk rows {start}..{end} of {}", p.rows)));
+            return Err(self.bad(format!(
+                "image {k}: chunk rows {start}..{end} of {}",
+                p.rows
+            )));
         }
         let dtype = WireDType::try_from(c.dtype).unwrap_or(WireDType::DtypeUnspecified);
         let n = (end - start) * hidden;
-        let embeds = decode_values(&c.embeds, dtype, n).map_err(|m| self.bad(format!("image {k} embeddings: {m}")))?;
+        let embeds = decode_values(&c.embeds, dtype, n)
+            .map_err(|m| self.bad(format!("image {k} embeddings: {m}")))?;
         let mut deep = Vec::with_capacity(levels);
         for (l, d) in c.deepstack.iter().enumerate() {
-            deep.push(decode_values(d, dtype, n).map_err(|m| self.bad(format!("image {k} deepstack {l}: {m}")))?);
+            deep.push(
+                decode_values(d, dtype, n)
+                    .map_err(|m| self.bad(format!("image {k} deepstack {l}: {m}")))?,
+            );
         }
         let p = &mut self.images[k];
         if p.filled[start..end].iter().any(|&f| f) {
@@ -337,9 +352,16 @@ mod tests {
         }
     }
 
-    fn chunk(rows: std::ops::Range<u32>, total: u32, hidden: u32, grid: [u32; 3]) -> EmbeddingChunk {
+    fn chunk(
+        rows: std::ops::Range<u32>,
+        total: u32,
+        hidden: u32,
+        grid: [u32; 3],
+    ) -> EmbeddingChunk {
         let n = ((rows.end - rows.start) * hidden) as usize;
-        let vals: Vec<f32> = (0..n).map(|i| (rows.start * hidden) as f32 + i as f32).collect();
+        let vals: Vec<f32> = (0..n)
+            .map(|i| (rows.start * hidden) as f32 + i as f32)
+            .collect();
         EmbeddingChunk {
             image_index: 0,
             content_hash: vec![1],

@@ -7,7 +7,9 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::time::{Duration, Instant};
 use support::*;
-use vlm_proto::{EncodedImage, FinishReason, ImageGrid, ImageInput, LmImage, LmInfoRequest, LoadRequest};
+use vlm_proto::{
+    EncodedImage, FinishReason, ImageGrid, ImageInput, LmImage, LmInfoRequest, LoadRequest,
+};
 
 fn batching_config() -> serde_json::Value {
     json!({
@@ -34,7 +36,10 @@ fn eight_requests() -> Vec<(Vec<u32>, u32)> {
     .collect()
 }
 
-async fn alone_then_together(lm: &Proc, reqs: &[(Vec<u32>, u32)]) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+async fn alone_then_together(
+    lm: &Proc,
+    reqs: &[(Vec<u32>, u32)],
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let mut client = lm_client(lm).await;
     let mut alone = Vec::new();
     for (ids, max) in reqs {
@@ -59,11 +64,16 @@ async fn concurrent_requests_match_running_alone() {
     let lm = start_lm(&batching_config());
     let (alone, together) = alone_then_together(&lm, &eight_requests()).await;
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a, t, "request {i}: batched output differs from running alone");
+        assert_eq!(
+            a, t,
+            "request {i}: batched output differs from running alone"
+        );
     }
     // Larger graphs ran while the eight were in flight.
     assert!(
-        lm.metric("vlm_lm_decode_steps_total{graph=\"8\"}").unwrap_or(0.0) > 0.0,
+        lm.metric("vlm_lm_decode_steps_total{graph=\"8\"}")
+            .unwrap_or(0.0)
+            > 0.0,
         "{}",
         lm.metrics_text()
     );
@@ -104,24 +114,37 @@ async fn preemption_keeps_outputs_identical() {
     let preemptions = lm.metric("vlm_lm_preemptions_total").unwrap_or(0.0);
     assert!(preemptions > 0.0, "the pool was meant to force preemption");
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a, t, "request {i}: output differs after {preemptions} preemptions");
+        assert_eq!(
+            a, t,
+            "request {i}: output differs after {preemptions} preemptions"
+        );
     }
     let mut client = lm_client(&lm).await;
     let load = client.load(LoadRequest {}).await.unwrap().into_inner();
     assert_eq!(
-        (load.running, load.waiting, load.free_kv_blocks, load.total_kv_blocks),
+        (
+            load.running,
+            load.waiting,
+            load.free_kv_blocks,
+            load.total_kv_blocks
+        ),
         (0, 0, 16, 16)
     );
 }
 
-async fn wait_idle(client: &mut vlm_proto::lm_client::LmClient<tonic::transport::Channel>) -> vlm_proto::LoadReport {
+async fn wait_idle(
+    client: &mut vlm_proto::lm_client::LmClient<tonic::transport::Channel>,
+) -> vlm_proto::LoadReport {
     let t0 = Instant::now();
     loop {
         let l = client.load(LoadRequest {}).await.unwrap().into_inner();
         if l.running == 0 && l.waiting == 0 && l.free_kv_blocks == l.total_kv_blocks {
             return l;
         }
-        assert!(t0.elapsed() < Duration::from_secs(30), "blocks never came back: {l:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "blocks never came back: {l:?}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -158,13 +181,20 @@ async fn cancelled_stream_and_deadline_free_their_blocks() {
         tokens += ev.token_ids.len();
         finish = ev.finish_reason;
     }
-    assert_eq!(finish, FinishReason::Cancelled as i32, "after {tokens} tokens");
+    assert_eq!(
+        finish,
+        FinishReason::Cancelled as i32,
+        "after {tokens} tokens"
+    );
     assert!(tokens < 480);
     wait_idle(&mut client).await;
     // Still serving.
-    let (t, _) = generate(&mut client, request(text_prompt(10, 1), vec![], "", greedy(3)))
-        .await
-        .unwrap();
+    let (t, _) = generate(
+        &mut client,
+        request(text_prompt(10, 1), vec![], "", greedy(3)),
+    )
+    .await
+    .unwrap();
     assert_eq!(t.len(), 3);
 }
 
@@ -183,9 +213,12 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
     assert_eq!(info.vocab_size, 1000);
     assert_eq!(info.image_token_id, 993);
 
-    let e = generate(&mut client, request(text_prompt(600, 1), vec![], "", greedy(4)))
-        .await
-        .unwrap_err();
+    let e = generate(
+        &mut client,
+        request(text_prompt(600, 1), vec![], "", greedy(4)),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(
         e.message().contains("max_seq_len is 512") && e.message().contains("600"),
@@ -227,24 +260,36 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
             expected_grid: None,
         }),
     };
-    let e = generate(&mut client, request(ids, vec![img], "http://127.0.0.1:1", greedy(4)))
-        .await
-        .unwrap_err();
+    let e = generate(
+        &mut client,
+        request(ids, vec![img], "http://127.0.0.1:1", greedy(4)),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     assert!(e.message().contains("127.0.0.1:1"), "{}", e.message());
 
-    let (t, f) = generate(&mut client, request(text_prompt(20, 3), vec![], "", greedy(5)))
-        .await
-        .unwrap();
+    let (t, f) = generate(
+        &mut client,
+        request(text_prompt(20, 3), vec![], "", greedy(5)),
+    )
+    .await
+    .unwrap();
     assert_eq!((t.len(), f), (5, FinishReason::Length));
     // max_tokens 0, or over the context, = the rest of the context.
-    let (t, f) = generate(&mut client, request(text_prompt(500, 3), vec![], "", greedy(0)))
-        .await
-        .unwrap();
+    let (t, f) = generate(
+        &mut client,
+        request(text_prompt(500, 3), vec![], "", greedy(0)),
+    )
+    .await
+    .unwrap();
     assert_eq!((t.len(), f), (12, FinishReason::Length));
-    let (t, f) = generate(&mut client, request(text_prompt(505, 3), vec![], "", greedy(100_000)))
-        .await
-        .unwrap();
+    let (t, f) = generate(
+        &mut client,
+        request(text_prompt(505, 3), vec![], "", greedy(100_000)),
+    )
+    .await
+    .unwrap();
     assert_eq!((t.len(), f), (7, FinishReason::Length));
 }
 
@@ -275,10 +320,13 @@ async fn sampling_is_reproducible_with_a_seed() {
     let mut others = Vec::new();
     for seed in 8..12 {
         others.push(
-            generate(&mut client, request(ids.clone(), vec![], "", sampling(seed)))
-                .await
-                .unwrap()
-                .0,
+            generate(
+                &mut client,
+                request(ids.clone(), vec![], "", sampling(seed)),
+            )
+            .await
+            .unwrap()
+            .0,
         );
     }
     assert!(others.iter().any(|o| *o != a), "other seeds all gave {a:?}");
@@ -291,7 +339,9 @@ async fn sampling_is_reproducible_with_a_seed() {
     let first = greedy_out.iter().position(|&t| t == stop).unwrap();
     let mut s = greedy(10);
     s.stop_token_ids = vec![stop];
-    let (t, f) = generate(&mut client, request(ids, vec![], "", s)).await.unwrap();
+    let (t, f) = generate(&mut client, request(ids, vec![], "", s))
+        .await
+        .unwrap();
     assert_eq!(f, FinishReason::Stop);
     assert_eq!(t, greedy_out[..=first]);
 }
@@ -314,15 +364,22 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
 
     // In-process oracle.
     let (chunk, block_len, max_new) = (128usize, 256usize, 12usize);
-    let pipe = Pipeline::load(&tiny_dir(), &candle_core::Device::Cpu, candle_core::DType::F32)
-        .unwrap()
-        .with_prefill_chunk_size(chunk)
-        .with_block_len(block_len);
+    let pipe = Pipeline::load(
+        &tiny_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap()
+    .with_prefill_chunk_size(chunk)
+    .with_block_len(block_len);
     let pv = preprocess_bytes(&bytes, &PreprocessConfig::default()).unwrap();
     let grid = pv.grid_thw;
     let embeds = pipe.encode_images(&[pv]).unwrap();
     let ids = image_prompt(embeds[0].tokens());
-    let oracle = pipe.generate_greedy(&ids, &embeds, max_new, &[]).unwrap().tokens;
+    let oracle = pipe
+        .generate_greedy(&ids, &embeds, max_new, &[])
+        .unwrap()
+        .tokens;
 
     let vision = start_vision();
     wait_serving(&vision).await;
@@ -363,7 +420,12 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
 
     // The same image again: a cache hit, no vision call needed (even with the endpoint gone).
     drop(vision);
-    let req = request(ids, vec![image], "http://127.0.0.1:1", greedy(max_new as u32));
+    let req = request(
+        ids,
+        vec![image],
+        "http://127.0.0.1:1",
+        greedy(max_new as u32),
+    );
     let (again, _) = generate(&mut client, req).await.unwrap();
     assert_eq!(again, oracle);
     assert_eq!(lm.metric("vlm_lm_embedding_cache_hits_total"), Some(1.0));
@@ -376,15 +438,22 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
     let bytes = std::fs::read(tiny_dir().join("jpeg_400x176/input.jpg")).unwrap();
     // 64-token chunks: the image's 72 rows (prompt tokens 7..79) straddle the chunk boundary.
     let (chunk, block_len, max_new) = (64usize, 32usize, 10usize);
-    let pipe = Pipeline::load(&tiny_dir(), &candle_core::Device::Cpu, candle_core::DType::F32)
-        .unwrap()
-        .with_prefill_chunk_size(chunk)
-        .with_block_len(block_len);
+    let pipe = Pipeline::load(
+        &tiny_dir(),
+        &candle_core::Device::Cpu,
+        candle_core::DType::F32,
+    )
+    .unwrap()
+    .with_prefill_chunk_size(chunk)
+    .with_block_len(block_len);
     let pv = preprocess_bytes(&bytes, &PreprocessConfig::default()).unwrap();
     let grid = pv.grid_thw;
     let embeds = pipe.encode_images(&[pv]).unwrap();
     let ids = image_prompt(embeds[0].tokens());
-    let oracle = pipe.generate_greedy(&ids, &embeds, max_new, &[]).unwrap().tokens;
+    let oracle = pipe
+        .generate_greedy(&ids, &embeds, max_new, &[])
+        .unwrap()
+        .tokens;
 
     let vision = start_vision();
     let lm = start_lm(&json!({
@@ -437,12 +506,18 @@ async fn sigterm_drains_running_streams_then_exits() {
         if l.draining {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "never reported draining");
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "never reported draining"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let e = generate(&mut client, request(text_prompt(5, 2), vec![], "", greedy(2)))
-        .await
-        .unwrap_err();
+    let e = generate(
+        &mut client,
+        request(text_prompt(5, 2), vec![], "", greedy(2)),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     assert!(e.message().contains("draining"), "{}", e.message());
     let mut finish = 0;
@@ -456,7 +531,10 @@ async fn sigterm_drains_running_streams_then_exits() {
         if let Some(st) = lm.child.try_wait().unwrap() {
             break st;
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "did not exit after draining");
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "did not exit after draining"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     assert!(code.success(), "{code:?}");
@@ -493,7 +571,9 @@ fn dry_run_prints_what_it_would_hold_and_exits() {
 async fn preempted_image_prompts_recompute_to_identical_outputs() {
     use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
     let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let grid = preprocess_bytes(&bytes, &PreprocessConfig::default()).unwrap().grid_thw;
+    let grid = preprocess_bytes(&bytes, &PreprocessConfig::default())
+        .unwrap()
+        .grid_thw;
     let tokens = grid[0] * (grid[1] / 2) * (grid[2] / 2);
     let image = LmImage {
         content_hash: Sha256::digest(&bytes).to_vec(),
@@ -524,7 +604,12 @@ async fn preempted_image_prompts_recompute_to_identical_outputs() {
         .map(|i| {
             let mut ids = image_prompt(tokens);
             ids.extend(text_prompt(i as usize * 3 + 1, 20 + i));
-            request(ids, vec![image.clone()], &vision.endpoint(), greedy(45 + i * 5))
+            request(
+                ids,
+                vec![image.clone()],
+                &vision.endpoint(),
+                greedy(45 + i * 5),
+            )
         })
         .collect();
     let mut alone = Vec::new();

@@ -281,13 +281,13 @@ impl Qwen3VlConfig {
             ));
         }
         let num_kv = t.num_key_value_heads.unwrap_or(t.num_attention_heads);
-        if t.num_attention_heads % num_kv != 0 {
+        if !t.num_attention_heads.is_multiple_of(num_kv) {
             return Err(format!(
                 "text_config num_attention_heads {} is not a multiple of num_key_value_heads {num_kv}",
                 t.num_attention_heads
             ));
         }
-        if v.hidden_size % v.num_heads != 0 {
+        if !v.hidden_size.is_multiple_of(v.num_heads) {
             return Err(format!(
                 "vision_config hidden_size {} is not a multiple of num_heads {}",
                 v.hidden_size, v.num_heads

@@ -20,17 +20,28 @@ pub fn allowed_cores() -> Vec<usize> {
         // SAFETY: cpu_set_t is plain data; sched_getaffinity fills it for this process.
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
-            return (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+            return (0..libc::CPU_SETSIZE as usize)
+                .filter(|&c| libc::CPU_ISSET(c, &set))
+                .collect();
         }
     }
-    (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect()
+    (0..std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1))
+        .collect()
 }
 
 /// Maps device ids to physical core numbers, refusing ids the process does not have.
 pub fn resolve(ids: &[u32], key: &'static str) -> Result<Vec<usize>, NoSuchCore> {
     let cores = allowed_cores();
     ids.iter()
-        .map(|&id| cores.get(id as usize).copied().ok_or(NoSuchCore { id, available: cores.len(), key }))
+        .map(|&id| {
+            cores.get(id as usize).copied().ok_or(NoSuchCore {
+                id,
+                available: cores.len(),
+                key,
+            })
+        })
         .collect()
 }
 

@@ -3,7 +3,10 @@ use tonic_health::server::HealthReporter;
 
 /// The health service and its reporter. The overall status ("") starts NOT_SERVING; the service
 /// flips it with [`set_serving`] when warm-up ends and back when draining.
-pub fn health() -> (HealthReporter, tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>) {
+pub fn health() -> (
+    HealthReporter,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+) {
     let (reporter, service) = tonic_health::server::health_reporter();
     (reporter, service)
 }
@@ -21,7 +24,9 @@ pub async fn set_serving(reporter: &HealthReporter, service_name: &str, serving:
 
 /// Reflection (v1) over the vlm.v1 descriptors and the health service's.
 pub fn reflection() -> Result<
-    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+    tonic_reflection::server::v1::ServerReflectionServer<
+        impl tonic_reflection::server::v1::ServerReflection,
+    >,
     tonic_reflection::server::Error,
 > {
     tonic_reflection::server::Builder::configure()

@@ -12,7 +12,8 @@ pub fn recorder() -> PrometheusHandle {
         .get_or_init(|| {
             PrometheusBuilder::new()
                 .set_buckets(&[
-                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                    30.0, 60.0,
                 ])
                 .expect("static buckets are valid")
                 .install_recorder()
@@ -41,7 +42,9 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     tokio::spawn(async move {
-        let _ = axum::serve(listener, router(handle)).with_graceful_shutdown(shutdown).await;
+        let _ = axum::serve(listener, router(handle))
+            .with_graceful_shutdown(shutdown)
+            .await;
     });
     Ok(bound)
 }

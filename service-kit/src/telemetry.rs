@@ -48,9 +48,12 @@ impl Drop for TelemetryGuard {
 
 /// True when the standard variables ask for OTLP trace export.
 pub fn otlp_enabled() -> bool {
-    ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
-        .iter()
-        .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
+    [
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    ]
+    .iter()
+    .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
         && !std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v == "none")
 }
 
@@ -63,9 +66,16 @@ pub fn init(service: &'static str) -> TelemetryGuard {
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("VLM_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
     let fmt_layer = if json {
-        fmt::layer().json().with_current_span(true).with_filter(filter()).boxed()
+        fmt::layer()
+            .json()
+            .with_current_span(true)
+            .with_filter(filter())
+            .boxed()
     } else {
-        fmt::layer().with_target(false).with_filter(filter()).boxed()
+        fmt::layer()
+            .with_target(false)
+            .with_filter(filter())
+            .boxed()
     };
     let mut provider = None;
     let mut runtime = None;
@@ -81,7 +91,11 @@ pub fn init(service: &'static str) -> TelemetryGuard {
             Ok(p) => {
                 let tracer = p.tracer(service);
                 provider = Some(p);
-                Some(tracing_opentelemetry::layer().with_tracer(tracer).with_filter(filter()))
+                Some(
+                    tracing_opentelemetry::layer()
+                        .with_tracer(tracer)
+                        .with_filter(filter()),
+                )
             }
             Err(e) => {
                 eprintln!("warning: OTLP trace export disabled: {e}");
@@ -91,8 +105,16 @@ pub fn init(service: &'static str) -> TelemetryGuard {
     } else {
         None
     };
-    if tracing_subscriber::registry().with(fmt_layer).with(otel_layer).try_init().is_err() {
-        return TelemetryGuard { provider: None, runtime: None };
+    if tracing_subscriber::registry()
+        .with(fmt_layer)
+        .with(otel_layer)
+        .try_init()
+        .is_err()
+    {
+        return TelemetryGuard {
+            provider: None,
+            runtime: None,
+        };
     }
     if let Some(p) = &provider {
         opentelemetry::global::set_tracer_provider(p.clone());
@@ -111,10 +133,17 @@ fn export_runtime() -> Result<tokio::runtime::Runtime, Box<dyn std::error::Error
 }
 
 fn build_provider(service: &'static str) -> Result<SdkTracerProvider, Box<dyn std::error::Error>> {
-    let exporter = opentelemetry_otlp::SpanExporter::builder().with_tonic().build()?;
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_tonic()
+        .build()?;
     let name = std::env::var("OTEL_SERVICE_NAME").unwrap_or_else(|_| service.to_string());
-    let resource = opentelemetry_sdk::Resource::builder().with_service_name(name).build();
-    Ok(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource).build())
+    let resource = opentelemetry_sdk::Resource::builder()
+        .with_service_name(name)
+        .build();
+    Ok(SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource)
+        .build())
 }
 
 struct MetadataInjector<'a>(&'a mut tonic::metadata::MetadataMap);
@@ -150,12 +179,15 @@ impl Extractor for MetadataExtractor<'_> {
 /// Writes the current span's trace context into outgoing gRPC metadata.
 pub fn inject(metadata: &mut tonic::metadata::MetadataMap) {
     let cx = tracing::Span::current().context();
-    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut MetadataInjector(metadata)));
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut MetadataInjector(metadata))
+    });
 }
 
 /// Makes `span` a child of the trace context found in incoming gRPC metadata (if any).
 pub fn extract(metadata: &tonic::metadata::MetadataMap, span: &tracing::Span) {
-    let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(metadata)));
+    let cx =
+        opentelemetry::global::get_text_map_propagator(|p| p.extract(&MetadataExtractor(metadata)));
     let _ = span.set_parent(cx);
 }
 

@@ -19,22 +19,32 @@ use vlm_proto::v1::vision_client::VisionClient;
 use vlm_vision_service::{bind, Options};
 
 fn env_or<T: std::str::FromStr>(key: &str, default: T) -> T {
-    std::env::var(key).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn picture_png(w: u32, h: u32, seed: u32) -> Vec<u8> {
     let img = image::RgbImage::from_fn(w, h, |x, y| {
-        let v = x.wrapping_mul(2654435761).wrapping_add(y.wrapping_mul(40503)).wrapping_add(seed);
+        let v = x
+            .wrapping_mul(2654435761)
+            .wrapping_add(y.wrapping_mul(40503))
+            .wrapping_add(seed);
         image::Rgb([(x * 255 / w) as u8, (y * 255 / h) as u8, (v >> 13) as u8])
     });
     let mut out = std::io::Cursor::new(Vec::new());
-    img.write_to(&mut out, image::ImageFormat::Png).expect("png");
+    img.write_to(&mut out, image::ImageFormat::Png)
+        .expect("png");
     out.into_inner()
 }
 
 fn encoded(data: Vec<u8>) -> pb::ImageInput {
     pb::ImageInput {
-        source: Some(pb::image_input::Source::Encoded(pb::EncodedImage { data, mime_type: "image/png".into() })),
+        source: Some(pb::image_input::Source::Encoded(pb::EncodedImage {
+            data,
+            mime_type: "image/png".into(),
+        })),
         content_hash: vec![],
         expected_grid: None,
     }
@@ -66,8 +76,14 @@ async fn start(model: &PathBuf, buckets: &[u32], devices: &[u32], capacity: usiz
             .await
             .expect("serve");
     });
-    let channel = Channel::from_shared(format!("http://{addr}")).unwrap().connect().await.expect("connect");
-    let mut client = VisionClient::new(channel).max_decoding_message_size(8 << 20).max_encoding_message_size(64 << 20);
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = VisionClient::new(channel)
+        .max_decoding_message_size(8 << 20)
+        .max_encoding_message_size(64 << 20);
     // Ready when Info answers (UNAVAILABLE while loading).
     while client.info(pb::VisionInfoRequest {}).await.is_err() {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -83,8 +99,15 @@ impl Running {
 }
 
 /// Streams one request; returns (raw bytes received, time of first chunk, time of last chunk).
-async fn stream_one(client: &mut VisionClient<Channel>, image: pb::ImageInput) -> (usize, Instant, Instant) {
-    let req = pb::EncodeRequest { request_id: "bench".into(), images: vec![image], dtype: 0 };
+async fn stream_one(
+    client: &mut VisionClient<Channel>,
+    image: pb::ImageInput,
+) -> (usize, Instant, Instant) {
+    let req = pb::EncodeRequest {
+        request_id: "bench".into(),
+        images: vec![image],
+        dtype: 0,
+    };
     let mut s = client.encode(req).await.expect("encode").into_inner();
     let (mut bytes, mut first, mut last) = (0usize, None, Instant::now());
     while let Some(c) = s.message().await.expect("stream") {
@@ -129,11 +152,18 @@ async fn mixed(
     }
     let seconds = started.elapsed().as_secs_f64();
     running.stop().await;
-    MixResult { images: workload.len(), seconds }
+    MixResult {
+        images: workload.len(),
+        seconds,
+    }
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async_main());
 }
 
@@ -153,12 +183,19 @@ async fn async_main() {
     let devices: Vec<u32> = std::env::var("VLM_BENCH_DEVICES")
         .unwrap_or_else(|_| "0".into())
         .split(',')
-        .map(|s| s.trim().parse().expect("VLM_BENCH_DEVICES: comma-separated ids"))
+        .map(|s| {
+            s.trim()
+                .parse()
+                .expect("VLM_BENCH_DEVICES: comma-separated ids")
+        })
         .collect();
     let n: usize = env_or("VLM_BENCH_IMAGES", 20);
     let repeats: usize = env_or("VLM_BENCH_STREAM_REPEATS", 5);
     let concurrency: usize = env_or("VLM_BENCH_CONCURRENCY", 2 * devices.len());
-    println!("model {} | devices {devices:?} | {n} images | concurrency {concurrency}", model.display());
+    println!(
+        "model {} | devices {devices:?} | {n} images | concurrency {concurrency}",
+        model.display()
+    );
 
     // 60% 512x512, 30% 1024x1024, 10% 2048x2048, interleaved.
     let sizes: Vec<u32> = (0..n)
@@ -168,12 +205,26 @@ async fn async_main() {
             _ => 2048,
         })
         .collect();
-    let workload = Arc::new(sizes.iter().enumerate().map(|(i, &s)| picture_png(s, s, i as u32)).collect::<Vec<_>>());
+    let workload = Arc::new(
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &s)| picture_png(s, s, i as u32))
+            .collect::<Vec<_>>(),
+    );
     let count = |s: u32| sizes.iter().filter(|&&x| x == s).count();
-    println!("mix: {} x 512^2, {} x 1024^2, {} x 2048^2", count(512), count(1024), count(2048));
+    println!(
+        "mix: {} x 512^2, {} x 1024^2, {} x 2048^2",
+        count(512),
+        count(1024),
+        count(2048)
+    );
 
     println!();
-    println!("{:<28} {:>8} {:>10} {:>10}", "buckets", "images", "seconds", "images/s");
+    println!(
+        "{:<28} {:>8} {:>10} {:>10}",
+        "buckets", "images", "seconds", "images/s"
+    );
     for buckets in [vec![1024u32, 4096, 16384], vec![16384]] {
         let r = mixed(&model, &buckets, &devices, &workload, concurrency).await;
         println!(
@@ -187,7 +238,9 @@ async fn async_main() {
 
     // Streaming: a 2048x2048 image as already-resized pixels (no decode), encoded `repeats` times.
     let running = start(&model, &[1024, 4096, 16384], &devices, 4).await;
-    let img = image::RgbImage::from_fn(2048, 2048, |x, y| image::Rgb([x as u8, y as u8, (x ^ y) as u8]));
+    let img = image::RgbImage::from_fn(2048, 2048, |x, y| {
+        image::Rgb([x as u8, y as u8, (x ^ y) as u8])
+    });
     let pixels = pb::ImageInput {
         source: Some(pb::image_input::Source::Pixels(pb::ResizedPixels {
             width: 2048,

@@ -36,13 +36,21 @@ pub fn encode_request(req: pb::EncodeRequest) -> Result<EncodeRequest, VisionErr
         .enumerate()
         .map(|(i, img)| {
             let source = match img.source {
-                Some(pb::image_input::Source::Encoded(e)) => {
-                    ImageSource::Encoded { data: e.data, mime_type: e.mime_type }
+                Some(pb::image_input::Source::Encoded(e)) => ImageSource::Encoded {
+                    data: e.data,
+                    mime_type: e.mime_type,
+                },
+                Some(pb::image_input::Source::Pixels(p)) => ImageSource::Pixels {
+                    width: p.width,
+                    height: p.height,
+                    rgb8: p.rgb8,
+                },
+                None => {
+                    return Err(VisionError::invalid(
+                        i,
+                        "no image source: set `encoded` or `pixels`",
+                    ))
                 }
-                Some(pb::image_input::Source::Pixels(p)) => {
-                    ImageSource::Pixels { width: p.width, height: p.height, rgb8: p.rgb8 }
-                }
-                None => return Err(VisionError::invalid(i, "no image source: set `encoded` or `pixels`")),
             };
             Ok(ImageInput {
                 source,
@@ -51,14 +59,22 @@ pub fn encode_request(req: pb::EncodeRequest) -> Result<EncodeRequest, VisionErr
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(EncodeRequest { request_id: req.request_id, images, dtype })
+    Ok(EncodeRequest {
+        request_id: req.request_id,
+        images,
+        dtype,
+    })
 }
 
 pub fn chunk_to_proto(c: Chunk) -> pb::EmbeddingChunk {
     pb::EmbeddingChunk {
         image_index: c.image_index,
         content_hash: c.content_hash.as_ref().clone(),
-        grid: Some(pb::ImageGrid { t: c.grid[0], h: c.grid[1], w: c.grid[2] }),
+        grid: Some(pb::ImageGrid {
+            t: c.grid[0],
+            h: c.grid[1],
+            w: c.grid[2],
+        }),
         row_start: c.row_start,
         row_end: c.row_end,
         total_rows: c.total_rows,
@@ -104,7 +120,14 @@ mod tests {
         };
         let e = encode_request(req).unwrap_err();
         assert!(e.to_string().starts_with("image 0: no image source"), "{e}");
-        let bad = pb::EncodeRequest { request_id: "r".into(), images: vec![], dtype: 9 };
-        assert!(encode_request(bad).unwrap_err().to_string().contains("dtype 9"));
+        let bad = pb::EncodeRequest {
+            request_id: "r".into(),
+            images: vec![],
+            dtype: 9,
+        };
+        assert!(encode_request(bad)
+            .unwrap_err()
+            .to_string()
+            .contains("dtype 9"));
     }
 }

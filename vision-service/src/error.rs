@@ -12,10 +12,17 @@ pub enum VisionError {
         "vision queue is full: {requested} image(s) requested, {depth} of {capacity} queue slots in use \
          (queue capacity {capacity} images); retry later or on another replica"
     )]
-    Overloaded { requested: usize, depth: usize, capacity: usize },
+    Overloaded {
+        requested: usize,
+        depth: usize,
+        capacity: usize,
+    },
     /// The caller's input is invalid; the message names the limit and the value received.
     #[error("{}", match .image { Some(i) => format!("image {i}: {}", .message), None => .message.clone() })]
-    Validation { image: Option<usize>, message: String },
+    Validation {
+        image: Option<usize>,
+        message: String,
+    },
     /// The caller went away (dropped the stream) before the work was done.
     #[error("request cancelled by the caller")]
     Cancelled,
@@ -35,10 +42,16 @@ pub enum VisionError {
 
 impl VisionError {
     pub fn invalid(image: usize, message: impl Into<String>) -> Self {
-        VisionError::Validation { image: Some(image), message: message.into() }
+        VisionError::Validation {
+            image: Some(image),
+            message: message.into(),
+        }
     }
     pub fn invalid_request(message: impl Into<String>) -> Self {
-        VisionError::Validation { image: None, message: message.into() }
+        VisionError::Validation {
+            image: None,
+            message: message.into(),
+        }
     }
 
     /// The `status` label of `vlm_vision_requests_total`.
@@ -106,12 +119,28 @@ mod tests {
     #[test]
     fn one_mapping_to_status() {
         let cases = [
-            (VisionError::Overloaded { requested: 1, depth: 4, capacity: 4 }, Code::ResourceExhausted),
+            (
+                VisionError::Overloaded {
+                    requested: 1,
+                    depth: 4,
+                    capacity: 4,
+                },
+                Code::ResourceExhausted,
+            ),
             (VisionError::invalid(2, "bad"), Code::InvalidArgument),
             (VisionError::Cancelled, Code::Cancelled),
-            (VisionError::DeadlineExceeded { timeout_ms: 5 }, Code::DeadlineExceeded),
+            (
+                VisionError::DeadlineExceeded { timeout_ms: 5 },
+                Code::DeadlineExceeded,
+            ),
             (VisionError::NotReady("loading".into()), Code::Unavailable),
-            (VisionError::Model { image: 0, message: "x".into() }, Code::Internal),
+            (
+                VisionError::Model {
+                    image: 0,
+                    message: "x".into(),
+                },
+                Code::Internal,
+            ),
             (VisionError::Internal("x".into()), Code::Internal),
         ];
         for (e, code) in cases {
@@ -121,7 +150,12 @@ mod tests {
 
     #[test]
     fn messages_name_the_limit_and_the_value() {
-        let s = VisionError::Overloaded { requested: 2, depth: 16, capacity: 16 }.to_string();
+        let s = VisionError::Overloaded {
+            requested: 2,
+            depth: 16,
+            capacity: 16,
+        }
+        .to_string();
         assert!(s.contains("queue capacity 16"), "{s}");
         let s = VisionError::invalid(3, "image is 9x9, over 4").to_string();
         assert!(s.starts_with("image 3: "), "{s}");

@@ -66,7 +66,9 @@ impl Options {
     /// Cross-field checks, before anything is loaded.
     pub fn validate(&self) -> Result<(), ServeError> {
         if self.queue_capacity == 0 {
-            return Err(ServeError::Config("--queue-capacity must be at least 1 image".into()));
+            return Err(ServeError::Config(
+                "--queue-capacity must be at least 1 image".into(),
+            ));
         }
         if self.max_chunk_bytes == 0 || self.max_chunk_bytes > encoder::chunk::MAX_CHUNK_BYTES {
             return Err(ServeError::Config(format!(
@@ -75,7 +77,9 @@ impl Options {
                 encoder::chunk::MAX_CHUNK_BYTES
             )));
         }
-        if self.visual.device.is_empty() || self.visual.device.len() != self.visual.num_devices as usize {
+        if self.visual.device.is_empty()
+            || self.visual.device.len() != self.visual.num_devices as usize
+        {
             return Err(ServeError::Config(format!(
                 "visual.num_devices is {} but visual.device lists {} ids ({:?})",
                 self.visual.num_devices,
@@ -84,7 +88,9 @@ impl Options {
             )));
         }
         if self.max_decode_pixels == 0 {
-            return Err(ServeError::Config("--max-decode-pixels must be positive".into()));
+            return Err(ServeError::Config(
+                "--max-decode-pixels must be positive".into(),
+            ));
         }
         Ok(())
     }
@@ -100,13 +106,19 @@ impl Options {
 
 /// The service's whole life: a dry run when `visual.create_runtimes` is false; otherwise bind,
 /// print `listening grpc=ADDR metrics=ADDR` on stdout, load, serve until `shutdown`, drain.
-pub async fn run(opts: Options, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+pub async fn run(
+    opts: Options,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
     opts.validate()?;
     if !opts.visual.create_runtimes {
         return dry_run(&opts).await;
     }
     let bound = bind(opts).await?;
-    println!("listening grpc={} metrics={}", bound.grpc_addr, bound.metrics_addr);
+    println!(
+        "listening grpc={} metrics={}",
+        bound.grpc_addr, bound.metrics_addr
+    );
     bound.serve(shutdown).await
 }
 
@@ -124,12 +136,18 @@ pub struct Bound {
 pub async fn bind(opts: Options) -> Result<Bound, ServeError> {
     opts.validate()?;
     let cores = device_cores(&opts)?;
-    let grpc = tokio::net::TcpListener::bind(opts.listen).await.map_err(|source| ServeError::Bind {
+    let grpc = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            what: "gRPC",
+            addr: opts.listen,
+            source,
+        })?;
+    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind {
         what: "gRPC",
         addr: opts.listen,
         source,
     })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind { what: "gRPC", addr: opts.listen, source })?;
     let (metrics_stop, mut stopped) = tokio::sync::watch::channel(false);
     let metrics_addr = vlm_service_kit::metrics_http::serve(
         opts.metrics_listen,
@@ -139,8 +157,19 @@ pub async fn bind(opts: Options) -> Result<Bound, ServeError> {
         },
     )
     .await
-    .map_err(|source| ServeError::Bind { what: "metrics", addr: opts.metrics_listen, source })?;
-    Ok(Bound { grpc_addr, metrics_addr, grpc, metrics_stop, cores, opts })
+    .map_err(|source| ServeError::Bind {
+        what: "metrics",
+        addr: opts.metrics_listen,
+        source,
+    })?;
+    Ok(Bound {
+        grpc_addr,
+        metrics_addr,
+        grpc,
+        metrics_stop,
+        cores,
+        opts,
+    })
 }
 
 /// The core each device's compute thread is pinned to (CPU build), or None (CUDA build: the ids
@@ -157,15 +186,27 @@ impl Bound {
     /// Serves health (NOT_SERVING) and reflection at once, loads the weights and prepares every
     /// bucket, reports SERVING, and on `shutdown` drains: NOT_SERVING first, then in-flight
     /// calls finish, then the compute threads stop.
-    pub async fn serve(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Bound { grpc_addr, grpc, metrics_stop, cores, opts, .. } = self;
+    pub async fn serve(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let Bound {
+            grpc_addr,
+            grpc,
+            metrics_stop,
+            cores,
+            opts,
+            ..
+        } = self;
         let (reporter, health) = vlm_service_kit::grpc::health();
         vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, false).await;
-        let reflection = vlm_service_kit::grpc::reflection().map_err(|e| ServeError::Reflection(e.to_string()))?;
+        let reflection = vlm_service_kit::grpc::reflection()
+            .map_err(|e| ServeError::Reflection(e.to_string()))?;
         let slot: EncoderSlot = Arc::new(std::sync::OnceLock::new());
-        let vision = vlm_proto::v1::vision_server::VisionServer::new(VisionService::new(Arc::clone(&slot)))
-            .max_decoding_message_size(opts.max_request_bytes)
-            .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10));
+        let vision =
+            vlm_proto::v1::vision_server::VisionServer::new(VisionService::new(Arc::clone(&slot)))
+                .max_decoding_message_size(opts.max_request_bytes)
+                .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10));
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|s| {
             s.inspect(|s| {
                 let _ = s.set_nodelay(true);
@@ -222,7 +263,9 @@ impl Bound {
             tokio::time::sleep(opts.drain_delay).await;
         }
         let _ = drain_tx.send(());
-        let served = server.await.map_err(|e| ServeError::Thread(format!("gRPC server task: {e}")))?;
+        let served = server
+            .await
+            .map_err(|e| ServeError::Thread(format!("gRPC server task: {e}")))?;
         if let Some(encoder) = encoder {
             tokio::task::spawn_blocking(move || encoder.shutdown())
                 .await
@@ -251,11 +294,22 @@ async fn prepare(opts: &Options, cores: &[Option<usize>]) -> Result<Vec<DeviceSl
         .map_err(|e| ServeError::Thread(format!("loading task: {e}")))?
 }
 
-fn prepare_blocking(opts: &Options, cores: &[Option<usize>]) -> Result<Vec<DeviceSlot>, ServeError> {
+fn prepare_blocking(
+    opts: &Options,
+    cores: &[Option<usize>],
+) -> Result<Vec<DeviceSlot>, ServeError> {
     let dtype = opts.compute_dtype();
-    let buckets: Vec<usize> = opts.visual.max_seq_len.iter().map(|&b| b as usize).collect();
+    let buckets: Vec<usize> = opts
+        .visual
+        .max_seq_len
+        .iter()
+        .map(|&b| b as usize)
+        .collect();
     let started = std::time::Instant::now();
-    let load_error = |source| ServeError::Load { dir: opts.model_dir.clone(), source };
+    let load_error = |source| ServeError::Load {
+        dir: opts.model_dir.clone(),
+        source,
+    };
     // The graphs are sized for the one thread each compute thread runs them on.
     let one_thread = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -269,7 +323,9 @@ fn prepare_blocking(opts: &Options, cores: &[Option<usize>]) -> Result<Vec<Devic
         let model = match (&cpu_model, device.is_cpu()) {
             (Some(m), true) => Arc::clone(m),
             _ => {
-                let m = Arc::new(VisionModel::load(&opts.model_dir, &device, dtype).map_err(load_error)?);
+                let m = Arc::new(
+                    VisionModel::load(&opts.model_dir, &device, dtype).map_err(load_error)?,
+                );
                 if device.is_cpu() {
                     cpu_model = Some(Arc::clone(&m));
                 }
@@ -277,7 +333,9 @@ fn prepare_blocking(opts: &Options, cores: &[Option<usize>]) -> Result<Vec<Devic
             }
         };
         // Each device gets its own bucket buffers, so devices never wait on each other.
-        let graphs = one_thread.install(|| VisionGraphs::new(model, &buckets)).map_err(ServeError::Graphs)?;
+        let graphs = one_thread
+            .install(|| VisionGraphs::new(model, &buckets))
+            .map_err(ServeError::Graphs)?;
         for b in graphs.buckets() {
             let bytes = graphs.memory_bytes(b).unwrap_or(0);
             tracing::info!(
@@ -299,14 +357,24 @@ async fn dry_run(opts: &Options) -> Result<(), ServeError> {
     let cores = device_cores(opts)?;
     let devices = prepare(opts, &cores).await?;
     let graphs = &devices[0].graphs;
-    println!("dry run (visual.create_runtimes = false): model {} prepared, nothing served", opts.model_dir.display());
+    println!(
+        "dry run (visual.create_runtimes = false): model {} prepared, nothing served",
+        opts.model_dir.display()
+    );
     // The CPU engine allocates every bucket's buffers at load; candle ops allocate per run.
     let held_at_once = graphs.backend() == vlm_model::vision::GraphBackend::CpuF32;
     let mut per_device = 0u64;
     for b in graphs.buckets() {
         let bytes = graphs.memory_bytes(b).unwrap_or(0);
-        per_device = if held_at_once { per_device + bytes } else { per_device.max(bytes) };
-        println!("bucket {b}: would hold {bytes} bytes ({:.1} MiB)", bytes as f64 / (1 << 20) as f64);
+        per_device = if held_at_once {
+            per_device + bytes
+        } else {
+            per_device.max(bytes)
+        };
+        println!(
+            "bucket {b}: would hold {bytes} bytes ({:.1} MiB)",
+            bytes as f64 / (1 << 20) as f64
+        );
     }
     println!(
         "devices {:?} ({:?} graphs): {} compute thread(s), {per_device} bytes of ViT buffers per device, \

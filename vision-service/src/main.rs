@@ -7,7 +7,11 @@ use std::path::PathBuf;
 use vlm_vision_service::Options;
 
 #[derive(Debug, Parser)]
-#[command(name = "vision-service", version, about = "Qwen3-VL ViT behind gRPC (vlm.v1.Vision)")]
+#[command(
+    name = "vision-service",
+    version,
+    about = "Qwen3-VL ViT behind gRPC (vlm.v1.Vision)"
+)]
 struct Args {
     /// Checkpoint directory (config.json + *.safetensors).
     #[arg(long, env = "VLM_MODEL")]
@@ -19,7 +23,11 @@ struct Args {
     #[arg(long, env = "VLM_VISION_LISTEN", default_value = "0.0.0.0:50061")]
     listen: SocketAddr,
     /// Prometheus `/metrics` address.
-    #[arg(long, env = "VLM_VISION_METRICS_LISTEN", default_value = "0.0.0.0:9461")]
+    #[arg(
+        long,
+        env = "VLM_VISION_METRICS_LISTEN",
+        default_value = "0.0.0.0:9461"
+    )]
     metrics_listen: SocketAddr,
     /// Device pool, overriding `visual.device` (comma-separated ids: CPU cores, or GPU ordinals
     /// in the CUDA build).
@@ -45,8 +53,8 @@ struct Args {
 fn options(args: Args) -> anyhow::Result<Options> {
     let cfg = match &args.config {
         Some(path) => {
-            let loaded =
-                vlm_config::DeployConfig::from_path(path).with_context(|| format!("config {}", path.display()))?;
+            let loaded = vlm_config::DeployConfig::from_path(path)
+                .with_context(|| format!("config {}", path.display()))?;
             for w in &loaded.warnings {
                 tracing::warn!("config {}: {w}", path.display());
             }
@@ -85,6 +93,9 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?;
-    runtime.block_on(vlm_vision_service::run(opts, vlm_service_kit::shutdown::shutdown_signal()))?;
+    runtime.block_on(vlm_vision_service::run(
+        opts,
+        vlm_service_kit::shutdown::shutdown_signal(),
+    ))?;
     Ok(())
 }

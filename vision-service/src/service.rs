@@ -22,7 +22,9 @@ impl VisionService {
     }
 
     fn encoder(&self) -> Result<&Encoder, VisionError> {
-        self.encoder.get().ok_or_else(|| VisionError::NotReady("the ViT is still loading".into()))
+        self.encoder
+            .get()
+            .ok_or_else(|| VisionError::NotReady("the ViT is still loading".into()))
     }
 }
 
@@ -32,8 +34,12 @@ type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::EmbeddingChunk, Status>>
 impl pb::vision_server::Vision for VisionService {
     type EncodeStream = ChunkStream;
 
-    async fn encode(&self, request: Request<pb::EncodeRequest>) -> Result<Response<ChunkStream>, Status> {
-        let deadline = vlm_service_kit::grpc::grpc_timeout(request.metadata()).map(|t| tokio::time::Instant::now() + t);
+    async fn encode(
+        &self,
+        request: Request<pb::EncodeRequest>,
+    ) -> Result<Response<ChunkStream>, Status> {
+        let deadline = vlm_service_kit::grpc::grpc_timeout(request.metadata())
+            .map(|t| tokio::time::Instant::now() + t);
         let span = tracing::info_span!(
             "vision.encode",
             request_id = %request.get_ref().request_id,
@@ -42,14 +48,20 @@ impl pb::vision_server::Vision for VisionService {
         vlm_service_kit::telemetry::extract(request.metadata(), &span);
         let encoder = self.encoder()?;
         let req = convert::encode_request(request.into_inner()).inspect_err(|e| {
-            metrics::counter!("vlm_vision_requests_total", "status" => e.metric_label()).increment(1);
+            metrics::counter!("vlm_vision_requests_total", "status" => e.metric_label())
+                .increment(1);
         })?;
         let chunks = encoder.encode(req, deadline, span)?;
         let stream = chunks.map(|r| r.map(convert::chunk_to_proto).map_err(Status::from));
         Ok(Response::new(Box::pin(stream)))
     }
 
-    async fn info(&self, _request: Request<pb::VisionInfoRequest>) -> Result<Response<pb::VisionInfo>, Status> {
-        Ok(Response::new(convert::info_to_proto(self.encoder()?.info())))
+    async fn info(
+        &self,
+        _request: Request<pb::VisionInfoRequest>,
+    ) -> Result<Response<pb::VisionInfo>, Status> {
+        Ok(Response::new(convert::info_to_proto(
+            self.encoder()?.info(),
+        )))
     }
 }

@@ -24,7 +24,10 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
     let chunks = collect(&mut client, req).await.expect("encode");
     for c in &chunks {
         let bytes = c.embeds.len() + c.deepstack.iter().map(Vec::len).sum::<usize>();
-        assert!(bytes <= 65536, "chunk of {bytes} raw bytes over --max-chunk-bytes");
+        assert!(
+            bytes <= 65536,
+            "chunk of {bytes} raw bytes over --max-chunk-bytes"
+        );
     }
     for (i, (&(w, h, bucket), bytes)) in images.iter().zip(&pngs).enumerate() {
         let got = reassemble(&chunks, i as u32);
@@ -36,10 +39,19 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
         assert_eq!((got.hidden, got.dtype), (64, pb::DType::DtypeF32 as i32));
         assert_eq!(got.content_hash, vec![i as u8; 4]);
         assert_eq!(got.deepstack.len(), 2, "tiny preset has 2 deepstack levels");
-        assert!(got.embeds == embeds, "image {i}: merged embeddings differ from the in-process model");
-        assert!(got.deepstack == deepstack, "image {i}: deepstack features differ from the in-process model");
+        assert!(
+            got.embeds == embeds,
+            "image {i}: merged embeddings differ from the in-process model"
+        );
+        assert!(
+            got.deepstack == deepstack,
+            "image {i}: deepstack features differ from the in-process model"
+        );
         if bucket == 4096 {
-            assert!(got.chunks > 1, "a 4096-patch image streams in several 64 KiB chunks");
+            assert!(
+                got.chunks > 1,
+                "a 4096-patch image streams in several 64 KiB chunks"
+            );
         }
     }
 
@@ -54,17 +66,25 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
         content_hash: vec![],
         expected_grid: Some(pb::ImageGrid { t: 1, h: 32, w: 32 }),
     };
-    let chunks = collect(&mut client, request(vec![pixels])).await.expect("pixels");
+    let chunks = collect(&mut client, request(vec![pixels]))
+        .await
+        .expect("pixels");
     let got = reassemble(&chunks, 0);
     assert_eq!((got.bucket, got.grid), (1024, [1, 32, 32]));
-    assert!(got.embeds == oracle.encode_bytes(&pngs[1], DType::F32).2, "resized pixels and PNG differ");
+    assert!(
+        got.embeds == oracle.encode_bytes(&pngs[1], DType::F32).2,
+        "resized pixels and PNG differ"
+    );
 
     let mut req = request(vec![encoded(pngs[0].clone())]);
     req.dtype = pb::DType::DtypeF16 as i32;
     let got = reassemble(&collect(&mut client, req).await.expect("f16"), 0);
     let (_, _, embeds, deepstack) = oracle.encode_bytes(&pngs[0], DType::F16);
     assert_eq!(got.dtype, pb::DType::DtypeF16 as i32);
-    assert!(got.embeds == embeds && got.deepstack == deepstack, "f16 wire bytes differ");
+    assert!(
+        got.embeds == embeds && got.deepstack == deepstack,
+        "f16 wire bytes differ"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,24 +96,42 @@ async fn a_pool_of_two_devices_streams_the_same_rows() {
     let server = TestServer::start(SMALL_BUCKETS, &["--device", "0,1"]).await;
     assert_eq!(server.info().await.device, vec![0, 1]);
     let oracle = Oracle::new(&[256, 1024, 4096]);
-    let pngs: Vec<Vec<u8>> =
-        [(512, 512), (256, 256), (512, 256), (256, 512)].iter().map(|&(w, h)| png(w, h, w + h)).collect();
+    let pngs: Vec<Vec<u8>> = [(512, 512), (256, 256), (512, 256), (256, 512)]
+        .iter()
+        .map(|&(w, h)| png(w, h, w + h))
+        .collect();
     let mut client = server.client().await;
-    let chunks = collect(&mut client, request(pngs.iter().cloned().map(encoded).collect())).await.expect("encode");
+    let chunks = collect(
+        &mut client,
+        request(pngs.iter().cloned().map(encoded).collect()),
+    )
+    .await
+    .expect("encode");
     for (i, bytes) in pngs.iter().enumerate() {
         let got = reassemble(&chunks, i as u32);
         let (bucket, _, embeds, deepstack) = oracle.encode_bytes(bytes, DType::F32);
         assert_eq!(got.bucket as usize, bucket);
-        assert!(got.embeds == embeds && got.deepstack == deepstack, "image {i} differs on a two-device pool");
+        assert!(
+            got.embeds == embeds && got.deepstack == deepstack,
+            "image {i} differs on a two-device pool"
+        );
     }
 }
 
 /// `code`, and a message containing every one of `words`.
-fn assert_refused(result: Result<Vec<pb::EmbeddingChunk>, tonic::Status>, code: Code, words: &[&str]) {
+fn assert_refused(
+    result: Result<Vec<pb::EmbeddingChunk>, tonic::Status>,
+    code: Code,
+    words: &[&str],
+) {
     let status = result.expect_err("the call should be refused");
     assert_eq!(status.code(), code, "{status:?}");
     for w in words {
-        assert!(status.message().contains(w), "{:?} does not mention {w:?}", status.message());
+        assert!(
+            status.message().contains(w),
+            "{:?} does not mention {w:?}",
+            status.message()
+        );
     }
 }
 
@@ -115,8 +153,16 @@ async fn every_bad_image_is_invalid_argument_and_the_service_keeps_serving() {
     still_serves(collect(&mut client, request(vec![good()])).await);
 
     // Garbage bytes, and a format this build does not decode (BMP).
-    let r = collect(&mut client, request(vec![encoded(b"definitely not an image".to_vec())])).await;
-    assert_refused(r, Code::InvalidArgument, &["image 0", "PNG, JPEG, WebP, GIF"]);
+    let r = collect(
+        &mut client,
+        request(vec![encoded(b"definitely not an image".to_vec())]),
+    )
+    .await;
+    assert_refused(
+        r,
+        Code::InvalidArgument,
+        &["image 0", "PNG, JPEG, WebP, GIF"],
+    );
     still_serves(collect(&mut client, request(vec![good()])).await);
     let mut bmp = b"BM".to_vec();
     bmp.extend_from_slice(&[0u8; 64]);
@@ -131,29 +177,57 @@ async fn every_bad_image_is_invalid_argument_and_the_service_keeps_serving() {
     still_serves(collect(&mut client, request(vec![good()])).await);
 
     // A decompression bomb: the header claims 100000 x 100000 pixels.
-    let r = collect(&mut client, request(vec![encoded(png_claiming(100_000, 100_000))])).await;
-    assert_refused(r, Code::InvalidArgument, &["image 0", "100000x100000", "10000000000 pixels", "16777216"]);
+    let r = collect(
+        &mut client,
+        request(vec![encoded(png_claiming(100_000, 100_000))]),
+    )
+    .await;
+    assert_refused(
+        r,
+        Code::InvalidArgument,
+        &["image 0", "100000x100000", "10000000000 pixels", "16777216"],
+    );
     still_serves(collect(&mut client, request(vec![good()])).await);
 
     // Over the largest bucket under `oversize: reject`: 2048x2048 = 16384 patches > 4096.
-    let r = collect(&mut client, request(vec![good(), encoded(png(2048, 2048, 1))])).await;
-    assert_refused(r, Code::InvalidArgument, &["image 1", "16384 patches", "4096"]);
+    let r = collect(
+        &mut client,
+        request(vec![good(), encoded(png(2048, 2048, 1))]),
+    )
+    .await;
+    assert_refused(
+        r,
+        Code::InvalidArgument,
+        &["image 1", "16384 patches", "4096"],
+    );
     still_serves(collect(&mut client, request(vec![good()])).await);
 
     // A caller whose expected grid is not what the image resizes to.
     let mut wrong = good();
     wrong.expected_grid = Some(pb::ImageGrid { t: 1, h: 8, w: 8 });
     let r = collect(&mut client, request(vec![wrong])).await;
-    assert_refused(r, Code::InvalidArgument, &["image 0", "expected grid", "[1, 16, 16]"]);
+    assert_refused(
+        r,
+        Code::InvalidArgument,
+        &["image 0", "expected grid", "[1, 16, 16]"],
+    );
     still_serves(collect(&mut client, request(vec![good()])).await);
 
     let info = server.info().await;
-    assert_eq!((info.queue_depth, info.images_in_flight), (0, 0), "refusals leak no queue slot");
+    assert_eq!(
+        (info.queue_depth, info.images_in_flight),
+        (0, 0),
+        "refusals leak no queue slot"
+    );
 }
 
 /// A server with one queue slot and small chunks, so an unread stream holds its slot.
 async fn one_slot_server() -> TestServer {
-    TestServer::start(SMALL_BUCKETS, &["--queue-capacity", "1", "--max-chunk-bytes", "4096"]).await
+    TestServer::start(
+        SMALL_BUCKETS,
+        &["--queue-capacity", "1", "--max-chunk-bytes", "4096"],
+    )
+    .await
 }
 
 async fn wait_idle(server: &TestServer) -> pb::VisionInfo {
@@ -173,19 +247,37 @@ async fn dropping_the_stream_mid_way_frees_the_queue_slot() {
     let server = one_slot_server().await;
     let mut client = server.client().await;
     let big = png(1024, 1024, 5);
-    let mut stream = client.encode(request(vec![encoded(big.clone())])).await.expect("encode").into_inner();
-    let first = stream.message().await.expect("first chunk").expect("a chunk");
+    let mut stream = client
+        .encode(request(vec![encoded(big.clone())]))
+        .await
+        .expect("encode")
+        .into_inner();
+    let first = stream
+        .message()
+        .await
+        .expect("first chunk")
+        .expect("a chunk");
     assert_eq!((first.row_start, first.total_rows), (0, 1024));
     drop(stream); // the caller goes away mid-stream (1024 rows in 4 KiB chunks: far from done)
 
     wait_idle(&server).await;
-    let chunks = collect(&mut client, request(vec![encoded(big)])).await.expect("capacity 1: the slot is free again");
+    let chunks = collect(&mut client, request(vec![encoded(big)]))
+        .await
+        .expect("capacity 1: the slot is free again");
     assert_eq!(reassemble(&chunks, 0).total_rows, 1024);
 
     // Cancelling a multi-image request before its images ran frees every slot too.
-    let server2 = TestServer::start(SMALL_BUCKETS, &["--queue-capacity", "3", "--max-chunk-bytes", "4096"]).await;
+    let server2 = TestServer::start(
+        SMALL_BUCKETS,
+        &["--queue-capacity", "3", "--max-chunk-bytes", "4096"],
+    )
+    .await;
     let mut client2 = server2.client().await;
-    let three = request(vec![encoded(png(1024, 1024, 1)), encoded(png(1024, 1024, 2)), encoded(png(1024, 1024, 3))]);
+    let three = request(vec![
+        encoded(png(1024, 1024, 1)),
+        encoded(png(1024, 1024, 2)),
+        encoded(png(1024, 1024, 3)),
+    ]);
     let stream = client2.encode(three).await.expect("encode").into_inner();
     drop(stream);
     let info = wait_idle(&server2).await;
@@ -198,15 +290,27 @@ async fn a_full_queue_is_resource_exhausted_naming_the_capacity() {
     let mut client = server.client().await;
     let big = png(1024, 1024, 9);
     // Not read: its 4 KiB chunks fill the transport window and the image keeps its slot.
-    let mut held = client.encode(request(vec![encoded(big.clone())])).await.expect("first call").into_inner();
+    let mut held = client
+        .encode(request(vec![encoded(big.clone())]))
+        .await
+        .expect("first call")
+        .into_inner();
     assert_eq!(server.info().await.queue_depth, 1);
 
     let mut other = server.client().await;
     let r = collect(&mut other, request(vec![encoded(png(256, 256, 1))])).await;
     assert_refused(r, Code::ResourceExhausted, &["queue capacity 1"]);
     // More images than the queue can ever hold is the caller's mistake, not overload.
-    let r = collect(&mut other, request(vec![encoded(png(256, 256, 1)), encoded(png(256, 256, 2))])).await;
-    assert_refused(r, Code::InvalidArgument, &["2 images", "queue capacity of 1"]);
+    let r = collect(
+        &mut other,
+        request(vec![encoded(png(256, 256, 1)), encoded(png(256, 256, 2))]),
+    )
+    .await;
+    assert_refused(
+        r,
+        Code::InvalidArgument,
+        &["2 images", "queue capacity of 1"],
+    );
 
     let mut rows = 0;
     while let Some(c) = held.message().await.expect("held stream") {
@@ -214,7 +318,9 @@ async fn a_full_queue_is_resource_exhausted_naming_the_capacity() {
     }
     assert_eq!(rows, 1024);
     wait_idle(&server).await;
-    let chunks = collect(&mut other, request(vec![encoded(png(256, 256, 1))])).await.expect("room again");
+    let chunks = collect(&mut other, request(vec![encoded(png(256, 256, 1))]))
+        .await
+        .expect("room again");
     assert_eq!(reassemble(&chunks, 0).bucket, 256);
 }
 
@@ -231,32 +337,50 @@ async fn a_passed_deadline_stops_the_work_and_frees_the_slot() {
     }
     .await;
     let status = r.expect_err("a 1 ms deadline passes");
-    assert!(matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled), "{status:?}");
+    assert!(
+        matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled),
+        "{status:?}"
+    );
     wait_idle(&server).await;
-    let chunks = collect(&mut client, request(vec![encoded(png(256, 256, 4))])).await.expect("still serving");
+    let chunks = collect(&mut client, request(vec![encoded(png(256, 256, 4))]))
+        .await
+        .expect("still serving");
     assert_eq!(reassemble(&chunks, 0).bucket, 256);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn info_health_and_metrics_describe_the_replica() {
-    let server = TestServer::start(SMALL_BUCKETS, &["--queue-capacity", "5", "--device", "0"]).await;
+    let server =
+        TestServer::start(SMALL_BUCKETS, &["--queue-capacity", "5", "--device", "0"]).await;
     let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
     assert_eq!(server.health("").await, Some(serving));
     assert_eq!(server.health("vlm.v1.Vision").await, Some(serving));
 
     let info = server.info().await;
     assert_eq!(info.buckets, vec![256, 1024, 4096]);
-    assert_eq!((info.patch_size, info.spatial_merge_size, info.temporal_patch_size), (16, 2, 2));
+    assert_eq!(
+        (
+            info.patch_size,
+            info.spatial_merge_size,
+            info.temporal_patch_size
+        ),
+        (16, 2, 2)
+    );
     assert_eq!((info.out_hidden_size, info.deepstack_levels), (64, 2));
     assert_eq!(info.dtype, pb::DType::DtypeF32 as i32);
     assert_eq!(info.device, vec![0]);
     assert_eq!((info.min_pixels, info.max_pixels), (65_536, 16_777_216));
     assert_eq!(info.oversize, "reject");
-    assert_eq!((info.queue_capacity, info.queue_depth, info.images_in_flight), (5, 0, 0));
+    assert_eq!(
+        (info.queue_capacity, info.queue_depth, info.images_in_flight),
+        (5, 0, 0)
+    );
     assert!(!info.model_id.is_empty());
 
     let mut client = server.client().await;
-    collect(&mut client, request(vec![encoded(png(256, 256, 2))])).await.expect("encode");
+    collect(&mut client, request(vec![encoded(png(256, 256, 2))]))
+        .await
+        .expect("encode");
     let _ = collect(&mut client, request(vec![encoded(b"junk".to_vec())])).await;
     let text = server.metrics_text();
     for name in [
@@ -271,48 +395,78 @@ async fn info_health_and_metrics_describe_the_replica() {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }
     // Reflection is served.
-    let mut refl =
-        tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(server.channel().await);
+    let mut refl = tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient::new(
+        server.channel().await,
+    );
     let req = tonic_reflection::pb::v1::ServerReflectionRequest {
         host: String::new(),
-        message_request: Some(tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
-            String::new(),
-        )),
+        message_request: Some(
+            tonic_reflection::pb::v1::server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            ),
+        ),
     };
-    let mut stream =
-        refl.server_reflection_info(futures::stream::iter(vec![req])).await.expect("reflection").into_inner();
+    let mut stream = refl
+        .server_reflection_info(futures::stream::iter(vec![req]))
+        .await
+        .expect("reflection")
+        .into_inner();
     let reply = format!("{:?}", stream.message().await.expect("reply"));
     assert!(reply.contains("vlm.v1.Vision"), "{reply}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversize_downscale_fits_the_largest_bucket() {
-    let server = TestServer::start(r#"{"visual": {"max_seq_len": [256, 1024], "oversize": "downscale"}}"#, &[]).await;
+    let server = TestServer::start(
+        r#"{"visual": {"max_seq_len": [256, 1024], "oversize": "downscale"}}"#,
+        &[],
+    )
+    .await;
     let mut client = server.client().await;
-    let chunks = collect(&mut client, request(vec![encoded(png(1024, 768, 3))])).await.expect("downscaled");
+    let chunks = collect(&mut client, request(vec![encoded(png(1024, 768, 3))]))
+        .await
+        .expect("downscaled");
     let got = reassemble(&chunks, 0);
     assert_eq!(got.bucket, 1024);
     assert!(got.grid[1] * got.grid[2] <= 1024, "{:?}", got.grid);
-    assert!(got.grid[2] > got.grid[1], "keeps the aspect ratio: {:?}", got.grid);
+    assert!(
+        got.grid[2] > got.grid[1],
+        "keeps the aspect ratio: {:?}",
+        got.grid
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_in_flight_work_then_exits_cleanly() {
-    let mut server =
-        TestServer::start(SMALL_BUCKETS, &["--max-chunk-bytes", "65536", "--drain-delay-ms", "3000"]).await;
+    let mut server = TestServer::start(
+        SMALL_BUCKETS,
+        &["--max-chunk-bytes", "65536", "--drain-delay-ms", "3000"],
+    )
+    .await;
     let mut client = server.client().await;
-    let mut stream = client.encode(request(vec![encoded(png(1024, 1024, 8))])).await.expect("encode").into_inner();
+    let mut stream = client
+        .encode(request(vec![encoded(png(1024, 1024, 8))]))
+        .await
+        .expect("encode")
+        .into_inner();
     server.terminate();
     // NOT_SERVING first (while the drain delay keeps the port open)...
     let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
     let deadline = Instant::now() + Duration::from_secs(3);
     while server.health("vlm.v1.Vision").await != Some(not_serving) {
-        assert!(Instant::now() < deadline, "health never went NOT_SERVING after SIGTERM");
+        assert!(
+            Instant::now() < deadline,
+            "health never went NOT_SERVING after SIGTERM"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // ...then the in-flight call completes, then the process exits 0.
     let mut rows = 0;
-    while let Some(c) = stream.message().await.expect("in-flight call completes during the drain") {
+    while let Some(c) = stream
+        .message()
+        .await
+        .expect("in-flight call completes during the drain")
+    {
         rows += c.row_end - c.row_start;
     }
     assert_eq!(rows, 1024);
@@ -325,26 +479,52 @@ async fn sigterm_finishes_in_flight_work_then_exits_cleanly() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(status.success(), "exit status {status:?}");
-    assert!(server.stdout.lock().unwrap().iter().any(|l| l.contains("drain")), "the drain is logged");
+    assert!(
+        server
+            .stdout
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("drain")),
+        "the drain is logged"
+    );
 }
 
 #[test]
 fn create_runtimes_false_is_a_dry_run() {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = write_config(dir.path(), r#"{"visual": {"max_seq_len": [256, 1024], "create_runtimes": false}}"#);
-    let out = command(&cfg, &[]).stdout(std::process::Stdio::piped()).output().expect("run");
+    let cfg = write_config(
+        dir.path(),
+        r#"{"visual": {"max_seq_len": [256, 1024], "create_runtimes": false}}"#,
+    );
+    let out = command(&cfg, &[])
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .expect("run");
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{text}");
-    assert!(text.contains("dry run") && text.contains("bucket 256") && text.contains("bucket 1024"), "{text}");
-    assert!(!text.contains("listening"), "a dry run serves nothing: {text}");
+    assert!(
+        text.contains("dry run") && text.contains("bucket 256") && text.contains("bucket 1024"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("listening"),
+        "a dry run serves nothing: {text}"
+    );
 }
 
 #[test]
 fn a_device_the_machine_lacks_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = write_config(dir.path(), SMALL_BUCKETS);
-    let out = command(&cfg, &["--device", "0,100000"]).stderr(std::process::Stdio::piped()).output().expect("run");
+    let out = command(&cfg, &["--device", "0,100000"])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("run");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("device 100000 does not exist") && err.contains("visual.device"), "{err}");
+    assert!(
+        err.contains("device 100000 does not exist") && err.contains("visual.device"),
+        "{err}"
+    );
 }

@@ -28,7 +28,8 @@ pub struct BucketArgs {
 pub fn run(args: BucketArgs) -> anyhow::Result<ExitCode> {
     let cfg = match &args.config {
         Some(path) => {
-            let loaded = DeployConfig::from_path(path).with_context(|| format!("config {}", path.display()))?;
+            let loaded = DeployConfig::from_path(path)
+                .with_context(|| format!("config {}", path.display()))?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
@@ -47,14 +48,24 @@ pub fn run(args: BucketArgs) -> anyhow::Result<ExitCode> {
             Ok(p) => {
                 let g = p.geometry;
                 if !args.json {
-                    println!("image {w}x{h} -> resized {}x{}", g.resized_width, g.resized_height);
-                    println!("grid (t, h, w) = ({}, {}, {})", g.grid_t, g.grid_h, g.grid_w);
+                    println!(
+                        "image {w}x{h} -> resized {}x{}",
+                        g.resized_width, g.resized_height
+                    );
+                    println!(
+                        "grid (t, h, w) = ({}, {}, {})",
+                        g.grid_t, g.grid_h, g.grid_w
+                    );
                     println!("raw patches = {}", g.patches());
                     println!("image tokens = {}", g.tokens());
                     println!(
                         "vit bucket = {}{}",
                         p.bucket,
-                        if p.downscaled { " (downscaled to fit: visual.oversize = downscale)" } else { "" }
+                        if p.downscaled {
+                            " (downscaled to fit: visual.oversize = downscale)"
+                        } else {
+                            ""
+                        }
                     );
                 }
                 out.insert("image".into(), serde_json::to_value(p)?);
@@ -85,7 +96,10 @@ pub fn run(args: BucketArgs) -> anyhow::Result<ExitCode> {
         match cfg.decoder_graph_for(n) {
             Ok(b) => {
                 if !args.json {
-                    println!("active batch {n} -> decoder_batch_{b} (graphs {:?})", cfg.decoder_batch_sizes);
+                    println!(
+                        "active batch {n} -> decoder_batch_{b} (graphs {:?})",
+                        cfg.decoder_batch_sizes
+                    );
                 }
                 out.insert("decoder_graph".into(), b.into());
             }
@@ -99,7 +113,11 @@ pub fn run(args: BucketArgs) -> anyhow::Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string_pretty(&out)?);
     }
-    Ok(if failed { ExitCode::FAILURE } else { ExitCode::SUCCESS })
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
@@ -107,7 +125,11 @@ fn parse_size(s: &str) -> anyhow::Result<(u32, u32)> {
         .split_once(['x', 'X'])
         .with_context(|| format!("image size {s:?} is not WxH (e.g. 1024x768)"))?;
     Ok((
-        w.trim().parse().with_context(|| format!("width in {s:?}"))?,
-        h.trim().parse().with_context(|| format!("height in {s:?}"))?,
+        w.trim()
+            .parse()
+            .with_context(|| format!("width in {s:?}"))?,
+        h.trim()
+            .parse()
+            .with_context(|| format!("height in {s:?}"))?,
     ))
 }

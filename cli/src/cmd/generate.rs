@@ -4,8 +4,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vlm_proto::v1::{
-    content_part::Part, gateway_client::GatewayClient, ChatMessage, ContentPart, FinishReason, GenerateRequest,
-    ImagePart, SamplingParams,
+    content_part::Part, gateway_client::GatewayClient, ChatMessage, ContentPart, FinishReason,
+    GenerateRequest, ImagePart, SamplingParams,
 };
 
 #[derive(clap::Args, Debug)]
@@ -46,7 +46,9 @@ pub struct GenerateArgs {
 }
 
 pub fn run(args: GenerateArgs) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(generate(args))
 }
 
@@ -55,17 +57,29 @@ pub fn request(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
     let mut content = Vec::new();
     for p in &args.image {
         let data = std::fs::read(p).with_context(|| format!("reading image {}", p.display()))?;
-        content.push(ContentPart { part: Some(Part::Image(ImagePart { data, mime_type: String::new() })) });
+        content.push(ContentPart {
+            part: Some(Part::Image(ImagePart {
+                data,
+                mime_type: String::new(),
+            })),
+        });
     }
-    content.push(ContentPart { part: Some(Part::Text(args.prompt.clone())) });
+    content.push(ContentPart {
+        part: Some(Part::Text(args.prompt.clone())),
+    });
     let mut messages = Vec::new();
     if let Some(s) = &args.system {
         messages.push(ChatMessage {
             role: "system".into(),
-            content: vec![ContentPart { part: Some(Part::Text(s.clone())) }],
+            content: vec![ContentPart {
+                part: Some(Part::Text(s.clone())),
+            }],
         });
     }
-    messages.push(ChatMessage { role: "user".into(), content });
+    messages.push(ChatMessage {
+        role: "user".into(),
+        content,
+    });
     Ok(GenerateRequest {
         messages,
         sampling: Some(SamplingParams {
@@ -83,15 +97,26 @@ pub fn request(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
 }
 
 async fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
-    let url = if args.gateway.starts_with("http") { args.gateway.clone() } else { format!("http://{}", args.gateway) };
+    let url = if args.gateway.starts_with("http") {
+        args.gateway.clone()
+    } else {
+        format!("http://{}", args.gateway)
+    };
     let channel = tonic::transport::Endpoint::from_shared(url.clone())?
         .connect()
         .await
         .with_context(|| format!("connecting to the gateway at {url}"))?;
-    let mut client = GatewayClient::new(channel).max_decoding_message_size(64 << 20).max_encoding_message_size(256 << 20);
+    let mut client = GatewayClient::new(channel)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(256 << 20);
     let mut req = tonic::Request::new(request(&args)?);
     if let Some(k) = &args.api_key {
-        req.metadata_mut().insert("authorization", format!("Bearer {k}").parse().context("API key is not valid ASCII")?);
+        req.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {k}")
+                .parse()
+                .context("API key is not valid ASCII")?,
+        );
     }
     let mut stream = match client.generate(req).await {
         Ok(r) => r.into_inner(),
@@ -126,7 +151,9 @@ async fn generate(args: GenerateArgs) -> anyhow::Result<ExitCode> {
         writeln!(out, "tokens: {tokens:?}")?;
     }
     if let Some(m) = last {
-        let reason = FinishReason::try_from(m.finish_reason).map(|r| r.as_str_name()).unwrap_or("?");
+        let reason = FinishReason::try_from(m.finish_reason)
+            .map(|r| r.as_str_name())
+            .unwrap_or("?");
         let u = m.usage.unwrap_or_default();
         eprintln!(
             "[{}] finish={reason} prompt_tokens={} (images {}) completion_tokens={}",

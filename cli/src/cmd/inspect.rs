@@ -54,7 +54,8 @@ pub struct InspectArgs {
 
 pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let dir = &args.model;
-    let config = Qwen3VlConfig::from_dir(dir).with_context(|| format!("checkpoint {}", dir.display()))?;
+    let config =
+        Qwen3VlConfig::from_dir(dir).with_context(|| format!("checkpoint {}", dir.display()))?;
     let pp = preprocess_config(dir, &config, &args)?;
     let dtype = match args.dtype {
         WeightDtype::F32 => DType::F32,
@@ -68,7 +69,8 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let img = decode_image(&bytes, pp.max_decode_pixels)
             .with_context(|| format!("decoding {}", path.display()))?;
-        let p = preprocess_rgb(&img, &pp).with_context(|| format!("preprocessing {}", path.display()))?;
+        let p = preprocess_rgb(&img, &pp)
+            .with_context(|| format!("preprocessing {}", path.display()))?;
         println!(
             "image {}: {}x{} -> grid (t, h, w) = {:?}, {} patches, {} tokens",
             path.display(),
@@ -80,7 +82,10 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         );
         pixels.push(p);
     }
-    let counts: Vec<usize> = pixels.iter().map(|p| p.rows() / config.vision.merge_unit()).collect();
+    let counts: Vec<usize> = pixels
+        .iter()
+        .map(|p| p.rows() / config.vision.merge_unit())
+        .collect();
 
     // 2. prompt ids
     let tokenizer = match ChatTokenizer::from_dir(dir) {
@@ -93,7 +98,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     };
     let input_ids: Vec<u32> = match (&args.prompt, &args.input_ids) {
         (Some(text), None) => {
-            let tok = tokenizer.as_ref().context("--prompt needs the checkpoint's tokenizer")?;
+            let tok = tokenizer
+                .as_ref()
+                .context("--prompt needs the checkpoint's tokenizer")?;
             let mut parts = vec![ChatPart::Image; pixels.len()];
             parts.push(ChatPart::Text(text.clone()));
             tok.encode_prompt(&[ChatMessage::user(parts)], &counts)?
@@ -101,7 +108,11 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         (None, Some(ids)) => ids.clone(),
         _ => bail!("give exactly one of --prompt and --input-ids"),
     };
-    println!("prompt: {} tokens ({} image tokens)", input_ids.len(), counts.iter().sum::<usize>());
+    println!(
+        "prompt: {} tokens ({} image tokens)",
+        input_ids.len(),
+        counts.iter().sum::<usize>()
+    );
 
     // 3. model
     let start = Instant::now();
@@ -124,11 +135,23 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         let logits = pipeline.prefill(&input_ids, &images)?;
         let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
         let layout = vlm_model::text::PromptLayout::new(&input_ids, &grids, &config)?;
-        (logits, Vec::new(), None, layout.positions, layout.rope_delta)
+        (
+            logits,
+            Vec::new(),
+            None,
+            layout.positions,
+            layout.rope_delta,
+        )
     } else {
         let out = pipeline.generate_greedy(&input_ids, &images, args.max_new_tokens, &eos)?;
         let last = out.step_logits.get(0)?;
-        (last, out.tokens, Some(out.step_logits), out.positions, out.rope_delta)
+        (
+            last,
+            out.tokens,
+            Some(out.step_logits),
+            out.positions,
+            out.rope_delta,
+        )
     };
     println!(
         "prefill + {} decode steps: {:.3} s",
@@ -143,20 +166,39 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     // 4. tensors
     let cpu = Device::Cpu;
     let ids_tensor = |ids: &[u32], shape: &[usize]| -> candle_core::Result<Tensor> {
-        Tensor::from_vec(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), shape, &cpu)
+        Tensor::from_vec(
+            ids.iter().map(|&i| i as i64).collect::<Vec<_>>(),
+            shape,
+            &cpu,
+        )
     };
     let mut out: HashMap<String, Tensor> = HashMap::new();
     if !pixels.is_empty() {
         let values: Vec<Tensor> = pixels.iter().map(|p| p.values.clone()).collect();
-        out.insert("pixel_values".into(), Tensor::cat(&values, 0)?.to_dtype(DType::F32)?);
-        let grids: Vec<i64> = pixels.iter().flat_map(|p| p.grid_thw.map(|x| x as i64)).collect();
-        out.insert("image_grid_thw".into(), Tensor::from_vec(grids, (pixels.len(), 3), &cpu)?);
+        out.insert(
+            "pixel_values".into(),
+            Tensor::cat(&values, 0)?.to_dtype(DType::F32)?,
+        );
+        let grids: Vec<i64> = pixels
+            .iter()
+            .flat_map(|p| p.grid_thw.map(|x| x as i64))
+            .collect();
+        out.insert(
+            "image_grid_thw".into(),
+            Tensor::from_vec(grids, (pixels.len(), 3), &cpu)?,
+        );
         let embeds: Vec<Tensor> = images.iter().map(|i| i.embeds.clone()).collect();
-        out.insert("image_embeds".into(), Tensor::cat(&embeds, 0)?.to_dtype(DType::F32)?);
+        out.insert(
+            "image_embeds".into(),
+            Tensor::cat(&embeds, 0)?.to_dtype(DType::F32)?,
+        );
         let levels = images.first().map_or(0, |i| i.deepstack.len());
         for k in 0..levels {
             let level: Vec<Tensor> = images.iter().map(|i| i.deepstack[k].clone()).collect();
-            out.insert(format!("deepstack_{k}"), Tensor::cat(&level, 0)?.to_dtype(DType::F32)?);
+            out.insert(
+                format!("deepstack_{k}"),
+                Tensor::cat(&level, 0)?.to_dtype(DType::F32)?,
+            );
         }
     }
     let len = input_ids.len();
@@ -165,19 +207,32 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     for axis in 0..3 {
         pos.extend(positions.iter().take(len).map(|p| p[axis]));
     }
-    out.insert("position_ids".into(), Tensor::from_vec(pos, (3, len), &cpu)?);
-    out.insert("rope_deltas".into(), Tensor::from_vec(vec![rope_delta], 1, &cpu)?);
+    out.insert(
+        "position_ids".into(),
+        Tensor::from_vec(pos, (3, len), &cpu)?,
+    );
+    out.insert(
+        "rope_deltas".into(),
+        Tensor::from_vec(vec![rope_delta], 1, &cpu)?,
+    );
     out.insert("last_logits".into(), last_logits.to_dtype(DType::F32)?);
-    out.insert("generated_ids".into(), ids_tensor(&generated, &[generated.len()])?);
+    out.insert(
+        "generated_ids".into(),
+        ids_tensor(&generated, &[generated.len()])?,
+    );
     if let Some(steps) = step_logits {
         out.insert("step_logits".into(), steps.to_dtype(DType::F32)?);
     }
     if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
     }
     candle_core::safetensors::save(&out, &args.out)
         .with_context(|| format!("writing {}", args.out.display()))?;
-    let mut names: Vec<_> = out.iter().map(|(k, v)| format!("{k} {:?}", v.dims())).collect();
+    let mut names: Vec<_> = out
+        .iter()
+        .map(|(k, v)| format!("{k} {:?}", v.dims()))
+        .collect();
     names.sort();
     println!("wrote {}: {}", args.out.display(), names.join(", "));
     Ok(())
@@ -199,11 +254,16 @@ fn preprocess_config(
     };
     let path = dir.join("preprocessor_config.json");
     if path.is_file() {
-        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
         let json: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         let num = |keys: &[&[&str]]| {
-            keys.iter().find_map(|k| k.iter().try_fold(&json, |j, key| j.get(*key)).and_then(|x| x.as_u64()))
+            keys.iter().find_map(|k| {
+                k.iter()
+                    .try_fold(&json, |j, key| j.get(*key))
+                    .and_then(|x| x.as_u64())
+            })
         };
         if let Some(n) = num(&[&["size", "shortest_edge"], &["min_pixels"]]) {
             pp.min_pixels = n;
@@ -218,7 +278,10 @@ fn preprocess_config(
         ] {
             if let Some(got) = num(&[&[key]]) {
                 if got as usize != want {
-                    bail!("{}: {key} is {got} but config.json's vision_config says {want}", path.display());
+                    bail!(
+                        "{}: {key} is {got} but config.json's vision_config says {want}",
+                        path.display()
+                    );
                 }
             }
         }

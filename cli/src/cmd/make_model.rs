@@ -41,10 +41,21 @@ pub fn run(args: MakeModelArgs) -> anyhow::Result<()> {
         weights: !args.no_weights,
     };
     let start = Instant::now();
-    let made = make_model(&args.out, &opts)
-        .with_context(|| format!("making a {} checkpoint in {}", args.preset, args.out.display()))?;
+    let made = make_model(&args.out, &opts).with_context(|| {
+        format!(
+            "making a {} checkpoint in {}",
+            args.preset,
+            args.out.display()
+        )
+    })?;
     let secs = start.elapsed().as_secs_f64();
-    println!("{} checkpoint (seed {}, {}) in {}", args.preset, args.seed, opts.dtype(), made.dir.display());
+    println!(
+        "{} checkpoint (seed {}, {}) in {}",
+        args.preset,
+        args.seed,
+        opts.dtype(),
+        made.dir.display()
+    );
     println!(
         "{} tensors, {} parameters, {:.1} MB of weights in {} file(s), {secs:.1} s",
         made.tensors,
@@ -55,7 +66,11 @@ pub fn run(args: MakeModelArgs) -> anyhow::Result<()> {
     let c = &made.config;
     println!(
         "ids: <|image_pad|> {}, <|vision_start|> {}, <|vision_end|> {}, eos {:?}; vocab rows {}",
-        c.image_token_id, c.vision_start_token_id, c.vision_end_token_id, c.eos_token_ids, c.text.vocab_size
+        c.image_token_id,
+        c.vision_start_token_id,
+        c.vision_end_token_id,
+        c.eos_token_ids,
+        c.text.vocab_size
     );
     Ok(())
 }

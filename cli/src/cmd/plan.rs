@@ -4,7 +4,9 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use vlm_config::plan::{self, buckets, report, BucketSet, CostModel, DeviceKind, ModelDims, Part, PlanOptions};
+use vlm_config::plan::{
+    self, buckets, report, BucketSet, CostModel, DeviceKind, ModelDims, Part, PlanOptions,
+};
 use vlm_config::{DeployConfig, Dtype};
 
 #[derive(Args, Debug)]
@@ -103,7 +105,8 @@ pub fn run(args: PlanArgs) -> anyhow::Result<ExitCode> {
 fn load_config(path: Option<&Path>) -> anyhow::Result<DeployConfig> {
     match path {
         Some(path) => {
-            let loaded = DeployConfig::from_path(path).with_context(|| format!("config {}", path.display()))?;
+            let loaded = DeployConfig::from_path(path)
+                .with_context(|| format!("config {}", path.display()))?;
             for w in &loaded.warnings {
                 eprintln!("warning: {w}");
             }
@@ -117,7 +120,9 @@ fn model_dims(src: &ModelSource, default_preset: Option<&str>) -> anyhow::Result
     match (&src.model, src.preset.as_deref().or(default_preset)) {
         (Some(dir), _) => Ok(ModelDims::from_dir(dir)?),
         (None, Some(name)) => Ok(ModelDims::preset(name)?),
-        (None, None) => bail!("give --model DIR (a checkpoint with config.json) or --preset qwen3-vl-2b"),
+        (None, None) => {
+            bail!("give --model DIR (a checkpoint with config.json) or --preset qwen3-vl-2b")
+        }
     }
 }
 
@@ -132,7 +137,11 @@ fn parse_dtype(s: &str) -> anyhow::Result<Dtype> {
 
 /// The kind (None when neither --device-kind nor --device-memory is given) and the options.
 fn device_kind(d: &DeviceArgs) -> anyhow::Result<Option<DeviceKind>> {
-    let memory = d.device_memory.as_deref().map(plan::parse_bytes).transpose()?;
+    let memory = d
+        .device_memory
+        .as_deref()
+        .map(plan::parse_bytes)
+        .transpose()?;
     Ok(match (&d.device_kind, memory) {
         (Some(k), m) => {
             let kind = DeviceKind::by_name(k)?;
@@ -151,11 +160,16 @@ fn device_kind(d: &DeviceArgs) -> anyhow::Result<Option<DeviceKind>> {
 }
 
 fn options(d: &DeviceArgs, full_batch: bool) -> anyhow::Result<PlanOptions> {
-    Ok(PlanOptions { dtype: d.dtype.as_deref().map(parse_dtype).transpose()?, require_full_batch: full_batch })
+    Ok(PlanOptions {
+        dtype: d.dtype.as_deref().map(parse_dtype).transpose()?,
+        require_full_batch: full_batch,
+    })
 }
 
 fn run_memory(a: MemoryArgs) -> anyhow::Result<ExitCode> {
-    let Some(path) = a.config.as_deref() else { bail!("give --config FILE (the deployment config to plan)") };
+    let Some(path) = a.config.as_deref() else {
+        bail!("give --config FILE (the deployment config to plan)")
+    };
     let cfg = load_config(Some(path))?;
     let dims = model_dims(&a.model, None)?;
     let Some(kind) = device_kind(&a.device)? else {
@@ -170,7 +184,11 @@ fn run_memory(a: MemoryArgs) -> anyhow::Result<ExitCode> {
     } else {
         print!("{}", report::render(&p, &dims));
     }
-    Ok(if p.fits { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if p.fits {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn read(path: &Path) -> anyhow::Result<String> {
@@ -182,9 +200,17 @@ fn line(label: &str, s: &BucketSet, base: f64) -> String {
         "  {label:<16} {:<28} expected cost {:.3e} FLOPs ({:.2}x)  padding {:.1}%{}",
         format!("{:?}", s.buckets),
         s.expected_cost,
-        if base > 0.0 { s.expected_cost / base } else { 0.0 },
+        if base > 0.0 {
+            s.expected_cost / base
+        } else {
+            0.0
+        },
         100.0 * s.padding_waste,
-        if s.unserved > 0.0 { format!("  unserved {:.1}%", 100.0 * s.unserved) } else { String::new() }
+        if s.unserved > 0.0 {
+            format!("  unserved {:.1}%", 100.0 * s.unserved)
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -197,7 +223,8 @@ fn run_buckets(a: BucketsArgs) -> anyhow::Result<ExitCode> {
     let kind = device_kind(&a.device)?;
     let opts = options(&a.device, false)?;
     let fits_with = |c: &DeployConfig, part: Part| {
-        kind.as_ref().is_none_or(|k| plan::plan_only(c, &dims, k, &opts).part_fits(part))
+        kind.as_ref()
+            .is_none_or(|k| plan::plan_only(c, &dims, k, &opts).part_fits(part))
     };
     let mut out = serde_json::Map::new();
 
@@ -237,7 +264,11 @@ fn run_buckets(a: BucketsArgs) -> anyhow::Result<ExitCode> {
     if let Some(path) = &a.batch_log {
         let log = buckets::parse_batch_log(&read(path)?)?;
         let observed_max = log.iter().copied().max().unwrap_or(1);
-        let batch_size = if a.config.is_some() { cfg.batch_size as u64 } else { observed_max };
+        let batch_size = if a.config.is_some() {
+            cfg.batch_size as u64
+        } else {
+            observed_max
+        };
         if observed_max > batch_size {
             bail!("the batch log has an active batch of {observed_max}, over the config's batch_size {batch_size}");
         }

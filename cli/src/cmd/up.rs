@@ -37,7 +37,10 @@ pub struct UpArgs {
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
     rt.block_on(up(args))
 }
 
@@ -56,20 +59,29 @@ pub fn cache_dir() -> PathBuf {
 pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
     let has_weights = dir.join("config.json").is_file()
         && std::fs::read_dir(dir)
-            .map(|d| d.flatten().any(|e| e.file_name().to_string_lossy().ends_with(".safetensors")))
+            .map(|d| {
+                d.flatten()
+                    .any(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+            })
             .unwrap_or(false);
     if has_weights {
         return Ok(());
     }
-    eprintln!("making the tiny random checkpoint in {} (once)", dir.display());
+    eprintln!(
+        "making the tiny random checkpoint in {} (once)",
+        dir.display()
+    );
     let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
-    vlm_model::make::make_model(dir, &opts).with_context(|| format!("making the tiny checkpoint in {}", dir.display()))?;
+    vlm_model::make::make_model(dir, &opts)
+        .with_context(|| format!("making the tiny checkpoint in {}", dir.display()))?;
     Ok(())
 }
 
 /// Splits the cores this process may use into (vision, lm) device lists.
 pub fn split_cores() -> (Vec<u32>, Vec<u32>) {
-    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as u32;
+    let n = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as u32;
     if n < 2 {
         return (vec![0], vec![0]);
     }
@@ -92,7 +104,12 @@ pub struct Service {
 
 /// Starts `bin` with `args`, waits for its `listening grpc=ADDR ...` line (its other output is
 /// forwarded to stderr with a prefix), and returns it.
-pub fn spawn_service(name: &'static str, bin: &Path, args: &[String], timeout: Duration) -> anyhow::Result<Service> {
+pub fn spawn_service(
+    name: &'static str,
+    bin: &Path,
+    args: &[String],
+    timeout: Duration,
+) -> anyhow::Result<Service> {
     let mut child = Command::new(bin)
         .args(args)
         .stdin(Stdio::null())
@@ -130,7 +147,12 @@ pub fn spawn_service(name: &'static str, bin: &Path, args: &[String], timeout: D
                     let _ = child.kill();
                     bail!("{name} printed `listening {fields}` without grpc=ADDR");
                 }
-                return Ok(Service { name, child, grpc, http: field("http") });
+                return Ok(Service {
+                    name,
+                    child,
+                    grpc,
+                    http: field("http"),
+                });
             }
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                 if let Some(status) = child.try_wait()? {
@@ -151,13 +173,27 @@ pub fn spawn_service(name: &'static str, bin: &Path, args: &[String], timeout: D
 
 /// Polls `grpc.health.v1` at `addr` until it answers SERVING.
 pub async fn wait_serving(name: &str, addr: &str, timeout: Duration) -> anyhow::Result<()> {
-    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    use tonic_health::pb::{
+        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    };
     let deadline = Instant::now() + timeout;
-    let url = if addr.starts_with("http") { addr.to_string() } else { format!("http://{addr}") };
+    let url = if addr.starts_with("http") {
+        addr.to_string()
+    } else {
+        format!("http://{addr}")
+    };
     let mut last = String::from("no answer yet");
     while Instant::now() < deadline {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.clone())?.connect().await {
-            match HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(url.clone())?
+            .connect()
+            .await
+        {
+            match HealthClient::new(ch)
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+            {
                 Ok(r) if r.get_ref().status == ServingStatus::Serving as i32 => return Ok(()),
                 Ok(r) => last = format!("status {:?}", r.get_ref().status),
                 Err(s) => last = s.message().to_string(),
@@ -192,20 +228,30 @@ pub fn stop_child(child: &mut Child, grace: Duration) {
 /// The directory holding the service binaries: the running executable's.
 pub fn bin_dir() -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("locating the vlm executable")?;
-    Ok(exe.parent().context("the vlm executable has no directory")?.to_path_buf())
+    Ok(exe
+        .parent()
+        .context("the vlm executable has no directory")?
+        .to_path_buf())
 }
 
 fn binary(dir: &Path, name: &str) -> anyhow::Result<PathBuf> {
     let p = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !p.is_file() {
-        bail!("{} not found next to vlm; build it with `cargo build -p vlm-{name}`", p.display());
+        bail!(
+            "{} not found next to vlm; build it with `cargo build -p vlm-{name}`",
+            p.display()
+        );
     }
     Ok(p)
 }
 
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let dir = bin_dir()?;
-    let bins = [binary(&dir, "vision-service")?, binary(&dir, "lm-service")?, binary(&dir, "gateway")?];
+    let bins = [
+        binary(&dir, "vision-service")?,
+        binary(&dir, "lm-service")?,
+        binary(&dir, "gateway")?,
+    ];
     let model = match args.model {
         Some(m) => m,
         None => {
@@ -276,9 +322,15 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     println!("vision  grpc={}", services[0].grpc);
     println!("lm      grpc={}", services[1].grpc);
-    println!("gateway grpc={} http={}", services[2].grpc, services[2].http);
+    println!(
+        "gateway grpc={} http={}",
+        services[2].grpc, services[2].http
+    );
     println!("model   {}", model.display());
-    println!("ready: try `vlm generate --gateway {} \"Describe the image\" --image PATH`", services[2].grpc);
+    println!(
+        "ready: try `vlm generate --gateway {} \"Describe the image\" --image PATH`",
+        services[2].grpc
+    );
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
@@ -288,7 +340,10 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             _ = shutdown_signal() => break None,
             _ = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
-        if let Some(s) = services.iter_mut().find_map(|s| matches!(s.child.try_wait(), Ok(Some(_))).then_some(s.name)) {
+        if let Some(s) = services
+            .iter_mut()
+            .find_map(|s| matches!(s.child.try_wait(), Ok(Some(_))).then_some(s.name))
+        {
             break Some(s);
         }
     };
@@ -308,13 +363,14 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = tokio::signal::ctrl_c().await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}

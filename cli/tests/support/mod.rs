@@ -25,7 +25,10 @@ pub fn serial() -> MutexGuard<'static, ()> {
 }
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 /// A service binary next to `vlm` (`target/<profile>/`); builds all three when one is missing.
@@ -34,22 +37,41 @@ pub fn bin(name: &str) -> PathBuf {
     // Next to `vlm`; (a test binary lives in <target>/<profile>/deps).
     let dir = match option_env!("CARGO_BIN_EXE_vlm") {
         Some(vlm) => Path::new(vlm).parent().unwrap().to_path_buf(),
-        None => std::env::current_exe().unwrap().parent().unwrap().parent().unwrap().to_path_buf(),
+        None => std::env::current_exe()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf(),
     };
     let path = |n: &str| dir.join(format!("{n}{}", std::env::consts::EXE_SUFFIX));
     BUILT.get_or_init(|| {
-        if ["vision-service", "lm-service", "gateway"].iter().all(|n| path(n).is_file()) {
+        if ["vision-service", "lm-service", "gateway"]
+            .iter()
+            .all(|n| path(n).is_file())
+        {
             return;
         }
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.current_dir(workspace_root())
-            .args(["build", "-p", "vlm-vision-service", "-p", "vlm-lm-service", "-p", "vlm-gateway"]);
+        cmd.current_dir(workspace_root()).args([
+            "build",
+            "-p",
+            "vlm-vision-service",
+            "-p",
+            "vlm-lm-service",
+            "-p",
+            "vlm-gateway",
+        ]);
         if dir.file_name().is_some_and(|n| n == "release") {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("running cargo build");
-        assert!(status.success(), "cargo build of the service binaries failed");
+        assert!(
+            status.success(),
+            "cargo build of the service binaries failed"
+        );
     });
     path(name)
 }
@@ -63,7 +85,8 @@ pub fn tiny_model() -> PathBuf {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-tiny-s0");
         let done = dir.join(".complete");
         if !done.is_file() {
-            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("e2e-tiny-s0.tmp-{}", std::process::id()));
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("e2e-tiny-s0.tmp-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&tmp);
             let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
             vlm_model::make::make_model(&tmp, &opts).expect("make the tiny checkpoint");
@@ -72,7 +95,11 @@ pub fn tiny_model() -> PathBuf {
                 // A leftover without `.complete` is an interrupted older run.
                 let _ = std::fs::remove_dir_all(&dir);
                 if std::fs::rename(&tmp, &dir).is_err() {
-                    assert!(done.is_file(), "could not move the tiny checkpoint into {}", dir.display());
+                    assert!(
+                        done.is_file(),
+                        "could not move the tiny checkpoint into {}",
+                        dir.display()
+                    );
                 }
             }
             let _ = std::fs::remove_dir_all(&tmp);
@@ -103,7 +130,9 @@ device: [LM_DEVICE]
 pub fn config_file() -> PathBuf {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
     FILE.get_or_init(|| {
-        let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        let cores = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
         let lm = if cores > 1 { "1" } else { "0" };
         let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-local.yaml");
         std::fs::write(&p, CONFIG.replace("LM_DEVICE", lm)).unwrap();
@@ -140,7 +169,10 @@ impl Proc {
     pub fn spawn_env(name: &str, bin: &Path, args: &[String], env: &[(String, String)]) -> Proc {
         let mut cmd = Command::new(bin);
         cmd.args(args)
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
@@ -148,7 +180,9 @@ impl Proc {
             cmd.env_remove(k);
         }
         cmd.envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         let tag = name.to_string();
@@ -159,7 +193,10 @@ impl Proc {
                     if let Some(t) = tx.take() {
                         let kv: Vec<(String, String)> = rest
                             .split_whitespace()
-                            .filter_map(|f| f.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                            .filter_map(|f| {
+                                f.split_once('=')
+                                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                            })
                             .collect();
                         let _ = t.send(kv);
                         continue;
@@ -174,7 +211,10 @@ impl Proc {
                 // Exited early (stdout closed), or still silent after 120 s.
                 let mut exited = child.try_wait().ok().flatten();
                 let until = Instant::now() + Duration::from_secs(5);
-                while exited.is_none() && e == std::sync::mpsc::RecvTimeoutError::Disconnected && Instant::now() < until {
+                while exited.is_none()
+                    && e == std::sync::mpsc::RecvTimeoutError::Disconnected
+                    && Instant::now() < until
+                {
                     std::thread::sleep(Duration::from_millis(50));
                     exited = child.try_wait().ok().flatten();
                 }
@@ -186,7 +226,11 @@ impl Proc {
                 }
             }
         };
-        Proc { name: name.to_string(), child, addrs }
+        Proc {
+            name: name.to_string(),
+            child,
+            addrs,
+        }
     }
 
     pub fn addr(&self, key: &str) -> String {
@@ -238,16 +282,31 @@ impl Drop for Proc {
 }
 
 pub async fn channel(addr: &str) -> tonic::transport::Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.unwrap()
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
 }
 
 /// Polls `grpc.health.v1` (service "") until SERVING; panics after 180 s.
 pub async fn wait_serving(addr: &str) {
-    use tonic_health::pb::{health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest};
+    use tonic_health::pb::{
+        health_check_response::ServingStatus, health_client::HealthClient, HealthCheckRequest,
+    };
     let deadline = Instant::now() + Duration::from_secs(180);
     loop {
-        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await {
-            if let Ok(r) = HealthClient::new(ch).check(HealthCheckRequest { service: String::new() }).await {
+        if let Ok(ch) = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+        {
+            if let Ok(r) = HealthClient::new(ch)
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+            {
                 if r.get_ref().status == ServingStatus::Serving as i32 {
                     return;
                 }
@@ -290,14 +349,25 @@ impl Cluster {
     pub async fn start_env(lms: usize, gateway_args: &[&str], env: &[(String, String)]) -> Cluster {
         let vision = Proc::spawn_env("vision", &bin("vision-service"), &service_args(true), env);
         let lms: Vec<Proc> = (0..lms)
-            .map(|i| Proc::spawn_env(&format!("lm{i}"), &bin("lm-service"), &service_args(true), env))
+            .map(|i| {
+                Proc::spawn_env(
+                    &format!("lm{i}"),
+                    &bin("lm-service"),
+                    &service_args(true),
+                    env,
+                )
+            })
             .collect();
         wait_serving(&vision.addr("grpc")).await;
         for lm in &lms {
             wait_serving(&lm.addr("grpc")).await;
         }
         let gateway = Self::gateway_env(&vision, &lms, gateway_args, env).await;
-        Cluster { gateway, lms, vision }
+        Cluster {
+            gateway,
+            lms,
+            vision,
+        }
     }
 
     /// One more gateway in front of the same replicas.
@@ -305,8 +375,17 @@ impl Cluster {
         Self::gateway_env(vision, lms, extra, &[]).await
     }
 
-    pub async fn gateway_env(vision: &Proc, lms: &[Proc], extra: &[&str], env: &[(String, String)]) -> Proc {
-        let lm_list = lms.iter().map(|l| l.addr("grpc")).collect::<Vec<_>>().join(",");
+    pub async fn gateway_env(
+        vision: &Proc,
+        lms: &[Proc],
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Proc {
+        let lm_list = lms
+            .iter()
+            .map(|l| l.addr("grpc"))
+            .collect::<Vec<_>>()
+            .join(",");
         let mut args = vec![
             "--model".to_string(),
             tiny_model().display().to_string(),
@@ -345,7 +424,10 @@ impl Cluster {
         self.vision.terminate();
         let deadline = Instant::now() + timeout;
         let mut stuck = Vec::new();
-        for p in std::iter::once(&mut self.gateway).chain(self.lms.iter_mut()).chain(std::iter::once(&mut self.vision)) {
+        for p in std::iter::once(&mut self.gateway)
+            .chain(self.lms.iter_mut())
+            .chain(std::iter::once(&mut self.vision))
+        {
             let left = deadline.saturating_duration_since(Instant::now());
             match p.wait_exit(left) {
                 Some(st) if !st.success() => eprintln!("{} exited with {st} after SIGTERM", p.name),
@@ -387,13 +469,25 @@ pub fn grpc_request(images: &[Vec<u8>], text: &str, max_tokens: u32) -> pb::Gene
     let mut content: Vec<pb::ContentPart> = images
         .iter()
         .map(|d| pb::ContentPart {
-            part: Some(Part::Image(pb::ImagePart { data: d.clone(), mime_type: "image/png".into() })),
+            part: Some(Part::Image(pb::ImagePart {
+                data: d.clone(),
+                mime_type: "image/png".into(),
+            })),
         })
         .collect();
-    content.push(pb::ContentPart { part: Some(Part::Text(text.into())) });
+    content.push(pb::ContentPart {
+        part: Some(Part::Text(text.into())),
+    });
     pb::GenerateRequest {
-        messages: vec![pb::ChatMessage { role: "user".into(), content }],
-        sampling: Some(pb::SamplingParams { max_tokens, temperature: 0.0, ..Default::default() }),
+        messages: vec![pb::ChatMessage {
+            role: "user".into(),
+            content,
+        }],
+        sampling: Some(pb::SamplingParams {
+            max_tokens,
+            temperature: 0.0,
+            ..Default::default()
+        }),
         model: String::new(),
     }
 }
@@ -409,7 +503,8 @@ pub struct Output {
 
 /// Gateway.Generate, read to the end.
 pub async fn generate(addr: &str, req: pb::GenerateRequest) -> Result<Output, tonic::Status> {
-    let mut client = pb::gateway_client::GatewayClient::new(channel(addr).await).max_decoding_message_size(64 << 20);
+    let mut client = pb::gateway_client::GatewayClient::new(channel(addr).await)
+        .max_decoding_message_size(64 << 20);
     let mut stream = client.generate(req).await?.into_inner();
     let mut out = Output::default();
     while let Some(m) = stream.message().await? {
@@ -430,7 +525,13 @@ pub fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) 
     http_with(addr, method, path, body, "")
 }
 
-pub fn http_with(addr: &str, method: &str, path: &str, body: &[u8], extra_headers: &str) -> (u16, String) {
+pub fn http_with(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    extra_headers: &str,
+) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     write!(
@@ -442,15 +543,22 @@ pub fn http_with(addr: &str, method: &str, path: &str, body: &[u8], extra_header
     let _ = s.write_all(body);
     let mut raw = Vec::new();
     let _ = s.read_to_end(&mut raw);
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("HTTP header end");
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("HTTP header end");
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut body = raw[split + 4..].to_vec();
     let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
         let mut out = Vec::new();
         let mut rest = &body[..];
         while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16).unwrap_or(0);
+            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16)
+                .unwrap_or(0);
             if size == 0 {
                 break;
             }
@@ -479,7 +587,11 @@ pub struct Metrics {
 impl Metrics {
     pub fn parse(text: &str) -> Metrics {
         let mut samples: BTreeMap<String, Vec<(String, f64)>> = BTreeMap::new();
-        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
             let (series, value) = match line.rsplit_once(' ') {
                 Some(x) => x,
                 None => continue,
@@ -493,18 +605,29 @@ impl Metrics {
                 "-Inf" => f64::NEG_INFINITY,
                 v => v.parse().unwrap_or(f64::NAN),
             };
-            samples.entry(name.to_string()).or_default().push((labels.to_string(), value));
+            samples
+                .entry(name.to_string())
+                .or_default()
+                .push((labels.to_string(), value));
         }
-        Metrics { samples, text: text.to_string() }
+        Metrics {
+            samples,
+            text: text.to_string(),
+        }
     }
 
     /// The sample's values summed over its label sets; None when the name is absent.
     pub fn sum(&self, name: &str) -> Option<f64> {
-        self.samples.get(name).map(|v| v.iter().map(|(_, x)| x).sum())
+        self.samples
+            .get(name)
+            .map(|v| v.iter().map(|(_, x)| x).sum())
     }
 
     /// The label sets a sample name has.
     pub fn labels(&self, name: &str) -> Vec<String> {
-        self.samples.get(name).map(|v| v.iter().map(|(l, _)| l.clone()).collect()).unwrap_or_default()
+        self.samples
+            .get(name)
+            .map(|v| v.iter().map(|(l, _)| l.clone()).collect())
+            .unwrap_or_default()
     }
 }

@@ -1,7 +1,11 @@
 //! An in-process OTLP/gRPC trace collector for tests: a tonic `TraceService` on 127.0.0.1:0
 //! that keeps every span it receives, flattened to [`SpanRecord`]s.
-use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
-use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::{any_value::Value, AnyValue, KeyValue};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -59,7 +63,9 @@ impl TraceService for Store {
             }
         }
         self.0.lock().unwrap_or_else(|p| p.into_inner()).extend(got);
-        Ok(tonic::Response::new(ExportTraceServiceResponse { partial_success: None }))
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
@@ -73,7 +79,9 @@ pub struct Collector {
 impl Collector {
     /// Binds 127.0.0.1:0 and serves on the current tokio runtime.
     pub async fn start() -> Collector {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the OTLP collector");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the OTLP collector");
         let addr = listener.local_addr().unwrap();
         let store = Store::default();
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -87,7 +95,11 @@ impl Collector {
                 })
                 .await;
         });
-        Collector { addr, store, stop: Some(stop) }
+        Collector {
+            addr,
+            store,
+            stop: Some(stop),
+        }
     }
 
     /// The value for `OTEL_EXPORTER_OTLP_ENDPOINT`.
@@ -97,11 +109,19 @@ impl Collector {
 
     /// Every span received so far.
     pub fn spans(&self) -> Vec<SpanRecord> {
-        self.store.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.store
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Waits until `done` holds for the spans received (or `timeout` passes) and returns them.
-    pub async fn wait_until(&self, timeout: Duration, done: impl Fn(&[SpanRecord]) -> bool) -> Vec<SpanRecord> {
+    pub async fn wait_until(
+        &self,
+        timeout: Duration,
+        done: impl Fn(&[SpanRecord]) -> bool,
+    ) -> Vec<SpanRecord> {
         let deadline = Instant::now() + timeout;
         loop {
             let spans = self.spans();
@@ -126,7 +146,14 @@ fn hex(b: &[u8]) -> String {
 }
 
 fn attributes(kvs: &[KeyValue]) -> BTreeMap<String, String> {
-    kvs.iter().map(|kv| (kv.key.clone(), kv.value.as_ref().map(any_to_string).unwrap_or_default())).collect()
+    kvs.iter()
+        .map(|kv| {
+            (
+                kv.key.clone(),
+                kv.value.as_ref().map(any_to_string).unwrap_or_default(),
+            )
+        })
+        .collect()
 }
 
 fn any_to_string(v: &AnyValue) -> String {
@@ -138,13 +165,24 @@ fn any_to_string(v: &AnyValue) -> String {
         Some(Value::DoubleValue(d)) => d.to_string(),
         Some(Value::BytesValue(b)) => hex(b),
         Some(Value::ArrayValue(a)) => {
-            format!("[{}]", a.values.iter().map(any_to_string).collect::<Vec<_>>().join(","))
+            format!(
+                "[{}]",
+                a.values
+                    .iter()
+                    .map(any_to_string)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
         }
         Some(Value::KvlistValue(l)) => format!(
             "{{{}}}",
             l.values
                 .iter()
-                .map(|kv| format!("{}={}", kv.key, kv.value.as_ref().map(any_to_string).unwrap_or_default()))
+                .map(|kv| format!(
+                    "{}={}",
+                    kv.key,
+                    kv.value.as_ref().map(any_to_string).unwrap_or_default()
+                ))
                 .collect::<Vec<_>>()
                 .join(",")
         ),

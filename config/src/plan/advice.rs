@@ -30,7 +30,14 @@ fn checked(
 }
 
 fn fresh_ids(cfg: &DeployConfig, count: usize) -> Vec<u32> {
-    let next = cfg.visual.device.iter().chain(cfg.device.iter()).copied().max().map_or(0, |m| m + 1);
+    let next = cfg
+        .visual
+        .device
+        .iter()
+        .chain(cfg.device.iter())
+        .copied()
+        .max()
+        .map_or(0, |m| m + 1);
     (next..next + count as u32).collect()
 }
 
@@ -57,8 +64,10 @@ pub(crate) fn suggest(
         if c.kvcache_num_blocks != cfg.kvcache_num_blocks {
             patch["kvcache_num_blocks"] = c.kvcache_num_blocks.into();
         }
-        let change =
-            format!("max_seq_len: {} (the largest multiple of kvcache_partition_len {part} that fits)", c.max_seq_len);
+        let change = format!(
+            "max_seq_len: {} (the largest multiple of kvcache_partition_len {part} that fits)",
+            c.max_seq_len
+        );
         if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
             out.push(s);
             break;
@@ -66,7 +75,10 @@ pub(crate) fn suggest(
     }
 
     // 2. The largest kvcache_num_blocks that fits (sequences beyond it queue).
-    let relaxed = PlanOptions { require_full_batch: false, ..opts.clone() };
+    let relaxed = PlanOptions {
+        require_full_batch: false,
+        ..opts.clone()
+    };
     let mut auto = cfg.clone();
     auto.kvcache_num_blocks = 0;
     if let Ok(blocks) = resolve_kv_blocks_with(&auto, dims, kind, &relaxed) {
@@ -79,7 +91,14 @@ pub(crate) fn suggest(
                 blocks / per_seq,
                 cfg.batch_size
             );
-            if let Some(s) = checked(&c, dims, kind, &relaxed, change, json!({ "kvcache_num_blocks": blocks })) {
+            if let Some(s) = checked(
+                &c,
+                dims,
+                kind,
+                &relaxed,
+                change,
+                json!({ "kvcache_num_blocks": blocks }),
+            ) {
                 out.push(s);
             }
             // With full-length slots required: the batch that the blocks hold.
@@ -93,7 +112,8 @@ pub(crate) fn suggest(
                     "batch_size: {seqs}, decoder_batch_sizes: {:?} (the largest batch whose every sequence can reach max_seq_len)",
                     c.decoder_batch_sizes
                 );
-                let patch = json!({ "batch_size": seqs, "decoder_batch_sizes": c.decoder_batch_sizes });
+                let patch =
+                    json!({ "batch_size": seqs, "decoder_batch_sizes": c.decoder_batch_sizes });
                 if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
                     out.push(s);
                 }
@@ -118,22 +138,33 @@ pub(crate) fn suggest(
         // 4. More devices for the LM (tensor parallel), then for the ViT.
         for &n in DEVICE_COUNTS.iter().filter(|&&n| n > cfg.num_devices) {
             let mut c = cfg.clone();
-            c.device.extend(fresh_ids(cfg, (n - cfg.num_devices) as usize));
+            c.device
+                .extend(fresh_ids(cfg, (n - cfg.num_devices) as usize));
             c.num_devices = n;
-            let change =
-                format!("num_devices: {n}, device: {:?} ({} more devices for the LM)", c.device, n - cfg.num_devices);
+            let change = format!(
+                "num_devices: {n}, device: {:?} ({} more devices for the LM)",
+                c.device,
+                n - cfg.num_devices
+            );
             let patch = json!({ "num_devices": n, "device": c.device });
             if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
                 out.push(s);
                 break;
             }
         }
-        let vision_short =
-            plan.devices.iter().any(|d| d.headroom < 0 && d.parts.contains(&super::memory::Part::Visual));
+        let vision_short = plan
+            .devices
+            .iter()
+            .any(|d| d.headroom < 0 && d.parts.contains(&super::memory::Part::Visual));
         if vision_short {
-            for &n in DEVICE_COUNTS.iter().filter(|&&n| n > cfg.visual.num_devices) {
+            for &n in DEVICE_COUNTS
+                .iter()
+                .filter(|&&n| n > cfg.visual.num_devices)
+            {
                 let mut c = cfg.clone();
-                c.visual.device.extend(fresh_ids(cfg, (n - cfg.visual.num_devices) as usize));
+                c.visual
+                    .device
+                    .extend(fresh_ids(cfg, (n - cfg.visual.num_devices) as usize));
                 c.visual.num_devices = n;
                 let change = format!(
                     "visual.num_devices: {n}, visual.device: {:?} ({} more devices for visual)",
@@ -153,8 +184,18 @@ pub(crate) fn suggest(
     let need = plan.devices.iter().map(|d| d.used).max().unwrap_or(0);
     if need > kind.capacity {
         let bigger = kind.clone().with_capacity(need);
-        let change = format!("devices of at least {} ({need} bytes; --device-memory {need})", human(need));
-        if let Some(s) = checked(cfg, dims, &bigger, opts, change, json!({ "device_memory": need })) {
+        let change = format!(
+            "devices of at least {} ({need} bytes; --device-memory {need})",
+            human(need)
+        );
+        if let Some(s) = checked(
+            cfg,
+            dims,
+            &bigger,
+            opts,
+            change,
+            json!({ "device_memory": need }),
+        ) {
             out.push(s);
         }
     }

@@ -55,7 +55,10 @@ impl CostModel {
         let head = if d.tied { d.vocab * d.text_hidden } else { 0 };
         // Embedding lookups cost nothing; the LM head is a matmul (tied: counted via `head`).
         let matmul_params = p.text - d.vocab * d.text_hidden + if d.tied { head } else { 0 };
-        CostModel { a: 2.0 * matmul_params as f64, c: 0.0 }
+        CostModel {
+            a: 2.0 * matmul_params as f64,
+            c: 0.0,
+        }
     }
 
     pub fn cost(&self, b: u64) -> f64 {
@@ -93,9 +96,17 @@ pub fn evaluate(samples: &[(u64, f64)], buckets: &[u64], cost: &CostModel) -> Bu
     }
     BucketSet {
         buckets: b,
-        expected_cost: if w_served > 0.0 { total_cost / w_served } else { 0.0 },
+        expected_cost: if w_served > 0.0 {
+            total_cost / w_served
+        } else {
+            0.0
+        },
         padding_waste: if rows > 0.0 { pad / rows } else { 0.0 },
-        unserved: if w_all > 0.0 { (w_all - w_served) / w_all } else { 0.0 },
+        unserved: if w_all > 0.0 {
+            (w_all - w_served) / w_all
+        } else {
+            0.0
+        },
     }
 }
 
@@ -127,11 +138,15 @@ pub fn choose(
     fits: &dyn Fn(&[u64]) -> bool,
 ) -> Result<BucketSet, PlanError> {
     if k == 0 {
-        return Err(PlanError::Traffic("--max-buckets must be at least 1".into()));
+        return Err(PlanError::Traffic(
+            "--max-buckets must be at least 1".into(),
+        ));
     }
     let cands = histogram(samples, largest);
     if cands.is_empty() {
-        return Err(PlanError::Traffic("no observations to choose buckets from".into()));
+        return Err(PlanError::Traffic(
+            "no observations to choose buckets from".into(),
+        ));
     }
     let m = cands.len();
     if let Some(l) = largest {
@@ -230,13 +245,24 @@ pub fn choose_brute_force(samples: &[(u64, f64)], k: usize, cost: &CostModel) ->
 }
 
 /// The cheapest set of at most `k` buckets that `fits`, by enumeration (None when none fits).
-fn brute_force(samples: &[(u64, f64)], k: usize, cost: &CostModel, fits: &dyn Fn(&[u64]) -> bool) -> Option<BucketSet> {
+fn brute_force(
+    samples: &[(u64, f64)],
+    k: usize,
+    cost: &CostModel,
+    fits: &dyn Fn(&[u64]) -> bool,
+) -> Option<BucketSet> {
     let cands: Vec<u64> = histogram(samples, None).into_iter().map(|c| c.0).collect();
     let (top, rest) = cands.split_last().expect("at least one observation");
     let mut best: Option<BucketSet> = None;
     let mut visited = 0u64;
     // Every subset of `rest` of size < k, by recursion over the next index to include.
-    fn walk(rest: &[u64], from: usize, left: usize, chosen: &mut Vec<u64>, visit: &mut dyn FnMut(&[u64])) {
+    fn walk(
+        rest: &[u64],
+        from: usize,
+        left: usize,
+        chosen: &mut Vec<u64>,
+        visit: &mut dyn FnMut(&[u64]),
+    ) {
         visit(chosen);
         if left == 0 {
             return;
@@ -249,14 +275,20 @@ fn brute_force(samples: &[(u64, f64)], k: usize, cost: &CostModel, fits: &dyn Fn
     }
     let mut visit = |chosen: &[u64]| {
         visited += 1;
-        assert!(visited <= 1_000_000, "brute force past a million bucket sets");
+        assert!(
+            visited <= 1_000_000,
+            "brute force past a million bucket sets"
+        );
         let mut set = chosen.to_vec();
         set.push(*top);
         if !fits(&set) {
             return;
         }
         let e = evaluate(samples, &set, cost);
-        if best.as_ref().is_none_or(|b| e.expected_cost < b.expected_cost) {
+        if best
+            .as_ref()
+            .is_none_or(|b| e.expected_cost < b.expected_cost)
+        {
             best = Some(e);
         }
     };
@@ -274,20 +306,32 @@ pub fn parse_traffic(text: &str) -> Result<Vec<(u32, u32)>, PlanError> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = |why: String| PlanError::Traffic(format!("line {}: {why}: `{}`", n + 1, short(line)));
+        let bad =
+            |why: String| PlanError::Traffic(format!("line {}: {why}: `{}`", n + 1, short(line)));
         if line.starts_with('{') {
-            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| bad(format!("not JSON ({e})")))?;
-            let Some(images) = v.get("images") else { continue };
-            let images = images.as_array().ok_or_else(|| bad("`images` is not a list".into()))?;
+            let v: serde_json::Value =
+                serde_json::from_str(line).map_err(|e| bad(format!("not JSON ({e})")))?;
+            let Some(images) = v.get("images") else {
+                continue;
+            };
+            let images = images
+                .as_array()
+                .ok_or_else(|| bad("`images` is not a list".into()))?;
             for im in images {
-                let dim = |k: &str| im.get(k).and_then(|x| x.as_u64()).and_then(|x| u32::try_from(x).ok());
+                let dim = |k: &str| {
+                    im.get(k)
+                        .and_then(|x| x.as_u64())
+                        .and_then(|x| u32::try_from(x).ok())
+                };
                 match (dim("width"), dim("height")) {
                     (Some(w), Some(h)) => out.push((w, h)),
                     _ => return Err(bad("an image without integer `width` and `height`".into())),
                 }
             }
         } else {
-            let (w, h) = line.split_once(['x', 'X', '*']).ok_or_else(|| bad("expected WxH".into()))?;
+            let (w, h) = line
+                .split_once(['x', 'X', '*'])
+                .ok_or_else(|| bad("expected WxH".into()))?;
             let w: u32 = w.trim().parse().map_err(|_| bad("expected WxH".into()))?;
             let h: u32 = h.trim().parse().map_err(|_| bad("expected WxH".into()))?;
             out.push((w, h));
@@ -305,10 +349,19 @@ pub fn parse_batch_log(text: &str) -> Result<Vec<u64>, PlanError> {
         if line.is_empty() || line.starts_with('#') {
             continue;
         }
-        let bad = |why: &str| PlanError::Traffic(format!("batch log line {}: {why}: `{}`", n + 1, short(line)));
+        let bad = |why: &str| {
+            PlanError::Traffic(format!(
+                "batch log line {}: {why}: `{}`",
+                n + 1,
+                short(line)
+            ))
+        };
         if line.starts_with('{') {
             let v: serde_json::Value = serde_json::from_str(line).map_err(|_| bad("not JSON"))?;
-            let a = v.get("active").or_else(|| v.get("batch")).and_then(|x| x.as_u64());
+            let a = v
+                .get("active")
+                .or_else(|| v.get("batch"))
+                .and_then(|x| x.as_u64());
             out.push(a.ok_or_else(|| bad("no integer `active`"))?);
         } else {
             for tok in line.split([' ', '\t', ',']).filter(|t| !t.is_empty()) {
@@ -317,14 +370,21 @@ pub fn parse_batch_log(text: &str) -> Result<Vec<u64>, PlanError> {
         }
     }
     if let Some(pos) = out.iter().position(|&b| b == 0) {
-        return Err(PlanError::Traffic(format!("batch log entry {} is 0; active batches are at least 1", pos + 1)));
+        return Err(PlanError::Traffic(format!(
+            "batch log entry {} is 0; active batches are at least 1",
+            pos + 1
+        )));
     }
     Ok(out)
 }
 
 /// Raw patches of each image under the processor's resize (`min_pixels`/`max_pixels`), rounded
 /// up to a multiple of 4, as (patches, weight 1).
-pub fn image_samples(sizes: &[(u32, u32)], min_pixels: u64, max_pixels: u64) -> Result<Vec<(u64, f64)>, PlanError> {
+pub fn image_samples(
+    sizes: &[(u32, u32)],
+    min_pixels: u64,
+    max_pixels: u64,
+) -> Result<Vec<(u64, f64)>, PlanError> {
     let m = VIT_BUCKET_MULTIPLE as u64;
     sizes
         .iter()

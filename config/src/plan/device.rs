@@ -151,13 +151,19 @@ pub fn mem_total() -> Result<u64, PlanError> {
 
 /// The cgroup v2 memory limit of this process, when one is set.
 fn cgroup_memory_max() -> Option<u64> {
-    std::fs::read_to_string("/sys/fs/cgroup/memory.max").ok()?.trim().parse().ok()
+    std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// A `kB` field of /proc/meminfo, in bytes.
 fn meminfo_field(field: &str) -> Result<u64, PlanError> {
     let text = std::fs::read_to_string("/proc/meminfo").map_err(|e| {
-        PlanError::Device(format!("cannot read /proc/meminfo for the cpu kind: {e}; give --device-memory BYTES"))
+        PlanError::Device(format!(
+            "cannot read /proc/meminfo for the cpu kind: {e}; give --device-memory BYTES"
+        ))
     })?;
     text.lines()
         .find_map(|l| {
@@ -165,17 +171,25 @@ fn meminfo_field(field: &str) -> Result<u64, PlanError> {
             let kb: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
             Some(kb * KIB)
         })
-        .ok_or_else(|| PlanError::Device(format!("no {field} in /proc/meminfo; give --device-memory BYTES")))
+        .ok_or_else(|| {
+            PlanError::Device(format!(
+                "no {field} in /proc/meminfo; give --device-memory BYTES"
+            ))
+        })
 }
 
 /// Parses a byte count: `17179869184`, `16GiB`, `16G` (= GiB), `141GB`, `512MiB`, `1.5TiB`.
 pub fn parse_bytes(text: &str) -> Result<u64, PlanError> {
     let t = text.trim().replace('_', "");
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: f64 = num
-        .parse()
-        .map_err(|_| PlanError::Device(format!("`{text}` is not a byte count (e.g. 17179869184, 16GiB, 141GB)")))?;
+    let n: f64 = num.parse().map_err(|_| {
+        PlanError::Device(format!(
+            "`{text}` is not a byte count (e.g. 17179869184, 16GiB, 141GB)"
+        ))
+    })?;
     let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kib" => KIB as f64,

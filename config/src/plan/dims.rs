@@ -81,19 +81,26 @@ impl ModelDims {
     /// A named preset (`qwen3-vl-2b`).
     pub fn preset(name: &str) -> Result<ModelDims, PlanError> {
         match name.to_ascii_lowercase().replace('_', "-").as_str() {
-            "qwen3-vl-2b" | "qwen3-vl-2b-instruct" | "qwen/qwen3-vl-2b-instruct" => Ok(Self::qwen3_vl_2b()),
-            _ => Err(PlanError::Model(format!("unknown model preset `{name}`; known: qwen3-vl-2b"))),
+            "qwen3-vl-2b" | "qwen3-vl-2b-instruct" | "qwen/qwen3-vl-2b-instruct" => {
+                Ok(Self::qwen3_vl_2b())
+            }
+            _ => Err(PlanError::Model(format!(
+                "unknown model preset `{name}`; known: qwen3-vl-2b"
+            ))),
         }
     }
 
     /// From the text of a checkpoint's `config.json`.
     pub fn from_config_json(text: &str) -> Result<ModelDims, PlanError> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|e| PlanError::Model(format!("config.json: {e}")))?;
+        let raw: RawConfig = serde_json::from_str(text)
+            .map_err(|e| PlanError::Model(format!("config.json: {e}")))?;
         let t = raw.text_config;
         let v = raw.vision_config;
         let heads = t.num_attention_heads;
         if heads == 0 || v.num_heads == 0 {
-            return Err(PlanError::Model("config.json: attention heads must be positive".into()));
+            return Err(PlanError::Model(
+                "config.json: attention heads must be positive".into(),
+            ));
         }
         let head_dim = t.head_dim.unwrap_or(t.hidden_size / heads);
         Ok(ModelDims {
@@ -113,7 +120,10 @@ impl ModelDims {
             text_kv_heads: t.num_key_value_heads.unwrap_or(heads),
             head_dim,
             vocab: t.vocab_size,
-            tied: raw.tie_word_embeddings.or(t.tie_word_embeddings).unwrap_or(false),
+            tied: raw
+                .tie_word_embeddings
+                .or(t.tie_word_embeddings)
+                .unwrap_or(false),
         })
     }
 
@@ -141,9 +151,13 @@ impl ModelDims {
         let merger_vec = 2 * h + merged + o;
         // deepstack mergers: LayerNorm over `merged` (post-shuffle).
         let ds_vec = 2 * merged + merged + o;
-        let visual_mat =
-            self.patch_dim * h + pos + self.vision_depth * block_mat + merger_mat + self.deepstack_levels * merger_mat;
-        let visual_vectors = h + self.vision_depth * block_vec + merger_vec + self.deepstack_levels * ds_vec;
+        let visual_mat = self.patch_dim * h
+            + pos
+            + self.vision_depth * block_mat
+            + merger_mat
+            + self.deepstack_levels * merger_mat;
+        let visual_vectors =
+            h + self.vision_depth * block_vec + merger_vec + self.deepstack_levels * ds_vec;
         debug_assert_eq!(
             visual_mat + visual_vectors,
             patch
@@ -163,7 +177,12 @@ impl ModelDims {
         let head = if self.tied { 0 } else { self.vocab * th };
         let text_mat = embed + head + self.text_layers * layer_mat;
         let text_vectors = self.text_layers * layer_vec + th;
-        ParamCount { visual: visual_mat + visual_vectors, text: text_mat + text_vectors, visual_vectors, text_vectors }
+        ParamCount {
+            visual: visual_mat + visual_vectors,
+            text: text_mat + text_vectors,
+            visual_vectors,
+            text_vectors,
+        }
     }
 
     /// KV bytes of one token over all layers (K and V) at `dtype_bytes` per value.

@@ -235,7 +235,10 @@ impl Plan {
     /// Every device holding `part` fits (for the LM: and automatic KV blocks resolved). What the
     /// bucket advisor checks: a part's buckets are bounded by the memory of its own devices.
     pub fn part_fits(&self, part: Part) -> bool {
-        self.devices.iter().filter(|d| d.parts.contains(&part)).all(|d| d.headroom >= 0)
+        self.devices
+            .iter()
+            .filter(|d| d.parts.contains(&part))
+            .all(|d| d.headroom >= 0)
             && (part != Part::Lm || self.kv.error.is_none())
     }
 }
@@ -252,9 +255,24 @@ struct Dtypes {
 
 fn dtypes(kind: &DeviceKind, opts: &PlanOptions, config_dtype: Dtype) -> Dtypes {
     match (opts.dtype, kind.native_dtype) {
-        (Some(d), _) => Dtypes { weights: d, activations: d, kv: d, f32_vectors: false },
-        (None, Some(d)) => Dtypes { weights: d, activations: d, kv: d, f32_vectors: false },
-        (None, None) => Dtypes { weights: config_dtype, activations: Dtype::F32, kv: Dtype::F32, f32_vectors: true },
+        (Some(d), _) => Dtypes {
+            weights: d,
+            activations: d,
+            kv: d,
+            f32_vectors: false,
+        },
+        (None, Some(d)) => Dtypes {
+            weights: d,
+            activations: d,
+            kv: d,
+            f32_vectors: false,
+        },
+        (None, None) => Dtypes {
+            weights: config_dtype,
+            activations: Dtype::F32,
+            kv: Dtype::F32,
+            f32_vectors: true,
+        },
     }
 }
 
@@ -267,14 +285,19 @@ pub fn vit_query_block_rows(heads: u64, keys: u64) -> u64 {
 
 /// Activation elements of one ViT run at `b` raw patches.
 pub fn vit_bucket_elems(dims: &ModelDims, b: u64) -> u64 {
-    let (d, i, h) = (dims.vision_hidden, dims.vision_intermediate, dims.vision_heads);
+    let (d, i, h) = (
+        dims.vision_hidden,
+        dims.vision_intermediate,
+        dims.vision_heads,
+    );
     let head_dim = d / h.max(1);
     let per_row = 11 * d + i + dims.patch_dim + head_dim;
     let q_block = vit_query_block_rows(h, b).min(b);
     let scores = 2 * h * q_block * b;
     let unit = dims.spatial_merge * dims.spatial_merge;
     let merged = d * unit;
-    let merger = b / unit.max(1) * (2 * merged + dims.vision_out_hidden * (1 + dims.deepstack_levels));
+    let merger =
+        b / unit.max(1) * (2 * merged + dims.vision_out_hidden * (1 + dims.deepstack_levels));
     b * per_row + scores + merger
 }
 
@@ -343,16 +366,29 @@ pub fn vit_cpu_engine_bytes(dims: &ModelDims, rows: u64) -> u64 {
 /// every bucket's buffers at load ([`vit_cpu_engine_bytes`], held per graph); elsewhere our
 /// backend's candle ops allocate per run ([`vit_bucket_elems`], the largest run), and RBLN
 /// keeps every compiled graph's buffers ([`vit_bucket_elems`] per graph).
-pub fn visual_bytes(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> PartBytes {
+pub fn visual_bytes(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+    opts: &PlanOptions,
+) -> PartBytes {
     let t = dtypes(kind, opts, cfg.visual.dtype);
     let p = dims.params();
     let weights = weight_bytes(p.visual, p.visual_vectors, t);
     let cpu_engine = kind.native_dtype.is_none() && kind.shared_pool && t.weights == Dtype::F32;
-    let policy = if cpu_engine { BufferPolicy::PerGraph } else { kind.buffers };
+    let policy = if cpu_engine {
+        BufferPolicy::PerGraph
+    } else {
+        kind.buffers
+    };
     // On one machine's cores each compute device (thread) of the vision service gets its own
     // bucket workspaces (vision-service prepare: "each device gets its own bucket buffers");
     // the weights are shared. Elsewhere the bytes are split over the devices at placement.
-    let copies = if cpu_engine && kind.shared_pool { (cfg.visual.num_devices as u64).max(1) } else { 1 };
+    let copies = if cpu_engine && kind.shared_pool {
+        (cfg.visual.num_devices as u64).max(1)
+    } else {
+        1
+    };
     let mut buckets: Vec<u32> = cfg.visual.max_seq_len.clone();
     buckets.sort_unstable();
     buckets.dedup();
@@ -360,7 +396,11 @@ pub fn visual_bytes(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opt
         .iter()
         .map(|&b| Item {
             part: Part::Visual,
-            what: if copies > 1 { format!("vit bucket {b} (x{copies} devices)") } else { format!("vit bucket {b}") },
+            what: if copies > 1 {
+                format!("vit bucket {b} (x{copies} devices)")
+            } else {
+                format!("vit bucket {b}")
+            },
             bytes: if cpu_engine {
                 copies * vit_cpu_engine_bytes(dims, b as u64)
             } else {
@@ -369,8 +409,14 @@ pub fn visual_bytes(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opt
         })
         .collect();
     let buffers = held(policy, &graphs);
-    let held_buffers =
-        if cpu_engine { buckets.iter().map(|&b| copies * vit_cpu_engine_held_bytes(dims, b as u64)).sum() } else { 0 };
+    let held_buffers = if cpu_engine {
+        buckets
+            .iter()
+            .map(|&b| copies * vit_cpu_engine_held_bytes(dims, b as u64))
+            .sum()
+    } else {
+        0
+    };
     PartBytes {
         part: Part::Visual,
         weights,
@@ -396,7 +442,12 @@ fn process_baseline(kind: &DeviceKind) -> u64 {
 }
 
 /// The LM's bytes on `kind` without the KV cache (`kv_cache` 0).
-fn lm_bytes_without_kv(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> PartBytes {
+fn lm_bytes_without_kv(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+    opts: &PlanOptions,
+) -> PartBytes {
     let t = dtypes(kind, opts, cfg.dtype);
     let p = dims.params();
     let weights = weight_bytes(p.text, p.text_vectors, t);
@@ -406,8 +457,11 @@ fn lm_bytes_without_kv(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, 
     } as u64;
     let a = t.activations.bytes();
     let c = cfg.prefill_chunk_size as u64;
-    let mut graphs =
-        vec![Item { part: Part::Lm, what: format!("prefill chunk {c}"), bytes: lm_step_elems(dims, c, 1, keys) * a }];
+    let mut graphs = vec![Item {
+        part: Part::Lm,
+        what: format!("prefill chunk {c}"),
+        bytes: lm_step_elems(dims, c, 1, keys) * a,
+    }];
     for &b in &cfg.decoder_batch_sizes {
         let b = b as u64;
         graphs.push(Item {
@@ -433,7 +487,12 @@ fn lm_bytes_without_kv(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, 
     }
 }
 
-fn kv_geometry(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> KvPlan {
+fn kv_geometry(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+    opts: &PlanOptions,
+) -> KvPlan {
     let t = dtypes(kind, opts, cfg.dtype);
     let bytes_per_token = dims.kv_bytes_per_token(t.kv.bytes());
     let per_seq = cfg.blocks_per_sequence();
@@ -446,7 +505,11 @@ fn kv_geometry(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &P
         batch_size: cfg.batch_size,
         blocks: cfg.kvcache_num_blocks,
         automatic: cfg.kvcache_num_blocks == 0,
-        extra_blocks: if kind.native_dtype.is_none() && opts.dtype.is_none() { 1 } else { 0 },
+        extra_blocks: if kind.native_dtype.is_none() && opts.dtype.is_none() {
+            1
+        } else {
+            0
+        },
         blocks_per_sequence: per_seq,
         full_batch_blocks: per_seq.saturating_mul(cfg.batch_size),
         full_sequences: 0,
@@ -466,12 +529,22 @@ struct Layout {
 
 fn layout(cfg: &DeployConfig, kind: &DeviceKind) -> Layout {
     if kind.shared_pool {
-        return Layout { slots: vec![("host".into(), None)] };
+        return Layout {
+            slots: vec![("host".into(), None)],
+        };
     }
-    let mut ids: Vec<u32> = cfg.visual.device.iter().chain(cfg.device.iter()).copied().collect();
+    let mut ids: Vec<u32> = cfg
+        .visual
+        .device
+        .iter()
+        .chain(cfg.device.iter())
+        .copied()
+        .collect();
     ids.sort_unstable();
     ids.dedup();
-    Layout { slots: ids.into_iter().map(|i| (i.to_string(), Some(i))).collect() }
+    Layout {
+        slots: ids.into_iter().map(|i| (i.to_string(), Some(i))).collect(),
+    }
 }
 
 /// Everything but the KV cache, per slot: (items, bytes).
@@ -488,19 +561,35 @@ fn place_without_kv(
             let mut parts = Vec::new();
             let mut items = Vec::new();
             for (part, on, n) in [
-                (visual, id.is_none_or(|i| cfg.visual.device.contains(&i)), cfg.visual.num_devices),
-                (lm, id.is_none_or(|i| cfg.device.contains(&i)), cfg.num_devices),
+                (
+                    visual,
+                    id.is_none_or(|i| cfg.visual.device.contains(&i)),
+                    cfg.visual.num_devices,
+                ),
+                (
+                    lm,
+                    id.is_none_or(|i| cfg.device.contains(&i)),
+                    cfg.num_devices,
+                ),
             ] {
                 if !on {
                     continue;
                 }
                 let n = if kind.shared_pool { 1 } else { n as u64 };
                 parts.push(part.part);
-                items.push(Item { part: part.part, what: "weights".into(), bytes: div_ceil(part.weights, n) });
+                items.push(Item {
+                    part: part.part,
+                    what: "weights".into(),
+                    bytes: div_ceil(part.weights, n),
+                });
                 match part.policy {
                     BufferPolicy::PerGraph => {
                         for g in &part.graphs {
-                            items.push(Item { part: part.part, what: g.what.clone(), bytes: div_ceil(g.bytes, n) });
+                            items.push(Item {
+                                part: part.part,
+                                what: g.what.clone(),
+                                bytes: div_ceil(g.bytes, n),
+                            });
                         }
                     }
                     BufferPolicy::PerRun => {
@@ -521,8 +610,17 @@ fn place_without_kv(
 
 /// The largest block count that fits every LM device after everything else placed there,
 /// not capped. `None` when no LM device exists in the layout (cannot happen for a valid config).
-fn max_blocks(cfg: &DeployConfig, kind: &DeviceKind, kv: &KvPlan, placed: &[(Vec<Part>, Vec<Item>)]) -> (u64, String) {
-    let n = if kind.shared_pool { 1 } else { cfg.num_devices as u64 };
+fn max_blocks(
+    cfg: &DeployConfig,
+    kind: &DeviceKind,
+    kv: &KvPlan,
+    placed: &[(Vec<Part>, Vec<Item>)],
+) -> (u64, String) {
+    let n = if kind.shared_pool {
+        1
+    } else {
+        cfg.num_devices as u64
+    };
     let mut best: Option<(u64, String)> = None;
     let lay = layout(cfg, kind);
     for ((name, _), (parts, items)) in lay.slots.iter().zip(placed) {
@@ -545,7 +643,11 @@ fn max_blocks(cfg: &DeployConfig, kind: &DeviceKind, kv: &KvPlan, placed: &[(Vec
 /// for 0, the largest count that fits on every LM device after the weights, the graph buffers,
 /// the reservation and whatever else shares those devices (the ViT included), capped at
 /// `batch_size` full-length sequences. Fewer than one full-length sequence is an error.
-pub fn resolve_kv_blocks(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind) -> Result<u32, PlanError> {
+pub fn resolve_kv_blocks(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+) -> Result<u32, PlanError> {
     resolve_kv_blocks_with(cfg, dims, kind, &PlanOptions::default())
 }
 
@@ -593,7 +695,12 @@ pub fn plan(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &Plan
 }
 
 /// The plan without suggestions (what suggestions are checked with; cheaper than [`plan`]).
-pub fn plan_only(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> Plan {
+pub fn plan_only(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+    opts: &PlanOptions,
+) -> Plan {
     let visual = visual_bytes(cfg, dims, kind, opts);
     let mut lm = lm_bytes_without_kv(cfg, dims, kind, opts);
     let mut kv = kv_geometry(cfg, dims, kind, opts);
@@ -612,13 +719,20 @@ pub fn plan_only(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: 
 
     let lay = layout(cfg, kind);
     let placed = place_without_kv(cfg, kind, &visual, &lm, &lay);
-    let n_lm = if kind.shared_pool { 1 } else { cfg.num_devices as u64 };
+    let n_lm = if kind.shared_pool {
+        1
+    } else {
+        cfg.num_devices as u64
+    };
     let mut devices = Vec::new();
     for ((name, _), (parts, mut items)) in lay.slots.iter().zip(placed) {
         if parts.contains(&Part::Lm) {
             items.push(Item {
                 part: Part::Lm,
-                what: format!("kv cache ({} blocks)", kv.blocks as u64 + kv.extra_blocks as u64),
+                what: format!(
+                    "kv cache ({} blocks)",
+                    kv.blocks as u64 + kv.extra_blocks as u64
+                ),
                 bytes: div_ceil(lm.kv_cache, n_lm),
             });
         }
@@ -643,7 +757,11 @@ pub fn plan_only(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: 
         }
     }
     for (ids, used) in short {
-        let (label, each) = if ids.len() == 1 { ("device", "") } else { ("devices", "each ") };
+        let (label, each) = if ids.len() == 1 {
+            ("device", "")
+        } else {
+            ("devices", "each ")
+        };
         problems.push(format!(
             "{label} {} ({}): {each}needs {} of {}, short by {}",
             ids.join(", "),
@@ -657,7 +775,12 @@ pub fn plan_only(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: 
     let mut shared: Vec<u32> = if kind.shared_pool {
         Vec::new()
     } else {
-        cfg.visual.device.iter().copied().filter(|d| cfg.device.contains(d)).collect()
+        cfg.visual
+            .device
+            .iter()
+            .copied()
+            .filter(|d| cfg.device.contains(d))
+            .collect()
     };
     shared.sort_unstable();
     shared.dedup();
@@ -692,8 +815,18 @@ pub enum Service {
 /// Comparing with process RSS after start-up: [`PartBytes::resident`] is what a service that
 /// pre-faults its reservations holds (see the module documentation); per-run buffers are not
 /// resident between runs.
-pub fn cpu_service_bytes(cfg: &DeployConfig, dims: &ModelDims, service: Service) -> Result<PartBytes, PlanError> {
-    service_bytes(cfg, dims, &DeviceKind::cpu()?, service, &PlanOptions::default())
+pub fn cpu_service_bytes(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    service: Service,
+) -> Result<PartBytes, PlanError> {
+    service_bytes(
+        cfg,
+        dims,
+        &DeviceKind::cpu()?,
+        service,
+        &PlanOptions::default(),
+    )
 }
 
 /// [`cpu_service_bytes`] on any kind.
@@ -752,7 +885,8 @@ mod tests {
     #[test]
     fn every_cpu_vision_device_holds_its_own_workspaces() {
         let one = cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0]}, "device": [3]}"#);
-        let three = cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0, 1, 2]}, "device": [3]}"#);
+        let three =
+            cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0, 1, 2]}, "device": [3]}"#);
         let dims = ModelDims::qwen3_vl_2b();
         let kind = DeviceKind::cpu_with(64 * GIB);
         let opts = PlanOptions::default();

@@ -36,8 +36,9 @@ pub use buckets::{BucketSet, CostModel};
 pub use device::{human, parse_bytes, BufferPolicy, DeviceKind, GIB, KIB, MIB};
 pub use dims::{ModelDims, ParamCount};
 pub use memory::{
-    cpu_service_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with, service_bytes, DevicePlan, Item,
-    KvPlan, Part, PartBytes, Plan, PlanOptions, Service, Suggestion, CPU_PROCESS_BASELINE,
+    cpu_service_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with, service_bytes,
+    DevicePlan, Item, KvPlan, Part, PartBytes, Plan, PlanOptions, Service, Suggestion,
+    CPU_PROCESS_BASELINE,
 };
 
 /// Why a plan cannot be made, or why the automatic KV block count has no answer.
@@ -56,7 +57,14 @@ pub enum PlanError {
          (max_seq_len {max_seq_len}); lower max_seq_len, move visual to other devices or use more devices",
         device::human(*block_bytes)
     )]
-    KvTooSmall { device: String, kind: String, fits: u64, needed: u32, block_bytes: u64, max_seq_len: u32 },
+    KvTooSmall {
+        device: String,
+        kind: String,
+        fits: u64,
+        needed: u32,
+        block_bytes: u64,
+        max_seq_len: u32,
+    },
     /// A traffic file or batch log, or the bucket choice.
     #[error("{0}")]
     Traffic(String),

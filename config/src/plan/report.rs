@@ -32,7 +32,11 @@ pub fn render(plan: &Plan, dims: &ModelDims) -> String {
         k.name,
         human(k.capacity),
         human(k.reserved),
-        if k.shared_pool { ", every device id in one memory pool (host)" } else { "" },
+        if k.shared_pool {
+            ", every device id in one memory pool (host)"
+        } else {
+            ""
+        },
         policy(plan.visual.policy),
         policy(plan.lm.policy)
     );
@@ -76,7 +80,9 @@ pub fn render(plan: &Plan, dims: &ModelDims) -> String {
     let mut groups: Vec<(Vec<&str>, &DevicePlan)> = Vec::new();
     for d in &plan.devices {
         match groups.last_mut() {
-            Some((ids, first)) if first.items == d.items && first.parts == d.parts && first.used == d.used => {
+            Some((ids, first))
+                if first.items == d.items && first.parts == d.parts && first.used == d.used =>
+            {
                 ids.push(&d.id)
             }
             _ => groups.push((vec![&d.id], d)),
@@ -87,13 +93,30 @@ pub fn render(plan: &Plan, dims: &ModelDims) -> String {
         if ids.len() == 1 {
             let _ = writeln!(s, "device {} ({})", ids[0], parts_label(&d.parts));
         } else {
-            let _ = writeln!(s, "devices {} ({}), each", ids.join(", "), parts_label(&d.parts));
+            let _ = writeln!(
+                s,
+                "devices {} ({}), each",
+                ids.join(", "),
+                parts_label(&d.parts)
+            );
         }
         for it in &d.items {
-            let _ = writeln!(s, "  {:<7} {:<32} {:>12}", it.part.as_str(), it.what, human(it.bytes));
+            let _ = writeln!(
+                s,
+                "  {:<7} {:<32} {:>12}",
+                it.part.as_str(),
+                it.what,
+                human(it.bytes)
+            );
         }
         if d.reserved > 0 {
-            let _ = writeln!(s, "  {:<7} {:<32} {:>12}", "", "reserved", human(d.reserved));
+            let _ = writeln!(
+                s,
+                "  {:<7} {:<32} {:>12}",
+                "",
+                "reserved",
+                human(d.reserved)
+            );
         }
         let _ = writeln!(
             s,
@@ -103,7 +126,11 @@ pub fn render(plan: &Plan, dims: &ModelDims) -> String {
             human(d.used),
             human(d.capacity),
             signed(d.headroom),
-            if d.headroom < 0 { "  <-- does not fit" } else { "" }
+            if d.headroom < 0 {
+                "  <-- does not fit"
+            } else {
+                ""
+            }
         );
     }
     let _ = writeln!(s);

@@ -46,7 +46,11 @@ impl BlockPool {
     /// ignored in release builds.
     pub fn give_back(&mut self, blocks: impl IntoIterator<Item = u32>) {
         for b in blocks {
-            debug_assert!(b < self.total, "block {b} is not in a pool of {}", self.total);
+            debug_assert!(
+                b < self.total,
+                "block {b} is not in a pool of {}",
+                self.total
+            );
             debug_assert!(!self.free.contains(&b), "block {b} freed twice");
             if b < self.total {
                 self.free.push(b);

@@ -13,7 +13,10 @@ use vlm_proto::lm_client::LmClient;
 use vlm_proto::{FinishReason, LmGenerateRequest, LmImage, SamplingParams};
 
 pub fn workspace_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn tiny_dir() -> PathBuf {
@@ -40,13 +43,23 @@ pub fn vision_bin() -> PathBuf {
     let _one_build = BUILD.lock().unwrap_or_else(|e| e.into_inner());
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let status = Command::new(cargo)
-        .args(["build", "-p", "vlm-vision-service", "--bin", "vision-service"])
+        .args([
+            "build",
+            "-p",
+            "vlm-vision-service",
+            "--bin",
+            "vision-service",
+        ])
         .env("CARGO_TARGET_DIR", &nested)
         .current_dir(workspace_dir())
         .status()
         .expect("run cargo build -p vlm-vision-service");
     assert!(status.success(), "cargo build -p vlm-vision-service failed");
-    assert!(path.exists(), "{} is missing after the build", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing after the build",
+        path.display()
+    );
     path
 }
 
@@ -91,7 +104,10 @@ impl Proc {
 fn spawn(bin: &Path, args: &[&str], dir: Option<tempfile::TempDir>) -> Proc {
     let mut child = Command::new(bin)
         .args(args)
-        .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -182,7 +198,13 @@ pub async fn lm_client(p: &Proc) -> LmClient<Channel> {
 /// A text prompt of `n` tokens (ids below the special tokens of the tiny vocab).
 pub fn text_prompt(n: usize, seed: u32) -> Vec<u32> {
     (0..n as u32)
-        .map(|i| (i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 7) % 900 + 5)
+        .map(|i| {
+            (i.wrapping_mul(2654435761)
+                .wrapping_add(seed.wrapping_mul(40503))
+                >> 7)
+                % 900
+                + 5
+        })
         .collect()
 }
 
@@ -194,7 +216,12 @@ pub fn greedy(max_tokens: u32) -> SamplingParams {
     }
 }
 
-pub fn request(ids: Vec<u32>, images: Vec<LmImage>, endpoint: &str, sampling: SamplingParams) -> LmGenerateRequest {
+pub fn request(
+    ids: Vec<u32>,
+    images: Vec<LmImage>,
+    endpoint: &str,
+    sampling: SamplingParams,
+) -> LmGenerateRequest {
     LmGenerateRequest {
         request_id: "test".into(),
         input_ids: ids,
@@ -234,7 +261,12 @@ pub async fn wait_serving(p: &Proc) {
             .await
         {
             let mut c = HealthClient::new(ch);
-            if let Ok(r) = c.check(HealthCheckRequest { service: String::new() }).await {
+            if let Ok(r) = c
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+            {
                 if r.into_inner().status == ServingStatus::Serving as i32 {
                     return;
                 }

@@ -17,13 +17,24 @@ pub fn rows_per_chunk(bytes_per_row: usize, max_bytes: usize) -> usize {
 fn raw_bytes(t: &Tensor, dtype: WireDtype) -> candle_core::Result<Vec<u8>> {
     let t = t.flatten_all()?;
     Ok(match dtype {
-        WireDtype::F32 => t.to_dtype(DType::F32)?.to_vec1::<f32>()?.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        WireDtype::F16 => {
-            t.to_dtype(DType::F16)?.to_vec1::<half::f16>()?.iter().flat_map(|v| v.to_le_bytes()).collect()
-        }
-        WireDtype::Bf16 => {
-            t.to_dtype(DType::BF16)?.to_vec1::<half::bf16>()?.iter().flat_map(|v| v.to_le_bytes()).collect()
-        }
+        WireDtype::F32 => t
+            .to_dtype(DType::F32)?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        WireDtype::F16 => t
+            .to_dtype(DType::F16)?
+            .to_vec1::<half::f16>()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        WireDtype::Bf16 => t
+            .to_dtype(DType::BF16)?
+            .to_vec1::<half::bf16>()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
     })
 }
 
@@ -85,11 +96,20 @@ mod tests {
             let v: Vec<f32> = (0..rows * hidden).map(|i| (i + 1000 * k) as f32).collect();
             Tensor::from_vec(v, (rows, hidden), &Device::Cpu).unwrap()
         };
-        ImageEmbeds { embeds: t(0), deepstack: (1..=levels).map(t).collect(), grid_thw: [1, 2, 2 * rows] }
+        ImageEmbeds {
+            embeds: t(0),
+            deepstack: (1..=levels).map(t).collect(),
+            grid_thw: [1, 2, 2 * rows],
+        }
     }
 
     fn header() -> ChunkHeader {
-        ChunkHeader { image_index: 3, content_hash: Arc::new(vec![7]), grid: [1, 2, 2], bucket: 64 }
+        ChunkHeader {
+            image_index: 3,
+            content_hash: Arc::new(vec![7]),
+            grid: [1, 2, 2],
+            bucket: 64,
+        }
     }
 
     #[test]
@@ -103,7 +123,10 @@ mod tests {
             assert_eq!(c.row_start, next);
             assert!(c.payload_bytes() <= 100);
             assert_eq!(c.deepstack.len(), 2);
-            assert_eq!((c.total_rows, c.hidden_size, c.image_index, c.bucket), (10, 4, 3, 64));
+            assert_eq!(
+                (c.total_rows, c.hidden_size, c.image_index, c.bucket),
+                (10, 4, 3, 64)
+            );
             next = c.row_end;
         }
         assert_eq!(next, 10);
@@ -125,7 +148,10 @@ mod tests {
         let chunks = to_chunks(&header(), &out, WireDtype::Bf16, MAX_CHUNK_BYTES).unwrap();
         assert_eq!(chunks.len(), 1);
         assert_eq!(chunks[0].embeds.len(), 3 * 2 * 2);
-        assert_eq!(half::bf16::from_le_bytes([chunks[0].embeds[2], chunks[0].embeds[3]]).to_f32(), 1.0);
+        assert_eq!(
+            half::bf16::from_le_bytes([chunks[0].embeds[2], chunks[0].embeds[3]]).to_f32(),
+            1.0
+        );
     }
 
     #[test]

@@ -93,8 +93,14 @@ struct Inner {
 
 impl Encoder {
     /// Starts one compute thread per device.
-    pub fn start(devices: Vec<DeviceSlot>, cfg: EncoderConfig, model_id: String) -> Result<Encoder, ServeError> {
-        let first = devices.first().ok_or_else(|| ServeError::Config("visual.device is empty".into()))?;
+    pub fn start(
+        devices: Vec<DeviceSlot>,
+        cfg: EncoderConfig,
+        model_id: String,
+    ) -> Result<Encoder, ServeError> {
+        let first = devices
+            .first()
+            .ok_or_else(|| ServeError::Config("visual.device is empty".into()))?;
         let vcfg = first.graphs.model().config().clone();
         let limits = Limits::new(cfg.visual.clone(), cfg.max_decode_pixels);
         let info = StaticInfo {
@@ -163,7 +169,8 @@ impl Encoder {
     ) -> Result<ReceiverStream<Result<Chunk, VisionError>>, VisionError> {
         let result = self.admit(req, deadline, span);
         if let Err(e) = &result {
-            metrics::counter!("vlm_vision_requests_total", "status" => e.metric_label()).increment(1);
+            metrics::counter!("vlm_vision_requests_total", "status" => e.metric_label())
+                .increment(1);
         }
         result
     }
@@ -218,7 +225,8 @@ impl Encoder {
     /// Stops taking work, lets the compute threads finish what is queued, and joins them.
     pub fn shutdown(&self) {
         self.inner.queue.close();
-        let threads = std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let threads =
+            std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for t in threads {
             let _ = t.join();
         }
@@ -242,7 +250,9 @@ async fn forward(
     images: usize,
 ) {
     let _cancel_on_exit = cancel.clone().drop_guard();
-    let timeout_ms = deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64).unwrap_or(0);
+    let timeout_ms = deadline
+        .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64)
+        .unwrap_or(0);
     let deadline_passed = async {
         match deadline {
             Some(d) => tokio::time::sleep_until(d).await,

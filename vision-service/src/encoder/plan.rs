@@ -12,7 +12,13 @@ use vlm_model::preprocess::{self, PixelValues, PreprocessConfig};
 use vlm_model::ModelError;
 
 /// MIME types a caller may declare (an empty one means: detect from the bytes).
-const SUPPORTED_MIME: &[&str] = &["image/png", "image/jpeg", "image/jpg", "image/webp", "image/gif"];
+const SUPPORTED_MIME: &[&str] = &[
+    "image/png",
+    "image/jpeg",
+    "image/jpg",
+    "image/webp",
+    "image/gif",
+];
 
 /// What every image is checked against.
 #[derive(Debug, Clone)]
@@ -31,7 +37,11 @@ impl Limits {
             max_decode_pixels,
             ..PreprocessConfig::default()
         };
-        Limits { visual, max_decode_pixels, preprocess }
+        Limits {
+            visual,
+            max_decode_pixels,
+            preprocess,
+        }
     }
 }
 
@@ -75,11 +85,14 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
             if !mime.is_empty() && !SUPPORTED_MIME.contains(&mime.as_str()) {
                 return Err(VisionError::invalid(
                     index,
-                    format!("unsupported image format {mime_type:?} (supported: {})", SUPPORTED_MIME.join(", ")),
+                    format!(
+                        "unsupported image format {mime_type:?} (supported: {})",
+                        SUPPORTED_MIME.join(", ")
+                    ),
                 ));
             }
-            let (width, height) =
-                preprocess::read_image_size(&data).map_err(|e| VisionError::invalid(index, input_message(e)))?;
+            let (width, height) = preprocess::read_image_size(&data)
+                .map_err(|e| VisionError::invalid(index, input_message(e)))?;
             let pixels = width as u64 * height as u64;
             if pixels > limits.max_decode_pixels {
                 return Err(VisionError::invalid(
@@ -97,9 +110,18 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
             let g = planned.geometry;
             let grid = [g.grid_t, g.grid_h, g.grid_w];
             let target = (g.resized_width, g.resized_height);
-            (Pixels::Encoded { data, target }, grid, planned.bucket, planned.downscaled)
+            (
+                Pixels::Encoded { data, target },
+                grid,
+                planned.bucket,
+                planned.downscaled,
+            )
         }
-        ImageSource::Pixels { width, height, rgb8 } => {
+        ImageSource::Pixels {
+            width,
+            height,
+            rgb8,
+        } => {
             let factor = limits.preprocess.factor();
             if width == 0 || height == 0 || width % factor != 0 || height % factor != 0 {
                 return Err(VisionError::invalid(
@@ -111,7 +133,10 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
             if rgb8.len() as u64 != want {
                 return Err(VisionError::invalid(
                     index,
-                    format!("resized pixels {width}x{height} need {want} RGB8 bytes, got {}", rgb8.len()),
+                    format!(
+                        "resized pixels {width}x{height} need {want} RGB8 bytes, got {}",
+                        rgb8.len()
+                    ),
                 ));
             }
             let patches = (width / patch) as u64 * (height / patch) as u64;
@@ -125,9 +150,15 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
                     ),
                 )
             })?;
-            let img = RgbImage::from_raw(width, height, rgb8)
-                .ok_or_else(|| VisionError::invalid(index, "resized pixels do not fill the image"))?;
-            (Pixels::Resized(img), [1, height / patch, width / patch], bucket, false)
+            let img = RgbImage::from_raw(width, height, rgb8).ok_or_else(|| {
+                VisionError::invalid(index, "resized pixels do not fill the image")
+            })?;
+            (
+                Pixels::Resized(img),
+                [1, height / patch, width / patch],
+                bucket,
+                false,
+            )
         }
     };
     if let Some(expected) = input.expected_grid.filter(|g| *g != [0, 0, 0]) {
@@ -138,7 +169,14 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
             ));
         }
     }
-    Ok(PlannedImage { index, content_hash: Arc::new(input.content_hash), grid, bucket, downscaled, pixels })
+    Ok(PlannedImage {
+        index,
+        content_hash: Arc::new(input.content_hash),
+        grid,
+        bucket,
+        downscaled,
+        pixels,
+    })
 }
 
 impl PlannedImage {
@@ -153,11 +191,15 @@ impl PlannedImage {
         let invalid = |e: ModelError| VisionError::invalid(self.index, input_message(e));
         match &self.pixels {
             Pixels::Encoded { data, target } => {
-                let img = preprocess::decode_image(data, limits.max_decode_pixels).map_err(invalid)?;
-                let resized = preprocess::resize_bicubic(&img, target.0, target.1).map_err(invalid)?;
+                let img =
+                    preprocess::decode_image(data, limits.max_decode_pixels).map_err(invalid)?;
+                let resized =
+                    preprocess::resize_bicubic(&img, target.0, target.1).map_err(invalid)?;
                 preprocess::preprocess_resized(&resized, &limits.preprocess).map_err(invalid)
             }
-            Pixels::Resized(img) => preprocess::preprocess_resized(img, &limits.preprocess).map_err(invalid),
+            Pixels::Resized(img) => {
+                preprocess::preprocess_resized(img, &limits.preprocess).map_err(invalid)
+            }
         }
     }
 }
@@ -183,7 +225,10 @@ mod tests {
 
     fn encoded(data: Vec<u8>) -> ImageInput {
         ImageInput {
-            source: ImageSource::Encoded { data, mime_type: String::new() },
+            source: ImageSource::Encoded {
+                data,
+                mime_type: String::new(),
+            },
             content_hash: vec![],
             expected_grid: None,
         }
@@ -202,9 +247,17 @@ mod tests {
 
     #[test]
     fn oversize_reject_and_downscale() {
-        let err = plan(2, encoded(png(2048, 2048)), &limits(&[256, 1024, 4096], Oversize::Reject)).unwrap_err();
+        let err = plan(
+            2,
+            encoded(png(2048, 2048)),
+            &limits(&[256, 1024, 4096], Oversize::Reject),
+        )
+        .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.starts_with("image 2: ") && msg.contains("16384 patches") && msg.contains("4096"), "{msg}");
+        assert!(
+            msg.starts_with("image 2: ") && msg.contains("16384 patches") && msg.contains("4096"),
+            "{msg}"
+        );
         let l = limits(&[256, 1024, 4096], Oversize::Downscale);
         let p = plan(0, encoded(png(2048, 2048)), &l).unwrap();
         assert_eq!((p.grid, p.bucket, p.downscaled), ([1, 64, 64], 4096, true));
@@ -215,9 +268,16 @@ mod tests {
         let l = limits(&[256, 1024], Oversize::Reject);
         let mut input = encoded(png(256, 256));
         input.expected_grid = Some([1, 8, 8]);
-        assert!(plan(0, input, &l).unwrap_err().to_string().contains("expected grid"));
+        assert!(plan(0, input, &l)
+            .unwrap_err()
+            .to_string()
+            .contains("expected grid"));
         let input = ImageInput {
-            source: ImageSource::Pixels { width: 64, height: 64, rgb8: vec![0; 10] },
+            source: ImageSource::Pixels {
+                width: 64,
+                height: 64,
+                rgb8: vec![0; 10],
+            },
             content_hash: vec![],
             expected_grid: None,
         };
@@ -229,8 +289,13 @@ mod tests {
     fn refuses_by_header_before_decoding() {
         let l = Limits::new(DeployConfig::default_config().visual, 100 * 100);
         let msg = plan(0, encoded(png(128, 128)), &l).unwrap_err().to_string();
-        assert!(msg.contains("128x128 = 16384 pixels") && msg.contains("decode limit of 10000"), "{msg}");
-        let msg = plan(0, encoded(b"not an image at all".to_vec()), &l).unwrap_err().to_string();
+        assert!(
+            msg.contains("128x128 = 16384 pixels") && msg.contains("decode limit of 10000"),
+            "{msg}"
+        );
+        let msg = plan(0, encoded(b"not an image at all".to_vec()), &l)
+            .unwrap_err()
+            .to_string();
         assert!(msg.starts_with("image 0: "), "{msg}");
     }
 }

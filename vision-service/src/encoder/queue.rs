@@ -27,7 +27,10 @@ pub struct Permit {
 
 impl Admission {
     pub fn new(capacity: usize) -> Arc<Admission> {
-        Arc::new(Admission { capacity, held: AtomicUsize::new(0) })
+        Arc::new(Admission {
+            capacity,
+            held: AtomicUsize::new(0),
+        })
     }
 
     pub fn capacity(&self) -> usize {
@@ -44,15 +47,28 @@ impl Admission {
         let mut current = self.held.load(Ordering::Acquire);
         loop {
             if current + n > self.capacity {
-                return Err(VisionError::Overloaded { requested: n, depth: current, capacity: self.capacity });
+                return Err(VisionError::Overloaded {
+                    requested: n,
+                    depth: current,
+                    capacity: self.capacity,
+                });
             }
-            match self.held.compare_exchange_weak(current, current + n, Ordering::AcqRel, Ordering::Acquire) {
+            match self.held.compare_exchange_weak(
+                current,
+                current + n,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
                 Ok(_) => break,
                 Err(now) => current = now,
             }
         }
         metrics::gauge!("vlm_vision_queue_depth").set(self.depth() as f64);
-        Ok((0..n).map(|_| Permit { admission: Arc::clone(self) }).collect())
+        Ok((0..n)
+            .map(|_| Permit {
+                admission: Arc::clone(self),
+            })
+            .collect())
     }
 }
 
@@ -78,7 +94,13 @@ struct QueueState<T> {
 
 impl<T> Default for JobQueue<T> {
     fn default() -> Self {
-        JobQueue { state: Mutex::new(QueueState { jobs: VecDeque::new(), closed: false }), ready: Condvar::new() }
+        JobQueue {
+            state: Mutex::new(QueueState {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            ready: Condvar::new(),
+        }
     }
 }
 
@@ -116,7 +138,11 @@ impl<T> JobQueue<T> {
     }
 
     pub fn len(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).jobs.len()
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .jobs
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -134,7 +160,17 @@ mod tests {
         let two = a.try_acquire(2).unwrap();
         assert_eq!(a.depth(), 2);
         let err = a.try_acquire(2).unwrap_err();
-        assert!(matches!(err, VisionError::Overloaded { requested: 2, depth: 2, capacity: 3 }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                VisionError::Overloaded {
+                    requested: 2,
+                    depth: 2,
+                    capacity: 3
+                }
+            ),
+            "{err:?}"
+        );
         assert_eq!(a.depth(), 2, "a refused request takes nothing");
         let one = a.try_acquire(1).unwrap();
         drop(two);

@@ -8,7 +8,11 @@ pub enum ImageSource {
     /// An image file (PNG, JPEG, WebP, GIF); the service decodes and resizes it.
     Encoded { data: Vec<u8>, mime_type: String },
     /// RGB8 pixels the caller already resized (sides multiples of patch * merge).
-    Pixels { width: u32, height: u32, rgb8: Vec<u8> },
+    Pixels {
+        width: u32,
+        height: u32,
+        rgb8: Vec<u8>,
+    },
 }
 
 /// One image of a request.

@@ -48,14 +48,23 @@ pub struct Shared {
 
 /// Runs jobs from `queue` until it is closed and empty. `core` is the physical core to pin to
 /// (None: no pinning, e.g. GPU ordinals).
-pub fn run(graphs: VisionGraphs, shared: Arc<Shared>, queue: Arc<JobQueue<Job>>, core: Option<usize>, name: String) {
+pub fn run(
+    graphs: VisionGraphs,
+    shared: Arc<Shared>,
+    queue: Arc<JobQueue<Job>>,
+    core: Option<usize>,
+    name: String,
+) {
     if let Some(c) = core {
         if !vlm_service_kit::affinity::pin_current_thread(&[c]) {
             tracing::warn!(thread = %name, core = c, "could not pin the compute thread to its core");
         }
     }
     // Created after pinning: its worker thread inherits this thread's affinity.
-    let pool = match rayon::ThreadPoolBuilder::new().num_threads(1).thread_name(move |_| "vision-intra".into()).build()
+    let pool = match rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .thread_name(move |_| "vision-intra".into())
+        .build()
     {
         Ok(p) => Some(p),
         Err(e) => {
@@ -69,16 +78,26 @@ pub fn run(graphs: VisionGraphs, shared: Arc<Shared>, queue: Arc<JobQueue<Job>>,
         }
         shared.in_flight.fetch_add(1, Ordering::AcqRel);
         metrics::gauge!("vlm_vision_images_in_flight").increment(1.0);
-        let work = || std::panic::catch_unwind(AssertUnwindSafe(|| encode_one(&graphs, &shared, &job)));
+        let work =
+            || std::panic::catch_unwind(AssertUnwindSafe(|| encode_one(&graphs, &shared, &job)));
         let result = match &pool {
             Some(p) => p.install(work),
             None => work(),
         };
         shared.in_flight.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!("vlm_vision_images_in_flight").decrement(1.0);
-        let Job { image, results, permit, .. } = job;
+        let Job {
+            image,
+            results,
+            permit,
+            ..
+        } = job;
         let outcome = match result {
-            Ok(Ok(Some(chunks))) => Outcome::Done { index: image.index, chunks, permit },
+            Ok(Ok(Some(chunks))) => Outcome::Done {
+                index: image.index,
+                chunks,
+                permit,
+            },
             Ok(Ok(None)) => continue, // cancelled mid-way
             Ok(Err(error)) => Outcome::Failed { error },
             Err(panic) => {
@@ -88,7 +107,12 @@ pub fn run(graphs: VisionGraphs, shared: Arc<Shared>, queue: Arc<JobQueue<Job>>,
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
                 tracing::error!(image = image.index, panic = %what, "compute thread caught a panic");
-                Outcome::Failed { error: VisionError::Model { image: image.index, message: format!("panic: {what}") } }
+                Outcome::Failed {
+                    error: VisionError::Model {
+                        image: image.index,
+                        message: format!("panic: {what}"),
+                    },
+                }
             }
         };
         // The request may be gone; then the outcome (and its permit) is simply dropped.
@@ -97,7 +121,11 @@ pub fn run(graphs: VisionGraphs, shared: Arc<Shared>, queue: Arc<JobQueue<Job>>,
 }
 
 /// Preprocess, run the bucket graph, cut into chunks. `Ok(None)` when the caller went away.
-fn encode_one(graphs: &VisionGraphs, shared: &Shared, job: &Job) -> Result<Option<Vec<Chunk>>, VisionError> {
+fn encode_one(
+    graphs: &VisionGraphs,
+    shared: &Shared,
+    job: &Job,
+) -> Result<Option<Vec<Chunk>>, VisionError> {
     let image = &job.image;
     let span = tracing::info_span!(parent: &job.span, "vision.encode_image", image = image.index, bucket = image.bucket, patches = image.patches());
     let _enter = span.enter();
@@ -106,14 +134,21 @@ fn encode_one(graphs: &VisionGraphs, shared: &Shared, job: &Job) -> Result<Optio
         return Ok(None);
     }
     let started = Instant::now();
-    let run = graphs.encode(&pv).map_err(|e| VisionError::Model { image: image.index, message: e.to_string() })?;
+    let run = graphs.encode(&pv).map_err(|e| VisionError::Model {
+        image: image.index,
+        message: e.to_string(),
+    })?;
     let seconds = started.elapsed().as_secs_f64();
     let bucket = run.bucket.to_string();
     metrics::histogram!("vlm_vision_encode_seconds", "bucket" => bucket.clone()).record(seconds);
     metrics::counter!("vlm_vision_images_total", "bucket" => bucket).increment(1);
     metrics::histogram!("vlm_vision_padding_fraction").record(run.padding_fraction as f64);
     if run.bucket as u32 != image.bucket {
-        tracing::warn!(planned = image.bucket, ran = run.bucket, "image ran in another bucket than planned");
+        tracing::warn!(
+            planned = image.bucket,
+            ran = run.bucket,
+            "image ran in another bucket than planned"
+        );
     }
     tracing::debug!(seconds, padding = run.padding_fraction, "image encoded");
     let header = ChunkHeader {
@@ -122,7 +157,12 @@ fn encode_one(graphs: &VisionGraphs, shared: &Shared, job: &Job) -> Result<Optio
         grid: image.grid,
         bucket: run.bucket as u32,
     };
-    let chunks = to_chunks(&header, &run.embeds, job.dtype, shared.max_chunk_bytes)
-        .map_err(|e| VisionError::Model { image: image.index, message: e.to_string() })?;
+    let chunks =
+        to_chunks(&header, &run.embeds, job.dtype, shared.max_chunk_bytes).map_err(|e| {
+            VisionError::Model {
+                image: image.index,
+                message: e.to_string(),
+            }
+        })?;
     Ok(Some(chunks))
 }

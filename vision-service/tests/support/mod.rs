@@ -66,7 +66,9 @@ impl TestServer {
     pub async fn start(config_json: &str, extra: &[&str]) -> TestServer {
         let config_dir = tempfile::tempdir().expect("tempdir");
         let config = write_config(config_dir.path(), config_json);
-        let mut child = command(&config, extra).spawn().expect("spawn vision-service");
+        let mut child = command(&config, extra)
+            .spawn()
+            .expect("spawn vision-service");
         let stdout = child.stdout.take().expect("stdout");
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = std::sync::mpsc::channel();
@@ -80,10 +82,12 @@ impl TestServer {
                 sink.lock().unwrap().push(line);
             }
         });
-        let rest = rx.recv_timeout(Duration::from_secs(120)).unwrap_or_else(|_| {
-            let _ = child.kill();
-            panic!("no `listening` line; stdout: {:?}", lines.lock().unwrap())
-        });
+        let rest = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| {
+                let _ = child.kill();
+                panic!("no `listening` line; stdout: {:?}", lines.lock().unwrap())
+            });
         let addr = |key: &str| -> SocketAddr {
             rest.split_whitespace()
                 .find_map(|kv| kv.strip_prefix(key))
@@ -102,7 +106,11 @@ impl TestServer {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.grpc)).unwrap().connect().await.expect("connect")
+        Channel::from_shared(format!("http://{}", self.grpc))
+            .unwrap()
+            .connect()
+            .await
+            .expect("connect")
     }
 
     pub async fn client(&self) -> VisionClient<Channel> {
@@ -111,37 +119,56 @@ impl TestServer {
 
     pub async fn health(&self, service: &str) -> Option<i32> {
         let mut h = tonic_health::pb::health_client::HealthClient::new(self.channel().await);
-        h.check(tonic_health::pb::HealthCheckRequest { service: service.into() })
-            .await
-            .ok()
-            .map(|r| r.into_inner().status)
+        h.check(tonic_health::pb::HealthCheckRequest {
+            service: service.into(),
+        })
+        .await
+        .ok()
+        .map(|r| r.into_inner().status)
     }
 
     pub async fn wait_serving(&self) {
         let deadline = Instant::now() + Duration::from_secs(120);
         loop {
-            if let Ok(ch) = Channel::from_shared(format!("http://{}", self.grpc)).unwrap().connect().await {
+            if let Ok(ch) = Channel::from_shared(format!("http://{}", self.grpc))
+                .unwrap()
+                .connect()
+                .await
+            {
                 let mut h = tonic_health::pb::health_client::HealthClient::new(ch);
-                let req = tonic_health::pb::HealthCheckRequest { service: "vlm.v1.Vision".into() };
+                let req = tonic_health::pb::HealthCheckRequest {
+                    service: "vlm.v1.Vision".into(),
+                };
                 if let Ok(r) = h.check(req).await {
-                    if r.into_inner().status == tonic_health::pb::health_check_response::ServingStatus::Serving as i32 {
+                    if r.into_inner().status
+                        == tonic_health::pb::health_check_response::ServingStatus::Serving as i32
+                    {
                         return;
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "vision-service never reported SERVING");
+            assert!(
+                Instant::now() < deadline,
+                "vision-service never reported SERVING"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 
     pub async fn info(&self) -> pb::VisionInfo {
-        self.client().await.info(pb::VisionInfoRequest {}).await.expect("info").into_inner()
+        self.client()
+            .await
+            .info(pb::VisionInfoRequest {})
+            .await
+            .expect("info")
+            .into_inner()
     }
 
     /// GET /metrics over a plain socket.
     pub fn metrics_text(&self) -> String {
         let mut s = std::net::TcpStream::connect(self.metrics).expect("metrics connect");
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).unwrap();
         out
@@ -149,7 +176,11 @@ impl TestServer {
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let ok = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        let ok = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
 }
@@ -164,8 +195,15 @@ impl Drop for TestServer {
 /// A deterministic, detailed test picture (so that every patch differs).
 pub fn picture(w: u32, h: u32, seed: u32) -> RgbImage {
     RgbImage::from_fn(w, h, |x, y| {
-        let v = x.wrapping_mul(2654435761).wrapping_add(y.wrapping_mul(40503)).wrapping_add(seed.wrapping_mul(97));
-        image::Rgb([(x * 255 / w.max(1)) as u8, (y * 255 / h.max(1)) as u8, (v >> 13) as u8])
+        let v = x
+            .wrapping_mul(2654435761)
+            .wrapping_add(y.wrapping_mul(40503))
+            .wrapping_add(seed.wrapping_mul(97));
+        image::Rgb([
+            (x * 255 / w.max(1)) as u8,
+            (y * 255 / h.max(1)) as u8,
+            (v >> 13) as u8,
+        ])
     })
 }
 
@@ -181,14 +219,21 @@ pub fn png(w: u32, h: u32, seed: u32) -> Vec<u8> {
 
 pub fn encoded(data: Vec<u8>) -> pb::ImageInput {
     pb::ImageInput {
-        source: Some(pb::image_input::Source::Encoded(pb::EncodedImage { data, mime_type: String::new() })),
+        source: Some(pb::image_input::Source::Encoded(pb::EncodedImage {
+            data,
+            mime_type: String::new(),
+        })),
         content_hash: vec![],
         expected_grid: None,
     }
 }
 
 pub fn request(images: Vec<pb::ImageInput>) -> pb::EncodeRequest {
-    pb::EncodeRequest { request_id: "test".into(), images, dtype: 0 }
+    pb::EncodeRequest {
+        request_id: "test".into(),
+        images,
+        dtype: 0,
+    }
 }
 
 /// Reads a whole Encode stream.
@@ -236,20 +281,30 @@ pub fn reassemble(chunks: &[pb::EmbeddingChunk], image: u32) -> Reassembled {
     };
     let mut next = 0;
     for c in mine {
-        assert_eq!(c.row_start, next, "chunks of image {image} out of order or with a gap");
+        assert_eq!(
+            c.row_start, next,
+            "chunks of image {image} out of order or with a gap"
+        );
         assert!(c.row_end > c.row_start);
         assert_eq!(
             (c.total_rows, c.hidden_size, c.bucket, c.dtype),
             (out.total_rows, out.hidden, out.bucket, out.dtype)
         );
-        assert_eq!(c.deepstack.len(), out.deepstack.len(), "every chunk carries every level");
+        assert_eq!(
+            c.deepstack.len(),
+            out.deepstack.len(),
+            "every chunk carries every level"
+        );
         out.embeds.extend_from_slice(&c.embeds);
         for (acc, d) in out.deepstack.iter_mut().zip(&c.deepstack) {
             acc.extend_from_slice(d);
         }
         next = c.row_end;
     }
-    assert_eq!(next, out.total_rows, "image {image}: rows missing at the end");
+    assert_eq!(
+        next, out.total_rows,
+        "image {image}: rows missing at the end"
+    );
     out
 }
 
@@ -261,13 +316,24 @@ pub struct Oracle {
 
 impl Oracle {
     pub fn new(buckets: &[usize]) -> Oracle {
-        let model = VisionModel::load(checkpoint(), &Device::Cpu, DType::F32).expect("load vision model");
+        let model =
+            VisionModel::load(checkpoint(), &Device::Cpu, DType::F32).expect("load vision model");
         let graphs = VisionGraphs::new(Arc::new(model), buckets).expect("graphs");
-        Oracle { graphs, pool: rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap() }
+        Oracle {
+            graphs,
+            pool: rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap(),
+        }
     }
 
     /// (bucket, grid, raw embeds, raw deepstack levels) for an encoded image, in `dtype`.
-    pub fn encode_bytes(&self, bytes: &[u8], dtype: DType) -> (usize, [usize; 3], Vec<u8>, Vec<Vec<u8>>) {
+    pub fn encode_bytes(
+        &self,
+        bytes: &[u8],
+        dtype: DType,
+    ) -> (usize, [usize; 3], Vec<u8>, Vec<Vec<u8>>) {
         let cfg = PreprocessConfig::default();
         let img = preprocess::decode_image(bytes, cfg.max_decode_pixels).expect("decode");
         self.pool.install(|| {
@@ -276,9 +342,24 @@ impl Oracle {
             let raw = |t: &candle_core::Tensor| -> Vec<u8> {
                 let t = t.to_dtype(dtype).unwrap().flatten_all().unwrap();
                 match dtype {
-                    DType::F32 => t.to_vec1::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    DType::F16 => t.to_vec1::<half::f16>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
-                    DType::BF16 => t.to_vec1::<half::bf16>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect(),
+                    DType::F32 => t
+                        .to_vec1::<f32>()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                    DType::F16 => t
+                        .to_vec1::<half::f16>()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
+                    DType::BF16 => t
+                        .to_vec1::<half::bf16>()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|v| v.to_le_bytes())
+                        .collect(),
                     other => panic!("{other:?}"),
                 }
             };
@@ -306,7 +387,11 @@ fn crc32(data: &[u8]) -> u32 {
     for &b in data {
         crc ^= b as u32;
         for _ in 0..8 {
-            crc = if crc & 1 != 0 { (crc >> 1) ^ 0xEDB8_8320 } else { crc >> 1 };
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
         }
     }
     !crc
