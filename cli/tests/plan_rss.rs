@@ -3,12 +3,10 @@
 //! of the plan's figure for it (`vlm_config::plan::cpu_service_bytes(..).resident()`: process
 //! baseline + weights in the compute dtype + the ViT engine's bucket workspaces + the KV pool).
 //!
-//! The plan counts reservations as resident: the KV pool and the ViT workspaces are zero-filled
-//! allocations that Linux maps lazily, so a service must touch (pre-fault) them at start for
-//! RSS to show them (see the module documentation of `config/src/plan/memory.rs`). Until the
-//! services do that themselves, the children run with glibc's `MALLOC_PERTURB_`, which makes
-//! `malloc`/`calloc` write every block they hand out: exactly the pages the process allocated
-//! become resident, nothing else. Once the services pre-fault, the variable changes nothing.
+//! The plan counts reservations as resident, and the services pre-fault what they reserve at
+//! start (the KV pool and the ViT workspaces: `vlm_model::device::zeros_resident`), so a layout
+//! that does not fit fails at start-up rather than under load (see the module documentation of
+//! `config/src/plan/memory.rs`). The children run with the environment they would have.
 //! The 2B checkpoint is measured by `cargo bench -p vlm-cli --bench plan_rss`.
 #![cfg(target_os = "linux")]
 
@@ -87,8 +85,7 @@ async fn check(service: Service) {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let env = [("MALLOC_PERTURB_".to_string(), "165".to_string())];
-    let mut p = Proc::spawn_env(name, &bin(name), &args, &env);
+    let mut p = Proc::spawn_env(name, &bin(name), &args, &[]);
     wait_serving(&p.addr("grpc")).await;
     // Let the last start-up allocations (health flip, first connections) settle.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -228,9 +228,11 @@ impl Qwen3VlConfig {
         })?;
         let gen_path = dir.join("generation_config.json");
         if let Ok(gen_text) = std::fs::read_to_string(&gen_path) {
-            let gen: RawGeneration = serde_json::from_str(&gen_text).map_err(|e| {
-                ModelError::Config { path: gen_path.clone(), message: e.to_string() }
-            })?;
+            let gen: RawGeneration =
+                serde_json::from_str(&gen_text).map_err(|e| ModelError::Config {
+                    path: gen_path.clone(),
+                    message: e.to_string(),
+                })?;
             if let Some(eos) = gen.eos_token_id {
                 cfg.eos_token_ids = eos.into_vec();
             }
@@ -272,7 +274,10 @@ impl Qwen3VlConfig {
             ));
         }
         if t.hidden_act != "silu" {
-            return Err(format!("text_config hidden_act {:?} is not supported (silu)", t.hidden_act));
+            return Err(format!(
+                "text_config hidden_act {:?} is not supported (silu)",
+                t.hidden_act
+            ));
         }
         if v.hidden_act != "gelu_pytorch_tanh" {
             return Err(format!(
@@ -309,7 +314,10 @@ impl Qwen3VlConfig {
         if v.deepstack_visual_indexes.len() > t.num_hidden_layers {
             return Err("more deepstack levels than text layers".into());
         }
-        let tie = raw.tie_word_embeddings.or(t.tie_word_embeddings).unwrap_or(false);
+        let tie = raw
+            .tie_word_embeddings
+            .or(t.tie_word_embeddings)
+            .unwrap_or(false);
         Ok(Qwen3VlConfig {
             text: TextConfig {
                 vocab_size: t.vocab_size,

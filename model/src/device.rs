@@ -42,7 +42,10 @@ pub fn zeros_resident_f32(n: usize) -> Vec<f32> {
 
 /// A zero tensor whose pages are resident on the CPU (see [`zeros_resident_f32`]); a plain
 /// zero tensor on other devices.
-pub fn zeros_resident(shape: impl Into<candle_core::Shape>, device: &Device) -> Result<candle_core::Tensor> {
+pub fn zeros_resident(
+    shape: impl Into<candle_core::Shape>,
+    device: &Device,
+) -> Result<candle_core::Tensor> {
     let shape: candle_core::Shape = shape.into();
     if device.is_cpu() {
         let data = zeros_resident_f32(shape.elem_count());

@@ -39,6 +39,9 @@ impl ModelError {
         ModelError::InvalidInput(msg.into())
     }
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ModelError::Io { path: path.into(), source }
+        ModelError::Io {
+            path: path.into(),
+            source,
+        }
     }
 }

@@ -41,7 +41,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: Vec<ChatPart>) -> Self {
-        ChatMessage { role: role.into(), content }
+        ChatMessage {
+            role: role.into(),
+            content,
+        }
     }
     pub fn system(text: impl Into<String>) -> Self {
         Self::new("system", vec![ChatPart::Text(text.into())])
@@ -56,7 +59,10 @@ impl ChatMessage {
         Self::new("assistant", vec![ChatPart::Text(text.into())])
     }
     pub fn image_count(&self) -> usize {
-        self.content.iter().filter(|p| matches!(p, ChatPart::Image)).count()
+        self.content
+            .iter()
+            .filter(|p| matches!(p, ChatPart::Image))
+            .count()
     }
     fn to_json(&self) -> Value {
         let parts: Vec<Value> = self
@@ -117,8 +123,10 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-    let value = serde_json::from_str(&text)
-        .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() })?;
+    let value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
     Ok(Some(value))
 }
 
@@ -126,7 +134,10 @@ fn read_json(path: &Path) -> Result<Option<Value>> {
 fn token_string(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::String(s) => Some(s.clone()),
-        Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(str::to_string),
+        Value::Object(o) => o
+            .get("content")
+            .and_then(|c| c.as_str())
+            .map(str::to_string),
         _ => None,
     }
 }
@@ -134,7 +145,11 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 fn id_list(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|n| vec![n as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|n| n.as_u64()).map(|n| n as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|n| n.as_u64())
+            .map(|n| n as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -144,7 +159,9 @@ fn id_list(v: Option<&Value>) -> Vec<u32> {
 fn find_template(dir: &Path, tokenizer_config: Option<&Value>) -> Result<Option<String>> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
-        return std::fs::read_to_string(&jinja).map(Some).map_err(|e| ModelError::io(&jinja, e));
+        return std::fs::read_to_string(&jinja)
+            .map(Some)
+            .map_err(|e| ModelError::io(&jinja, e));
     }
     let from_value = |v: &Value| -> Option<String> {
         match v {
@@ -159,7 +176,10 @@ fn find_template(dir: &Path, tokenizer_config: Option<&Value>) -> Result<Option<
             _ => None,
         }
     };
-    if let Some(t) = tokenizer_config.and_then(|c| c.get("chat_template")).and_then(from_value) {
+    if let Some(t) = tokenizer_config
+        .and_then(|c| c.get("chat_template"))
+        .and_then(from_value)
+    {
         return Ok(Some(t));
     }
     if let Some(v) = read_json(&dir.join("chat_template.json"))? {
@@ -180,12 +200,16 @@ fn template_env(template: Option<String>) -> Result<Environment<'static>> {
         .map_err(|e| tok_err("chat template syntax", e))?;
     env.set_syntax(syntax);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-    env.add_function("raise_exception", |msg: String| -> std::result::Result<JinjaValue, minijinja::Error> {
-        Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-    });
+    env.add_function(
+        "raise_exception",
+        |msg: String| -> std::result::Result<JinjaValue, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        },
+    );
     env.add_filter("tojson", tojson);
     if let Some(t) = template {
-        env.add_template_owned("chat", t).map_err(|e| tok_err("chat template does not parse", e))?;
+        env.add_template_owned("chat", t)
+            .map_err(|e| tok_err("chat template does not parse", e))?;
     }
     Ok(env)
 }
@@ -238,7 +262,10 @@ fn write_json(
                 }
                 first = false;
                 newline(out, depth + 1);
-                let k = key.as_str().map(str::to_string).unwrap_or_else(|| key.to_string());
+                let k = key
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| key.to_string());
                 out.push_str(&serde_json::to_string(&k).unwrap_or_default());
                 out.push_str(": ");
                 write_json(out, &v.get_item(&key)?, indent, depth + 1)?;
@@ -277,11 +304,14 @@ impl ChatTokenizer {
         if !tok_path.is_file() {
             return Err(ModelError::io(
                 &tok_path,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "the checkpoint has no tokenizer.json"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "the checkpoint has no tokenizer.json",
+                ),
             ));
         }
-        let tokenizer =
-            Tokenizer::from_file(&tok_path).map_err(|e| tok_err(&format!("{}", tok_path.display()), e))?;
+        let tokenizer = Tokenizer::from_file(&tok_path)
+            .map_err(|e| tok_err(&format!("{}", tok_path.display()), e))?;
         let tok_config = read_json(&dir.join("tokenizer_config.json"))?;
         let template = find_template(dir, tok_config.as_ref())?;
         let get = |k: &str| token_string(tok_config.as_ref().and_then(|c| c.get(k)));
@@ -296,7 +326,9 @@ impl ChatTokenizer {
         if let Some(cfg) = model_config {
             inner.check_against_config(&cfg, &dir.join("config.json"))?;
         }
-        Ok(ChatTokenizer { inner: Arc::new(inner) })
+        Ok(ChatTokenizer {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The underlying HF tokenizer.
@@ -309,7 +341,9 @@ impl ChatTokenizer {
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let i = &self.inner;
         if !i.has_template {
-            return Err(ModelError::Tokenizer("the checkpoint has no chat template".into()));
+            return Err(ModelError::Tokenizer(
+                "the checkpoint has no chat template".into(),
+            ));
         }
         let ctx = json!({
             "messages": messages.iter().map(ChatMessage::to_json).collect::<Vec<_>>(),
@@ -318,20 +352,32 @@ impl ChatTokenizer {
             "eos_token": i.eos_token.clone().unwrap_or_default(),
             "pad_token": i.pad_token.clone().unwrap_or_default(),
         });
-        let tmpl = i.env.get_template("chat").map_err(|e| tok_err("chat template", e))?;
-        tmpl.render(JinjaValue::from(Serde(&ctx))).map_err(|e| tok_err("chat template render", e))
+        let tmpl = i
+            .env
+            .get_template("chat")
+            .map_err(|e| tok_err("chat template", e))?;
+        tmpl.render(JinjaValue::from(Serde(&ctx)))
+            .map_err(|e| tok_err("chat template render", e))
     }
 
     /// Encodes text as is: added tokens written in the text (`<|im_start|>`, ...) become their
     /// ids; nothing is prepended or appended.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self.inner.tokenizer.encode(text, false).map_err(|e| tok_err("encode", e))?;
+        let enc = self
+            .inner
+            .tokenizer
+            .encode(text, false)
+            .map_err(|e| tok_err("encode", e))?;
         Ok(enc.get_ids().to_vec())
     }
 
     /// Renders `messages` with the generation prompt, encodes, and expands the k-th image's
     /// `<|image_pad|>` into `image_token_counts[k]` copies.
-    pub fn encode_prompt(&self, messages: &[ChatMessage], image_token_counts: &[usize]) -> Result<Vec<u32>> {
+    pub fn encode_prompt(
+        &self,
+        messages: &[ChatMessage],
+        image_token_counts: &[usize],
+    ) -> Result<Vec<u32>> {
         let images: usize = messages.iter().map(ChatMessage::image_count).sum();
         if images != image_token_counts.len() {
             return Err(ModelError::invalid(format!(
@@ -356,7 +402,9 @@ impl ChatTokenizer {
             )));
         }
         if let Some(k) = counts.iter().position(|&c| c == 0) {
-            return Err(ModelError::invalid(format!("image {k} has 0 tokens; every image has at least 1")));
+            return Err(ModelError::invalid(format!(
+                "image {k} has 0 tokens; every image has at least 1"
+            )));
         }
         let mut out = Vec::with_capacity(ids.len() + counts.iter().sum::<usize>());
         let mut next = counts.iter();
@@ -373,12 +421,18 @@ impl ChatTokenizer {
 
     /// Decodes ids to text, special tokens included (as transformers' default).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.tokenizer.decode(ids, false).map_err(|e| tok_err("decode", e))
+        self.inner
+            .tokenizer
+            .decode(ids, false)
+            .map_err(|e| tok_err("decode", e))
     }
 
     /// Decodes ids to text, leaving out tokens flagged special (`<|im_end|>`, ...).
     pub fn decode_skip_special(&self, ids: &[u32]) -> Result<String> {
-        self.inner.tokenizer.decode(ids, true).map_err(|e| tok_err("decode", e))
+        self.inner
+            .tokenizer
+            .decode(ids, true)
+            .map_err(|e| tok_err("decode", e))
     }
 
     /// A streaming decoder over this tokenizer.
@@ -459,9 +513,12 @@ impl Inner {
             .map(|(id, _)| id)
             .collect();
         let byte_decoder = match tokenizer.get_decoder() {
-            Some(DecoderWrapper::ByteLevel(_)) => {
-                Some(crate::make::byte_alphabet().into_iter().map(|(b, c)| (c, b)).collect())
-            }
+            Some(DecoderWrapper::ByteLevel(_)) => Some(
+                crate::make::byte_alphabet()
+                    .into_iter()
+                    .map(|(b, c)| (c, b))
+                    .collect(),
+            ),
             _ => None,
         };
         let has_template = template.is_some();
@@ -488,11 +545,17 @@ impl Inner {
         let pairs = [
             ("image_token_id", IMAGE_PAD, Some(self.image_pad_id)),
             ("video_token_id", VIDEO_PAD, self.video_pad_id),
-            ("vision_start_token_id", VISION_START, Some(self.vision_start_id)),
+            (
+                "vision_start_token_id",
+                VISION_START,
+                Some(self.vision_start_id),
+            ),
             ("vision_end_token_id", VISION_END, Some(self.vision_end_id)),
         ];
         for (key, token, id) in pairs {
-            let (Some(want), Some(id)) = (cfg.get(key).and_then(|v| v.as_u64()), id) else { continue };
+            let (Some(want), Some(id)) = (cfg.get(key).and_then(|v| v.as_u64()), id) else {
+                continue;
+            };
             if want != id as u64 {
                 return Err(ModelError::Config {
                     path: path.to_path_buf(),
@@ -505,7 +568,12 @@ impl Inner {
 
     /// The bytes token `id` contributes to decoded text (ByteLevel decoding, as the `tokenizers`
     /// ByteLevel decoder does it); `None` for unknown ids and skipped special tokens.
-    fn token_bytes(&self, id: u32, skip_special: bool, table: &HashMap<char, u8>) -> Option<Vec<u8>> {
+    fn token_bytes(
+        &self,
+        id: u32,
+        skip_special: bool,
+        table: &HashMap<char, u8>,
+    ) -> Option<Vec<u8>> {
         if skip_special && self.special_ids.contains(&id) {
             return None;
         }
@@ -597,7 +665,9 @@ fn take_complete(pending: &mut Vec<u8>, last: bool) -> String {
             }
             Err(e) => {
                 let valid = e.valid_up_to();
-                out.push_str(std::str::from_utf8(&pending[start..start + valid]).unwrap_or_default());
+                out.push_str(
+                    std::str::from_utf8(&pending[start..start + valid]).unwrap_or_default(),
+                );
                 start += valid;
                 match e.error_len() {
                     Some(n) => {

@@ -16,12 +16,18 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     let index = dir.join("model.safetensors.index.json");
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-            ModelError::Config { path: index.clone(), message: e.to_string() }
-        })?;
-        let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
-            ModelError::Config { path: index.clone(), message: "no \"weight_map\" object".into() }
-        })?;
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| ModelError::Config {
+                path: index.clone(),
+                message: e.to_string(),
+            })?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::Config {
+                path: index.clone(),
+                message: "no \"weight_map\" object".into(),
+            })?;
         let mut files: Vec<PathBuf> = map
             .values()
             .filter_map(|v| v.as_str())
@@ -42,14 +48,18 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
             p.extension().is_some_and(|x| x == "safetensors")
-                && p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("model"))
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("model"))
         })
         .collect();
     files.sort();
     if files.is_empty() {
         return Err(ModelError::io(
             single,
-            std::io::Error::new(std::io::ErrorKind::NotFound, "no model*.safetensors in the checkpoint"),
+            std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "no model*.safetensors in the checkpoint",
+            ),
         ));
     }
     Ok(files)

@@ -66,10 +66,19 @@ fn expected_layout(cfg: &Qwen3VlConfig) -> BTreeMap<String, Vec<usize>> {
     let m4 = d * v.spatial_merge_size * v.spatial_merge_size;
     put(
         "model.visual.patch_embed.proj.weight".into(),
-        &[d, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size],
+        &[
+            d,
+            v.in_channels,
+            v.temporal_patch_size,
+            v.patch_size,
+            v.patch_size,
+        ],
     );
     put("model.visual.patch_embed.proj.bias".into(), &[d]);
-    put("model.visual.pos_embed.weight".into(), &[v.num_position_embeddings, d]);
+    put(
+        "model.visual.pos_embed.weight".into(),
+        &[v.num_position_embeddings, d],
+    );
     for i in 0..v.depth {
         let p = format!("model.visual.blocks.{i}");
         for n in ["norm1", "norm2"] {
@@ -80,9 +89,15 @@ fn expected_layout(cfg: &Qwen3VlConfig) -> BTreeMap<String, Vec<usize>> {
         put(format!("{p}.attn.qkv.bias"), &[3 * d]);
         put(format!("{p}.attn.proj.weight"), &[d, d]);
         put(format!("{p}.attn.proj.bias"), &[d]);
-        put(format!("{p}.mlp.linear_fc1.weight"), &[v.intermediate_size, d]);
+        put(
+            format!("{p}.mlp.linear_fc1.weight"),
+            &[v.intermediate_size, d],
+        );
         put(format!("{p}.mlp.linear_fc1.bias"), &[v.intermediate_size]);
-        put(format!("{p}.mlp.linear_fc2.weight"), &[d, v.intermediate_size]);
+        put(
+            format!("{p}.mlp.linear_fc2.weight"),
+            &[d, v.intermediate_size],
+        );
         put(format!("{p}.mlp.linear_fc2.bias"), &[d]);
     }
     let mut merger = |p: String, norm: usize| {
@@ -98,8 +113,14 @@ fn expected_layout(cfg: &Qwen3VlConfig) -> BTreeMap<String, Vec<usize>> {
         merger(format!("model.visual.deepstack_merger_list.{k}"), m4);
     }
     let h = t.hidden_size;
-    let (q, kv) = (t.num_attention_heads * t.head_dim, t.num_key_value_heads * t.head_dim);
-    put("model.language_model.embed_tokens.weight".into(), &[t.vocab_size, h]);
+    let (q, kv) = (
+        t.num_attention_heads * t.head_dim,
+        t.num_key_value_heads * t.head_dim,
+    );
+    put(
+        "model.language_model.embed_tokens.weight".into(),
+        &[t.vocab_size, h],
+    );
     for i in 0..t.num_hidden_layers {
         let p = format!("model.language_model.layers.{i}");
         put(format!("{p}.self_attn.q_proj.weight"), &[q, h]);
@@ -108,9 +129,15 @@ fn expected_layout(cfg: &Qwen3VlConfig) -> BTreeMap<String, Vec<usize>> {
         put(format!("{p}.self_attn.o_proj.weight"), &[h, q]);
         put(format!("{p}.self_attn.q_norm.weight"), &[t.head_dim]);
         put(format!("{p}.self_attn.k_norm.weight"), &[t.head_dim]);
-        put(format!("{p}.mlp.gate_proj.weight"), &[t.intermediate_size, h]);
+        put(
+            format!("{p}.mlp.gate_proj.weight"),
+            &[t.intermediate_size, h],
+        );
         put(format!("{p}.mlp.up_proj.weight"), &[t.intermediate_size, h]);
-        put(format!("{p}.mlp.down_proj.weight"), &[h, t.intermediate_size]);
+        put(
+            format!("{p}.mlp.down_proj.weight"),
+            &[h, t.intermediate_size],
+        );
         put(format!("{p}.input_layernorm.weight"), &[h]);
         put(format!("{p}.post_attention_layernorm.weight"), &[h]);
     }
@@ -128,7 +155,10 @@ fn read_layout(dir: &Path) -> BTreeMap<String, (Vec<usize>, String)> {
         let bytes = std::fs::read(&file).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
         for (name, view) in st.tensors() {
-            let prev = out.insert(name.clone(), (view.shape().to_vec(), format!("{:?}", view.dtype())));
+            let prev = out.insert(
+                name.clone(),
+                (view.shape().to_vec(), format!("{:?}", view.dtype())),
+            );
             assert!(prev.is_none(), "{name} stored twice");
         }
     }
@@ -139,7 +169,11 @@ fn shapes_only(m: &BTreeMap<String, (Vec<usize>, String)>) -> BTreeMap<String, V
     m.iter().map(|(k, (s, _))| (k.clone(), s.clone())).collect()
 }
 
-fn make(preset: Preset, dir: &Path, f: impl FnOnce(&mut MakeOptions)) -> vlm_model::make::MadeCheckpoint {
+fn make(
+    preset: Preset,
+    dir: &Path,
+    f: impl FnOnce(&mut MakeOptions),
+) -> vlm_model::make::MadeCheckpoint {
     let mut opts = MakeOptions::new(preset);
     f(&mut opts);
     make_model(dir, &opts).unwrap()
@@ -153,13 +187,34 @@ fn tiny_loads_back_with_the_reference_layout() {
     assert_eq!(cfg, made.config);
     // the dims of shared/reference/configs/tiny.json, with the generator's vocabulary
     let (t, v) = (&cfg.text, &cfg.vision);
-    assert_eq!((t.hidden_size, t.intermediate_size, t.num_hidden_layers), (64, 128, 3));
-    assert_eq!((t.num_attention_heads, t.num_key_value_heads, t.head_dim), (4, 2, 16));
-    assert_eq!((t.mrope_section, t.rope_theta, t.vocab_size), ([4, 2, 2], 5e6, 1024));
-    assert_eq!((v.depth, v.hidden_size, v.num_heads, v.out_hidden_size), (3, 64, 2, 64));
-    assert_eq!((v.num_position_embeddings, v.deepstack_visual_indexes.clone()), (64, vec![0, 2]));
+    assert_eq!(
+        (t.hidden_size, t.intermediate_size, t.num_hidden_layers),
+        (64, 128, 3)
+    );
+    assert_eq!(
+        (t.num_attention_heads, t.num_key_value_heads, t.head_dim),
+        (4, 2, 16)
+    );
+    assert_eq!(
+        (t.mrope_section, t.rope_theta, t.vocab_size),
+        ([4, 2, 2], 5e6, 1024)
+    );
+    assert_eq!(
+        (v.depth, v.hidden_size, v.num_heads, v.out_hidden_size),
+        (3, 64, 2, 64)
+    );
+    assert_eq!(
+        (
+            v.num_position_embeddings,
+            v.deepstack_visual_indexes.clone()
+        ),
+        (64, vec![0, 2])
+    );
     assert!(cfg.tie_word_embeddings);
-    assert_eq!(made.weight_files, vec![dir.path().join("model.safetensors")]);
+    assert_eq!(
+        made.weight_files,
+        vec![dir.path().join("model.safetensors")]
+    );
 
     let stored = read_layout(dir.path());
     assert_eq!(shapes_only(&stored), expected_layout(&cfg));
@@ -168,39 +223,79 @@ fn tiny_loads_back_with_the_reference_layout() {
     assert_eq!(made.tensors, stored.len());
 
     // candle reads it through the crate's own loader
-    let vb = vlm_model::weights::var_builder(dir.path(), candle_core::DType::F32, &candle_core::Device::Cpu)
+    let vb = vlm_model::weights::var_builder(
+        dir.path(),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    let w = vb
+        .get((64, 3, 2, 16, 16), "model.visual.patch_embed.proj.weight")
         .unwrap();
-    let w = vb.get((64, 3, 2, 16, 16), "model.visual.patch_embed.proj.weight").unwrap();
-    let std = w.flatten_all().unwrap().sqr().unwrap().mean_all().unwrap().to_scalar::<f32>().unwrap().sqrt();
-    assert!((std - 1.0 / 1536f32.sqrt()).abs() < 0.002, "patch embed std {std}");
-    let norm = vb.get(64, "model.language_model.norm.weight").unwrap().to_vec1::<f32>().unwrap();
+    let std = w
+        .flatten_all()
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt();
+    assert!(
+        (std - 1.0 / 1536f32.sqrt()).abs() < 0.002,
+        "patch embed std {std}"
+    );
+    let norm = vb
+        .get(64, "model.language_model.norm.weight")
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     assert!(norm.iter().all(|&x| x == 1.0));
 
     // both rope spellings, the marker, and the other files
     let raw: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
     let tc = &raw["text_config"];
-    assert_eq!(tc["rope_parameters"]["mrope_section"], serde_json::json!([4, 2, 2]));
-    assert_eq!(tc["rope_scaling"]["mrope_interleaved"], serde_json::json!(true));
+    assert_eq!(
+        tc["rope_parameters"]["mrope_section"],
+        serde_json::json!([4, 2, 2])
+    );
+    assert_eq!(
+        tc["rope_scaling"]["mrope_interleaved"],
+        serde_json::json!(true)
+    );
     assert_eq!(tc["rope_theta"], serde_json::json!(5e6));
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "preprocessor_config.json"]
-    {
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+        "preprocessor_config.json",
+    ] {
         assert!(dir.path().join(f).is_file(), "{f}");
     }
-    let pp: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("preprocessor_config.json")).unwrap())
-            .unwrap();
+    let pp: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("preprocessor_config.json")).unwrap(),
+    )
+    .unwrap();
     assert_eq!(pp["patch_size"], 16);
     assert_eq!(pp["merge_size"], 2);
     assert_eq!(pp["temporal_patch_size"], 2);
     assert_eq!(pp["image_mean"], serde_json::json!([0.5, 0.5, 0.5]));
-    assert_eq!(pp["size"], serde_json::json!({"shortest_edge": 65536, "longest_edge": 16777216}));
+    assert_eq!(
+        pp["size"],
+        serde_json::json!({"shortest_edge": 65536, "longest_edge": 16777216})
+    );
 }
 
 #[test]
 fn weights_are_deterministic_in_the_seed() {
-    let (a, b, c) =
-        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
     make(Preset::Tiny, a.path(), |o| o.seed = 3);
     make(Preset::Tiny, b.path(), |o| o.seed = 3);
     make(Preset::Tiny, c.path(), |o| o.seed = 4);
@@ -231,7 +326,10 @@ fn sharded_output_has_an_index_and_loads() {
         let st_bytes = std::fs::read(f).unwrap();
         let st = SafeTensors::deserialize(&st_bytes).unwrap();
         let data: usize = st.tensors().iter().map(|(_, v)| v.data().len()).sum();
-        assert!(data <= 300_000 || st.len() == 1, "shard {k} holds {data} bytes");
+        assert!(
+            data <= 300_000 || st.len() == 1,
+            "shard {k} holds {data} bytes"
+        );
     }
     assert!(!dir.path().join("model.safetensors").exists());
     let index: serde_json::Value = serde_json::from_str(
@@ -242,10 +340,14 @@ fn sharded_output_has_an_index_and_loads() {
     let stored = read_layout(dir.path());
     assert_eq!(map.len(), stored.len());
     assert!(stored.values().all(|(_, dt)| dt == "BF16"));
-    assert_eq!(index["metadata"]["total_size"].as_u64().unwrap(), made.weight_bytes);
+    assert_eq!(
+        index["metadata"]["total_size"].as_u64().unwrap(),
+        made.weight_bytes
+    );
     assert_eq!(shapes_only(&stored), expected_layout(&made.config));
     let raw: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap())
+            .unwrap();
     assert_eq!(raw["dtype"], "bfloat16");
 
     // the same directory made again as a single file: no stale shard is left behind
@@ -255,9 +357,15 @@ fn sharded_output_has_an_index_and_loads() {
         vec![dir.path().join("model.safetensors")]
     );
     assert!(!dir.path().join("model.safetensors.index.json").exists());
-    let vb = vlm_model::weights::var_builder(dir.path(), candle_core::DType::F32, &candle_core::Device::Cpu)
-        .unwrap();
-    assert!(vb.get((1024, 64), "model.language_model.embed_tokens.weight").is_ok());
+    let vb = vlm_model::weights::var_builder(
+        dir.path(),
+        candle_core::DType::F32,
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    assert!(vb
+        .get((1024, 64), "model.language_model.embed_tokens.weight")
+        .is_ok());
 }
 
 #[test]
@@ -265,8 +373,10 @@ fn untied_tiny_would_store_lm_head() {
     let mut cfg = vlm_model::make::preset_config(Preset::Tiny).unwrap();
     cfg.tie_word_embeddings = false;
     let specs = vlm_model::make::weight_manifest(&cfg);
-    let names: BTreeMap<String, Vec<usize>> =
-        specs.iter().map(|s| (s.name.clone(), s.shape.clone())).collect();
+    let names: BTreeMap<String, Vec<usize>> = specs
+        .iter()
+        .map(|s| (s.name.clone(), s.shape.clone()))
+        .collect();
     assert_eq!(names, expected_layout(&cfg));
     assert_eq!(names["lm_head.weight"], vec![1024, 64]);
 }
@@ -278,7 +388,10 @@ fn refuses_to_overwrite_a_foreign_checkpoint() {
     std::fs::write(dir.path().join("model.safetensors"), "precious").unwrap();
     let err = make_model(dir.path(), &MakeOptions::new(Preset::Tiny)).unwrap_err();
     assert!(err.to_string().contains("did not write"), "{err}");
-    assert_eq!(std::fs::read(dir.path().join("model.safetensors")).unwrap(), b"precious");
+    assert_eq!(
+        std::fs::read(dir.path().join("model.safetensors")).unwrap(),
+        b"precious"
+    );
 }
 
 /// (name, shape) lines and the "# key: number" totals of a weights list.
@@ -311,14 +424,17 @@ fn parse_weights_txt(text: &str) -> WeightList {
 #[test]
 fn the_2b_manifest_matches_the_reference_weight_list() {
     let specs = preset_manifest(Preset::Qwen3Vl2b).unwrap();
-    let made: BTreeMap<String, Vec<usize>> =
-        specs.iter().map(|s| (s.name.clone(), s.shape.clone())).collect();
+    let made: BTreeMap<String, Vec<usize>> = specs
+        .iter()
+        .map(|s| (s.name.clone(), s.shape.clone()))
+        .collect();
     assert_eq!(made.len(), specs.len(), "duplicate names");
     let cfg = vlm_model::make::preset_config(Preset::Qwen3Vl2b).unwrap();
     assert_eq!(made, expected_layout(&cfg));
     assert!(!made.contains_key("lm_head.weight"), "2B is tied");
 
-    let shared = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/reference/qwen3-vl-2b-weights.txt");
+    let shared = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/reference/qwen3-vl-2b-weights.txt");
     let mut sources = vec![WEIGHTS_2B.to_string()];
     if let Ok(text) = std::fs::read_to_string(&shared) {
         sources.push(text);
@@ -329,10 +445,16 @@ fn the_2b_manifest_matches_the_reference_weight_list() {
         for (name, shape) in listed {
             // block 0 / layer 0 / deepstack 0 stand for every block, layer and level
             let mut variants = vec![name.clone()];
-            for (pat, n) in [(".blocks.0.", 24), (".layers.0.", 28), (".deepstack_merger_list.0.", 3)] {
+            for (pat, n) in [
+                (".blocks.0.", 24),
+                (".layers.0.", 28),
+                (".deepstack_merger_list.0.", 3),
+            ] {
                 if name.contains(pat) {
                     let stem = pat.trim_end_matches("0.");
-                    variants = (0..n).map(|i| name.replace(pat, &format!("{stem}{i}."))).collect();
+                    variants = (0..n)
+                        .map(|i| name.replace(pat, &format!("{stem}{i}.")))
+                        .collect();
                 }
             }
             for n in variants {
@@ -341,8 +463,11 @@ fn the_2b_manifest_matches_the_reference_weight_list() {
         }
         let total: u64 = specs.iter().map(|s| s.numel() as u64).sum();
         assert_eq!(Some(&total), totals.get("total params (tied counted once)"));
-        let visual: u64 =
-            specs.iter().filter(|s| s.name.starts_with("model.visual.")).map(|s| s.numel() as u64).sum();
+        let visual: u64 = specs
+            .iter()
+            .filter(|s| s.name.starts_with("model.visual."))
+            .map(|s| s.numel() as u64)
+            .sum();
         assert_eq!(Some(&visual), totals.get("visual params"));
     }
 }
@@ -356,19 +481,47 @@ fn the_2b_preset_metadata_without_weights() {
     let cfg = Qwen3VlConfig::from_dir(dir.path()).unwrap();
     let (t, v) = (&cfg.text, &cfg.vision);
     assert_eq!(
-        (t.vocab_size, t.hidden_size, t.intermediate_size, t.num_hidden_layers),
+        (
+            t.vocab_size,
+            t.hidden_size,
+            t.intermediate_size,
+            t.num_hidden_layers
+        ),
         (151936, 2048, 6144, 28)
     );
-    assert_eq!((t.num_attention_heads, t.num_key_value_heads, t.head_dim), (16, 8, 128));
-    assert_eq!((t.rope_theta, t.mrope_section, t.max_position_embeddings), (5e6, [24, 20, 20], 262144));
     assert_eq!(
-        (v.depth, v.hidden_size, v.intermediate_size, v.num_heads, v.out_hidden_size),
+        (t.num_attention_heads, t.num_key_value_heads, t.head_dim),
+        (16, 8, 128)
+    );
+    assert_eq!(
+        (t.rope_theta, t.mrope_section, t.max_position_embeddings),
+        (5e6, [24, 20, 20], 262144)
+    );
+    assert_eq!(
+        (
+            v.depth,
+            v.hidden_size,
+            v.intermediate_size,
+            v.num_heads,
+            v.out_hidden_size
+        ),
         (24, 1024, 4096, 16, 2048)
     );
-    assert_eq!((v.num_position_embeddings, v.deepstack_visual_indexes.clone()), (2304, vec![5, 11, 17]));
+    assert_eq!(
+        (
+            v.num_position_embeddings,
+            v.deepstack_visual_indexes.clone()
+        ),
+        (2304, vec![5, 11, 17])
+    );
     assert!(cfg.tie_word_embeddings);
     assert_eq!(
-        (cfg.image_token_id, cfg.video_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id),
+        (
+            cfg.image_token_id,
+            cfg.video_token_id,
+            cfg.vision_start_token_id,
+            cfg.vision_end_token_id
+        ),
         (151655, 151656, 151652, 151653)
     );
     assert_eq!(cfg.eos_token_ids, vec![151645, 151643]);

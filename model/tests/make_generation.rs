@@ -11,7 +11,11 @@ fn longest_run(tokens: &[u32]) -> usize {
     let mut best = 0;
     let mut run = 0;
     for (i, t) in tokens.iter().enumerate() {
-        run = if i > 0 && tokens[i - 1] == *t { run + 1 } else { 1 };
+        run = if i > 0 && tokens[i - 1] == *t {
+            run + 1
+        } else {
+            1
+        };
         best = best.max(run);
     }
     best
@@ -20,7 +24,11 @@ fn longest_run(tokens: &[u32]) -> usize {
 #[test]
 fn tied_tiny_models_do_not_collapse() {
     let img = image::RgbImage::from_fn(160, 96, |x, y| {
-        image::Rgb([(x * 255 / 159) as u8, (y * 255 / 95) as u8, ((x ^ y) * 4) as u8])
+        image::Rgb([
+            (x * 255 / 159) as u8,
+            (y * 255 / 95) as u8,
+            ((x ^ y) * 4) as u8,
+        ])
     });
     let pixels = preprocess_rgb(&img, &PreprocessConfig::default()).unwrap();
     let (mut repeats, mut steps) = (0, 0);
@@ -32,12 +40,22 @@ fn tied_tiny_models_do_not_collapse() {
         assert!(made.config.tie_word_embeddings);
         let pipeline = Pipeline::load(dir.path(), &Device::Cpu, DType::F32).unwrap();
         let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
-        let images = pipeline.encode_images(std::slice::from_ref(&pixels)).unwrap();
+        let images = pipeline
+            .encode_images(std::slice::from_ref(&pixels))
+            .unwrap();
         let prompts = [
-            tok.encode_prompt(&[ChatMessage::user_text("Tell me a story about a lighthouse keeper.")], &[])
-                .unwrap(),
             tok.encode_prompt(
-                &[ChatMessage::user(vec![ChatPart::Image, ChatPart::Text("Describe the picture.".into())])],
+                &[ChatMessage::user_text(
+                    "Tell me a story about a lighthouse keeper.",
+                )],
+                &[],
+            )
+            .unwrap(),
+            tok.encode_prompt(
+                &[ChatMessage::user(vec![
+                    ChatPart::Image,
+                    ChatPart::Text("Describe the picture.".into()),
+                ])],
                 &[images[0].tokens()],
             )
             .unwrap(),
@@ -59,5 +77,8 @@ fn tied_tiny_models_do_not_collapse() {
         }
     }
     // and repeating the previous token is the exception (a collapsed tied model does it ~always)
-    assert!(repeats * 5 < steps, "{repeats} of {steps} steps repeat the previous token");
+    assert!(
+        repeats * 5 < steps,
+        "{repeats} of {steps} steps repeat the previous token"
+    );
 }

@@ -37,7 +37,10 @@ fn check_ids_agree_with_config(dir: &Path) -> (ChatTokenizer, Qwen3VlConfig) {
     assert_eq!(tok.pad_id(), Some(eot));
     // every id the tokenizer knows fits in the embedding
     assert!(tok.vocab_size() <= cfg.text.vocab_size);
-    assert_eq!(tok.token_to_id("</think>").unwrap() as usize, tok.vocab_size() - 1);
+    assert_eq!(
+        tok.token_to_id("</think>").unwrap() as usize,
+        tok.vocab_size() - 1
+    );
     (tok, cfg)
 }
 
@@ -81,7 +84,10 @@ fn qwen3_vl_2b_uses_the_real_special_token_ids() {
     // Ids between the learned tokens and the added ones decode to text (a random model
     // emits them).
     let filler = tok.decode(&[5000, 100_000, 151_000]).unwrap();
-    assert!(!filler.is_empty() && filler.chars().all(|c| c.is_ascii_lowercase() || c == ' '), "{filler:?}");
+    assert!(
+        !filler.is_empty() && filler.chars().all(|c| c.is_ascii_lowercase() || c == ' '),
+        "{filler:?}"
+    );
 }
 
 #[test]
@@ -127,7 +133,10 @@ fn chat_template_renders_chatml_with_two_images() {
                     <|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Compare this picture\
                     <|vision_start|><|image_pad|><|vision_end|> with this one.<|im_end|>\n";
     assert_eq!(tok.render(&messages, false).unwrap(), expected);
-    assert_eq!(tok.render(&messages, true).unwrap(), format!("{expected}<|im_start|>assistant\n"));
+    assert_eq!(
+        tok.render(&messages, true).unwrap(),
+        format!("{expected}<|im_start|>assistant\n")
+    );
 
     // multi-turn, no system message: no default system prompt (Qwen3-VL)
     let turns = vec![
@@ -146,9 +155,18 @@ fn chat_template_renders_chatml_with_two_images() {
 #[test]
 fn placeholders_expand_to_each_images_token_count() {
     let (_d, tok) = tiny();
-    let messages = vec![ChatMessage::user(vec![ChatPart::Image, text("and"), ChatPart::Image, text("?")])];
+    let messages = vec![ChatMessage::user(vec![
+        ChatPart::Image,
+        text("and"),
+        ChatPart::Image,
+        text("?"),
+    ])];
     let ids = tok.encode_prompt(&messages, &[4, 6]).unwrap();
-    let (pad, vs, ve) = (tok.image_pad_id(), tok.vision_start_id(), tok.vision_end_id());
+    let (pad, vs, ve) = (
+        tok.image_pad_id(),
+        tok.vision_start_id(),
+        tok.vision_end_id(),
+    );
     assert_eq!(ids.iter().filter(|&&t| t == pad).count(), 10);
     let first = ids.iter().position(|&t| t == vs).unwrap();
     assert_eq!(&ids[first..first + 6], &[vs, pad, pad, pad, pad, ve]);
@@ -160,19 +178,31 @@ fn placeholders_expand_to_each_images_token_count() {
     let by_hand = rendered.replacen("<|image_pad|>", &"<|image_pad|>".repeat(4), 1);
     let by_hand = by_hand.replacen(
         "<|vision_start|><|image_pad|><|vision_end|>?",
-        &format!("<|vision_start|>{}<|vision_end|>?", "<|image_pad|>".repeat(6)),
+        &format!(
+            "<|vision_start|>{}<|vision_end|>?",
+            "<|image_pad|>".repeat(6)
+        ),
         1,
     );
     assert_eq!(tok.encode(&by_hand).unwrap(), ids);
-    assert!(tok.decode(&ids).unwrap().ends_with("<|im_end|>\n<|im_start|>assistant\n"));
+    assert!(tok
+        .decode(&ids)
+        .unwrap()
+        .ends_with("<|im_end|>\n<|im_start|>assistant\n"));
 
     // counts that do not match the images: the message names both numbers
     let err = tok.encode_prompt(&messages, &[4]).unwrap_err().to_string();
     assert!(err.contains('2') && err.contains('1'), "{err}");
     // a literal placeholder typed by the user is refused, not silently mis-expanded
-    let sneaky = vec![ChatMessage::user(vec![ChatPart::Image, text("<|image_pad|>")])];
+    let sneaky = vec![ChatMessage::user(vec![
+        ChatPart::Image,
+        text("<|image_pad|>"),
+    ])];
     let err = tok.encode_prompt(&sneaky, &[4]).unwrap_err().to_string();
-    assert!(err.contains("2 <|image_pad|>") && err.contains("1 images"), "{err}");
+    assert!(
+        err.contains("2 <|image_pad|>") && err.contains("1 images"),
+        "{err}"
+    );
     assert!(tok.encode_prompt(&messages, &[4, 0]).is_err());
 }
 
@@ -223,11 +253,17 @@ fn incremental_decoding_equals_full_decoding_on_random_ids() {
     for round in 0..200 {
         let len = 1 + next(40) as usize;
         // mostly raw byte tokens (ids < 256) so that many sequences are invalid UTF-8
-        let ids: Vec<u32> = (0..len).map(|_| if next(4) == 0 { next(1024) } else { next(256) }).collect();
+        let ids: Vec<u32> = (0..len)
+            .map(|_| if next(4) == 0 { next(1024) } else { next(256) })
+            .collect();
         let (chunks, all) = stream(&tok, &ids, false);
         assert_eq!(all, tok.decode(&ids).unwrap(), "round {round}: {ids:?}");
         let (_, skipped) = stream(&tok, &ids, true);
-        assert_eq!(skipped, tok.decode_skip_special(&ids).unwrap(), "round {round}: {ids:?}");
+        assert_eq!(
+            skipped,
+            tok.decode_skip_special(&ids).unwrap(),
+            "round {round}: {ids:?}"
+        );
         // a chunk never ends inside a character that a later token completes
         let mut so_far = String::new();
         for c in chunks.iter().flatten() {
@@ -267,7 +303,9 @@ fn template_features_of_real_chat_templates() {
         out,
         "USER:a <b> é|\"  a <b> é \"/[again]USER:stop here|\"stop here\"/2{\"k\": [1, 2.5, null, true]}<|im_end|>"
     );
-    let err = tok.render(&[ChatMessage::new("robot", vec![text("x")])], false).unwrap_err();
+    let err = tok
+        .render(&[ChatMessage::new("robot", vec![text("x")])], false)
+        .unwrap_err();
     assert!(err.to_string().contains("bad role robot"), "{err}");
 }
 
@@ -275,9 +313,13 @@ fn template_features_of_real_chat_templates() {
 fn checkpoint_with_mismatched_config_ids_is_refused() {
     let dir = metadata(Preset::Tiny);
     let path = dir.path().join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     cfg["image_token_id"] = serde_json::json!(5);
     std::fs::write(&path, cfg.to_string()).unwrap();
     let err = ChatTokenizer::from_dir(dir.path()).unwrap_err().to_string();
-    assert!(err.contains("image_token_id is 5") && err.contains("<|image_pad|>"), "{err}");
+    assert!(
+        err.contains("image_token_id is 5") && err.contains("<|image_pad|>"),
+        "{err}"
+    );
 }

@@ -14,10 +14,13 @@ pub const QWEN2_SPLIT_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}
 /// `!`..`~`, `¡`..`¬`, `®`..`ÿ` map to themselves and come first; the other 68 bytes map to
 /// U+0100.. in byte order and follow. Entry i is (byte, symbol) of token id i.
 pub fn byte_alphabet() -> Vec<(u8, char)> {
-    let printable =
-        |b: u32| (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
-    let mut out: Vec<(u8, char)> =
-        (0u32..256).filter(|&b| printable(b)).map(|b| (b as u8, char::from_u32(b).unwrap_or('?'))).collect();
+    let printable = |b: u32| {
+        (0x21..=0x7E).contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b)
+    };
+    let mut out: Vec<(u8, char)> = (0u32..256)
+        .filter(|&b| printable(b))
+        .map(|b| (b as u8, char::from_u32(b).unwrap_or('?')))
+        .collect();
     for (next, b) in (256u32..).zip((0u32..256).filter(|&b| !printable(b))) {
         out.push((b as u8, char::from_u32(next).unwrap_or('?')));
     }
@@ -69,12 +72,20 @@ pub struct LearnedBpe {
 /// result depends on the corpus only. Words are the pre-tokenizer's pieces, as in real BPE.
 pub fn learn(corpus: &str, new_tokens: usize) -> Result<LearnedBpe> {
     let words = pre_tokenized_words(corpus)?;
-    let mut vocab: Vec<String> = byte_alphabet().into_iter().map(|(_, c)| c.to_string()).collect();
-    let mut index: HashMap<String, u32> =
-        vocab.iter().enumerate().map(|(i, s)| (s.clone(), i as u32)).collect();
+    let mut vocab: Vec<String> = byte_alphabet()
+        .into_iter()
+        .map(|(_, c)| c.to_string())
+        .collect();
+    let mut index: HashMap<String, u32> = vocab
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.clone(), i as u32))
+        .collect();
     // Each distinct word as a sequence of token ids, with its count.
-    let mut seqs: Vec<(Vec<u32>, u64)> =
-        words.into_iter().map(|(w, n)| (w.chars().map(|c| index[&c.to_string()]).collect(), n)).collect();
+    let mut seqs: Vec<(Vec<u32>, u64)> = words
+        .into_iter()
+        .map(|(w, n)| (w.chars().map(|c| index[&c.to_string()]).collect(), n))
+        .collect();
     let mut merges = Vec::new();
     let target = 256 + new_tokens;
     while vocab.len() < target {
@@ -84,8 +95,9 @@ pub fn learn(corpus: &str, new_tokens: usize) -> Result<LearnedBpe> {
                 *counts.entry((pair[0], pair[1])).or_default() += n;
             }
         }
-        let Some((&(a, b), _)) =
-            counts.iter().max_by(|(pa, ca), (pb, cb)| ca.cmp(cb).then_with(|| pb.cmp(pa)))
+        let Some((&(a, b), _)) = counts
+            .iter()
+            .max_by(|(pa, ca), (pb, cb)| ca.cmp(cb).then_with(|| pb.cmp(pa)))
         else {
             return Err(ModelError::Tokenizer(format!(
                 "the tokenizer corpus supports only {} new tokens, {new_tokens} requested",
@@ -131,7 +143,8 @@ fn pre_tokenized_words(text: &str) -> Result<BTreeMap<String, u64>> {
     let pt: PreTokenizerWrapper = serde_json::from_value(pre_tokenizer_json())
         .map_err(|e| ModelError::Tokenizer(format!("pre-tokenizer: {e}")))?;
     let mut pts = PreTokenizedString::from(text);
-    pt.pre_tokenize(&mut pts).map_err(|e| ModelError::Tokenizer(format!("pre-tokenize corpus: {e}")))?;
+    pt.pre_tokenize(&mut pts)
+        .map_err(|e| ModelError::Tokenizer(format!("pre-tokenize corpus: {e}")))?;
     let mut words = BTreeMap::new();
     for (piece, _, _) in pts.get_splits(OffsetReferential::Original, OffsetType::Byte) {
         *words.entry(piece.to_string()).or_insert(0u64) += 1;

@@ -32,8 +32,10 @@ pub fn tensor_key(seed: u64, name: &str) -> u64 {
 #[inline]
 fn unit_normalish(key: u64, i: u64) -> f32 {
     let r = mix(key.wrapping_add(i.wrapping_add(1).wrapping_mul(GOLDEN)));
-    let s =
-        (r & 0xFFFF).wrapping_add((r >> 16) & 0xFFFF).wrapping_add((r >> 32) & 0xFFFF).wrapping_add(r >> 48);
+    let s = (r & 0xFFFF)
+        .wrapping_add((r >> 16) & 0xFFFF)
+        .wrapping_add((r >> 32) & 0xFFFF)
+        .wrapping_add(r >> 48);
     // mean 4 * 65535/2, std 65536/sqrt(3) (four uniforms of variance 65536^2/12).
     const MEAN: f32 = 131_070.0;
     const INV_STD: f32 = 1.732_050_8 / 65_536.0;
@@ -81,7 +83,14 @@ fn bf16_bits(v: f32) -> u16 {
 }
 
 /// [`fill`] split over `threads` scoped threads.
-pub fn fill_parallel(out: &mut [u8], key: u64, start: u64, init: Init, dtype: WeightDtype, threads: usize) {
+pub fn fill_parallel(
+    out: &mut [u8],
+    key: u64,
+    start: u64,
+    init: Init,
+    dtype: WeightDtype,
+    threads: usize,
+) {
     let size = dtype.size_in_bytes();
     let values = out.len() / size;
     if threads <= 1 || values < 1 << 16 {
@@ -102,8 +111,16 @@ mod tests {
 
     fn values(key: u64, n: usize) -> Vec<f32> {
         let mut buf = vec![0u8; n * 4];
-        fill(&mut buf, key, 0, Init::Normal { std: 1.0 }, WeightDtype::F32);
-        buf.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        fill(
+            &mut buf,
+            key,
+            0,
+            Init::Normal { std: 1.0 },
+            WeightDtype::F32,
+        );
+        buf.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect()
     }
 
     #[test]
@@ -122,7 +139,14 @@ mod tests {
         let mut a = vec![0u8; 300_001 * 2];
         let mut b = a.clone();
         fill(&mut a, key, 5, Init::Normal { std: 0.5 }, WeightDtype::BF16);
-        fill_parallel(&mut b, key, 5, Init::Normal { std: 0.5 }, WeightDtype::BF16, 3);
+        fill_parallel(
+            &mut b,
+            key,
+            5,
+            Init::Normal { std: 0.5 },
+            WeightDtype::BF16,
+            3,
+        );
         assert_eq!(a, b);
         assert_ne!(tensor_key(7, "a"), tensor_key(8, "a"));
         assert_ne!(tensor_key(7, "a"), tensor_key(7, "b"));
@@ -132,7 +156,10 @@ mod tests {
     fn bf16_rounding_matches_half() {
         // two exact ties (round to even: down, then up) among ordinary values
         let ties = [f32::from_bits(0x3F80_8000), f32::from_bits(0x3F81_8000)];
-        for v in [0.0f32, -0.0, 1.0, 0.1, -3.3, 1e-30, 123456.7].into_iter().chain(ties) {
+        for v in [0.0f32, -0.0, 1.0, 0.1, -3.3, 1e-30, 123456.7]
+            .into_iter()
+            .chain(ties)
+        {
             assert_eq!(bf16_bits(v), half::bf16::from_f32(v).to_bits(), "{v}");
         }
     }

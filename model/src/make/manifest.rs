@@ -44,21 +44,39 @@ impl Builder {
     }
     /// `{p}.weight` (out, in) with std 1/sqrt(in), and `{p}.bias` when `bias`.
     fn linear(&mut self, p: &str, out: usize, inp: usize, bias: bool) {
-        self.push(format!("{p}.weight"), vec![out, inp], Init::Normal { std: linear_std(inp) });
+        self.push(
+            format!("{p}.weight"),
+            vec![out, inp],
+            Init::Normal {
+                std: linear_std(inp),
+            },
+        );
         if bias {
-            self.push(format!("{p}.bias"), vec![out], Init::Normal { std: BIAS_STD });
+            self.push(
+                format!("{p}.bias"),
+                vec![out],
+                Init::Normal { std: BIAS_STD },
+            );
         }
     }
     fn layer_norm(&mut self, p: &str, dim: usize) {
         self.push(format!("{p}.weight"), vec![dim], Init::Constant(1.0));
-        self.push(format!("{p}.bias"), vec![dim], Init::Normal { std: BIAS_STD });
+        self.push(
+            format!("{p}.bias"),
+            vec![dim],
+            Init::Normal { std: BIAS_STD },
+        );
     }
     fn rms_norm(&mut self, p: &str, dim: usize) {
         self.push(format!("{p}.weight"), vec![dim], Init::Constant(1.0));
     }
     /// q_norm / k_norm: weight QK_NORM_WEIGHT, see [`weight_manifest`].
     fn qk_norm(&mut self, p: &str, dim: usize) {
-        self.push(format!("{p}.weight"), vec![dim], Init::Constant(QK_NORM_WEIGHT));
+        self.push(
+            format!("{p}.weight"),
+            vec![dim],
+            Init::Constant(QK_NORM_WEIGHT),
+        );
     }
 }
 
@@ -79,14 +97,30 @@ pub fn weight_manifest(cfg: &Qwen3VlConfig) -> Vec<TensorSpec> {
     // ---- vision tower
     let d = v.hidden_size;
     let pv = "model.visual";
-    let patch_shape = vec![d, v.in_channels, v.temporal_patch_size, v.patch_size, v.patch_size];
+    let patch_shape = vec![
+        d,
+        v.in_channels,
+        v.temporal_patch_size,
+        v.patch_size,
+        v.patch_size,
+    ];
     b.push(
         format!("{pv}.patch_embed.proj.weight"),
         patch_shape,
-        Init::Normal { std: linear_std(v.patch_dim()) },
+        Init::Normal {
+            std: linear_std(v.patch_dim()),
+        },
     );
-    b.push(format!("{pv}.patch_embed.proj.bias"), vec![d], Init::Normal { std: BIAS_STD });
-    b.push(format!("{pv}.pos_embed.weight"), vec![v.num_position_embeddings, d], Init::Normal { std: 0.1 });
+    b.push(
+        format!("{pv}.patch_embed.proj.bias"),
+        vec![d],
+        Init::Normal { std: BIAS_STD },
+    );
+    b.push(
+        format!("{pv}.pos_embed.weight"),
+        vec![v.num_position_embeddings, d],
+        Init::Normal { std: 0.1 },
+    );
     for i in 0..v.depth {
         let p = format!("{pv}.blocks.{i}");
         b.layer_norm(&format!("{p}.norm1"), d);
@@ -111,7 +145,11 @@ pub fn weight_manifest(cfg: &Qwen3VlConfig) -> Vec<TensorSpec> {
     let h = t.hidden_size;
     let pl = "model.language_model";
     let embed_std = 1.0 / (h as f32).sqrt();
-    b.push(format!("{pl}.embed_tokens.weight"), vec![t.vocab_size, h], Init::Normal { std: embed_std });
+    b.push(
+        format!("{pl}.embed_tokens.weight"),
+        vec![t.vocab_size, h],
+        Init::Normal { std: embed_std },
+    );
     let q = t.num_attention_heads * t.head_dim;
     let kv = t.num_key_value_heads * t.head_dim;
     for i in 0..t.num_hidden_layers {
@@ -130,7 +168,11 @@ pub fn weight_manifest(cfg: &Qwen3VlConfig) -> Vec<TensorSpec> {
     }
     b.rms_norm(&format!("{pl}.norm"), h);
     if !cfg.tie_word_embeddings {
-        b.push("lm_head.weight".into(), vec![t.vocab_size, h], Init::Normal { std: embed_std });
+        b.push(
+            "lm_head.weight".into(),
+            vec![t.vocab_size, h],
+            Init::Normal { std: embed_std },
+        );
     }
     b.0
 }

@@ -75,7 +75,9 @@ impl FromStr for WeightDtype {
             "f32" | "float32" => Ok(WeightDtype::F32),
             "f16" | "float16" => Ok(WeightDtype::F16),
             "bf16" | "bfloat16" => Ok(WeightDtype::BF16),
-            other => Err(format!("weight dtype {other:?} is not supported; use one of f32, f16, bf16")),
+            other => Err(format!(
+                "weight dtype {other:?} is not supported; use one of f32, f16, bf16"
+            )),
         }
     }
 }
@@ -95,7 +97,13 @@ pub struct MakeOptions {
 
 impl MakeOptions {
     pub fn new(preset: Preset) -> Self {
-        MakeOptions { preset, seed: 0, dtype: None, max_shard_bytes: None, weights: true }
+        MakeOptions {
+            preset,
+            seed: 0,
+            dtype: None,
+            max_shard_bytes: None,
+            weights: true,
+        }
     }
     pub fn dtype(&self) -> WeightDtype {
         self.dtype.unwrap_or(self.preset.default_dtype())
@@ -145,7 +153,9 @@ pub fn make_model(dir: &Path, opts: &MakeOptions) -> Result<MadeCheckpoint> {
     if !opts.weights {
         return Ok(made);
     }
-    let max = opts.max_shard_bytes.or(opts.preset.default_max_shard_bytes());
+    let max = opts
+        .max_shard_bytes
+        .or(opts.preset.default_max_shard_bytes());
     let shards = writer::plan_shards(&specs, dtype, max);
     let sharded = max.is_some();
     let names = writer::shard_names(shards.len(), sharded);
@@ -186,7 +196,9 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     let config = dir.join("config.json");
     if config.is_file() {
         let text = std::fs::read_to_string(&config).map_err(|e| ModelError::io(&config, e))?;
-        let ours = serde_json::from_str::<Value>(&text).map(|v| v.get(MARKER).is_some()).unwrap_or(false);
+        let ours = serde_json::from_str::<Value>(&text)
+            .map(|v| v.get(MARKER).is_some())
+            .unwrap_or(false);
         if !ours {
             return Err(ModelError::Config {
                 path: config,
@@ -198,7 +210,10 @@ fn prepare_dir(dir: &Path) -> Result<()> {
     }
     for entry in std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))? {
         let path = entry.map_err(|e| ModelError::io(dir, e))?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let stale = (name.starts_with("model") && name.ends_with(".safetensors"))
             || name == "model.safetensors.index.json";
         if stale && path.is_file() {
@@ -213,20 +228,31 @@ fn write_metadata(dir: &Path, preset: Preset, config_json: &Value) -> Result<Qwe
     let layout = preset.vocab_layout();
     write_json(&dir.join("config.json"), config_json)?;
     let config = Qwen3VlConfig::from_dir(dir)?;
-    write_json(&dir.join("tokenizer.json"), &vocab::tokenizer_json(&layout)?)?;
+    write_json(
+        &dir.join("tokenizer.json"),
+        &vocab::tokenizer_json(&layout)?,
+    )?;
     write_json(
         &dir.join("tokenizer_config.json"),
         &vocab::tokenizer_config_json(&layout, config.text.max_position_embeddings),
     )?;
-    write_json(&dir.join("generation_config.json"), &generation_config_json(&layout))?;
-    write_json(&dir.join("preprocessor_config.json"), &preprocessor_config_json(&config.vision))?;
+    write_json(
+        &dir.join("generation_config.json"),
+        &generation_config_json(&layout),
+    )?;
+    write_json(
+        &dir.join("preprocessor_config.json"),
+        &preprocessor_config_json(&config.vision),
+    )?;
     // Read back so generation_config's eos ids are in the returned config.
     Qwen3VlConfig::from_dir(dir)
 }
 
 fn write_json(path: &Path, value: &Value) -> Result<()> {
-    let text = serde_json::to_string_pretty(value)
-        .map_err(|e| ModelError::Config { path: path.to_path_buf(), message: e.to_string() })?;
+    let text = serde_json::to_string_pretty(value).map_err(|e| ModelError::Config {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
     std::fs::write(path, text + "\n").map_err(|e| ModelError::io(path, e))
 }
 

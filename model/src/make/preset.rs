@@ -44,7 +44,11 @@ impl Preset {
     pub(crate) fn dims(self) -> Dims {
         match self {
             Preset::Tiny => Dims {
-                vocab: VocabLayout { learned_merges: 742, first_added_id: 998, vocab_size: 1024 },
+                vocab: VocabLayout {
+                    learned_merges: 742,
+                    first_added_id: 998,
+                    vocab_size: 1024,
+                },
                 hidden: 64,
                 intermediate: 128,
                 layers: 3,
@@ -64,7 +68,11 @@ impl Preset {
                 deepstack: vec![0, 2],
             },
             Preset::Qwen3Vl2b => Dims {
-                vocab: VocabLayout { learned_merges: 742, first_added_id: 151643, vocab_size: 151936 },
+                vocab: VocabLayout {
+                    learned_merges: 742,
+                    first_added_id: 151643,
+                    vocab_size: 151936,
+                },
                 hidden: 2048,
                 intermediate: 6144,
                 layers: 28,
@@ -109,7 +117,9 @@ impl FromStr for Preset {
         match s.to_ascii_lowercase().as_str() {
             "tiny" => Ok(Preset::Tiny),
             "qwen3-vl-2b" | "qwen3-vl-2b-instruct" | "2b" => Ok(Preset::Qwen3Vl2b),
-            other => Err(format!("unknown preset {other:?}; use one of: tiny, qwen3-vl-2b")),
+            other => Err(format!(
+                "unknown preset {other:?}; use one of: tiny, qwen3-vl-2b"
+            )),
         }
     }
 }

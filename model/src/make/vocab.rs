@@ -59,7 +59,10 @@ pub struct VocabLayout {
 impl VocabLayout {
     /// The id of an added token by its content.
     pub fn added_id(&self, content: &str) -> Option<u32> {
-        ADDED_TOKENS.iter().position(|(c, _)| *c == content).map(|i| self.first_added_id + i as u32)
+        ADDED_TOKENS
+            .iter()
+            .position(|(c, _)| *c == content)
+            .map(|i| self.first_added_id + i as u32)
     }
     fn id(&self, content: &str) -> u32 {
         // Only called with names from ADDED_TOKENS.

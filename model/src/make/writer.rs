@@ -15,7 +15,11 @@ const CHUNK_VALUES: usize = 8 << 20;
 /// Groups tensors (in order) into shards of at most `max_bytes` each, the way
 /// transformers' `save_pretrained` does: a tensor that does not fit starts a new shard (a
 /// tensor larger than the limit gets a shard of its own). `None`: one shard.
-pub fn plan_shards(specs: &[TensorSpec], dtype: WeightDtype, max_bytes: Option<u64>) -> Vec<Vec<usize>> {
+pub fn plan_shards(
+    specs: &[TensorSpec],
+    dtype: WeightDtype,
+    max_bytes: Option<u64>,
+) -> Vec<Vec<usize>> {
     let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
     let mut size = 0u64;
     for (i, s) in specs.iter().enumerate() {
@@ -40,7 +44,9 @@ pub fn shard_names(count: usize, sharded: bool) -> Vec<String> {
     if !sharded {
         return vec!["model.safetensors".into()];
     }
-    (1..=count).map(|k| format!("model-{k:05}-of-{count:05}.safetensors")).collect()
+    (1..=count)
+        .map(|k| format!("model-{k:05}-of-{count:05}.safetensors"))
+        .collect()
 }
 
 /// The safetensors header for `specs` in this order (data laid out contiguously), padded with
@@ -110,7 +116,9 @@ pub fn write_file(
             while start < n {
                 let len = (n - start).min(CHUNK_VALUES);
                 // a closed channel means the writer failed: its error is reported below
-                let Ok(mut buf) = empty_rx.recv() else { break 'gen };
+                let Ok(mut buf) = empty_rx.recv() else {
+                    break 'gen;
+                };
                 buf.resize(len * size, 0);
                 init::fill_parallel(&mut buf, key, start as u64, spec.init, dtype, threads);
                 *written_ref += buf.len() as u64;
@@ -123,7 +131,10 @@ pub fn write_file(
         drop(full_tx);
         match writer.join() {
             Ok(r) => r.map_err(io),
-            Err(_) => Err(ModelError::Weights(format!("writer thread for {} panicked", path.display()))),
+            Err(_) => Err(ModelError::Weights(format!(
+                "writer thread for {} panicked",
+                path.display()
+            ))),
         }
     })?;
     Ok(written)

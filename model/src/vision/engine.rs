@@ -58,12 +58,12 @@ impl Workspace {
         let d = cfg.hidden_size;
         Workspace {
             rows,
-            x: vec![0.0; rows * d],
-            h: vec![0.0; rows * d],
-            big: vec![0.0; rows * big_width(cfg)],
-            q: vec![0.0; rows * d],
-            k: vec![0.0; rows * d],
-            v: vec![0.0; rows * d],
+            x: crate::device::zeros_resident_f32(rows * d),
+            h: crate::device::zeros_resident_f32(rows * d),
+            big: crate::device::zeros_resident_f32(rows * big_width(cfg)),
+            q: crate::device::zeros_resident_f32(rows * d),
+            k: crate::device::zeros_resident_f32(rows * d),
+            v: crate::device::zeros_resident_f32(rows * d),
         }
     }
 
