@@ -110,18 +110,7 @@ impl CustomOp2 for SmallRowsMatmul {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (m, k) = l1.shape().dims2()?;
-        let (n, k2) = l2.shape().dims2()?;
-        if k != k2 {
-            candle_core::bail!("small-rows-matmul: inner dims {k} vs {k2}");
-        }
-        let x = match (s1, l1.contiguous_offsets()) {
-            (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
-            _ => candle_core::bail!("small-rows-matmul: lhs must be contiguous f32"),
-        };
-        let Some((a, b)) = l2.contiguous_offsets() else {
-            candle_core::bail!("small-rows-matmul: weight must be contiguous")
-        };
+        let (x, m, k, n, (a, b)) = operands(self.name(), s1, l1, l2)?;
         let mut out = vec![0f32; m * n];
         fn run<W: WeightElem>(x: &[f32], m: usize, k: usize, w: &[W], n: usize, out: &mut [f32]) {
             gemv(x, m, k, w, n, out)
@@ -134,6 +123,29 @@ impl CustomOp2 for SmallRowsMatmul {
         }
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
     }
+}
+
+/// The operands of a (m, k) x (n, k)^T matmul: the contiguous f32 lhs, m, k, n and the
+/// contiguous range of the weight's storage.
+fn operands<'a>(
+    op: &str,
+    s1: &'a CpuStorage,
+    l1: &Layout,
+    l2: &Layout,
+) -> candle_core::Result<(&'a [f32], usize, usize, usize, (usize, usize))> {
+    let (m, k) = l1.shape().dims2()?;
+    let (n, k2) = l2.shape().dims2()?;
+    if k != k2 {
+        candle_core::bail!("{op}: inner dims {k} vs {k2}");
+    }
+    let x = match (s1, l1.contiguous_offsets()) {
+        (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
+        _ => candle_core::bail!("{op}: lhs must be contiguous f32"),
+    };
+    let Some(range) = l2.contiguous_offsets() else {
+        candle_core::bail!("{op}: weight must be contiguous")
+    };
+    Ok((x, m, k, n, range))
 }
 
 /// candle op: lhs (m, k) f32 contiguous, rhs (n, k) f16/bf16 contiguous -> (m, n) f32.
@@ -151,18 +163,7 @@ impl CustomOp2 for WideningMatmul {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (m, k) = l1.shape().dims2()?;
-        let (n, k2) = l2.shape().dims2()?;
-        if k != k2 {
-            candle_core::bail!("widening-matmul: inner dims {k} vs {k2}");
-        }
-        let x = match (s1, l1.contiguous_offsets()) {
-            (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
-            _ => candle_core::bail!("widening-matmul: lhs must be contiguous f32"),
-        };
-        let Some((a, b)) = l2.contiguous_offsets() else {
-            candle_core::bail!("widening-matmul: weight must be contiguous")
-        };
+        let (x, m, k, n, (a, b)) = operands(self.name(), s1, l1, l2)?;
         let mut out = vec![0f32; m * n];
         match s2 {
             CpuStorage::F16(w) => matmul_widening(x, m, k, &w[a..b], n, &mut out),
