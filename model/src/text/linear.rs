@@ -127,12 +127,14 @@ impl CustomOp2 for SmallRowsMatmul {
 
 /// The operands of a (m, k) x (n, k)^T matmul: the contiguous f32 lhs, m, k, n and the
 /// contiguous range of the weight's storage.
+type Operands<'a> = (&'a [f32], usize, usize, usize, (usize, usize));
+
 fn operands<'a>(
     op: &str,
     s1: &'a CpuStorage,
     l1: &Layout,
     l2: &Layout,
-) -> candle_core::Result<(&'a [f32], usize, usize, usize, (usize, usize))> {
+) -> candle_core::Result<Operands<'a>> {
     let (m, k) = l1.shape().dims2()?;
     let (n, k2) = l2.shape().dims2()?;
     if k != k2 {
