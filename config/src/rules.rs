@@ -42,7 +42,11 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
     }
 
     // prefill_chunk_size is a positive multiple of 64.
-    if cfg.prefill_chunk_size == 0 || !cfg.prefill_chunk_size.is_multiple_of(PREFILL_CHUNK_MULTIPLE) {
+    if cfg.prefill_chunk_size == 0
+        || !cfg
+            .prefill_chunk_size
+            .is_multiple_of(PREFILL_CHUNK_MULTIPLE)
+    {
         return Err(ConfigError::invalid(
             "prefill_chunk_size",
             cfg.prefill_chunk_size,
