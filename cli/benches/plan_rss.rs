@@ -13,12 +13,9 @@
 //!   f32 bucket engine) or `f16` (half the weight memory).
 //! * `VLM_BENCH_BIN_DIR`: where the service binaries are (default: next to `vlm`, built when
 //!   missing), e.g. `target/debug` to reuse the test build.
-//! * `VLM_BENCH_AS_IS=0`: skip the second run of each service without `MALLOC_PERTURB_` (what
-//!   RSS is today when the services do not pre-fault their reservations).
 //!
-//! Each service runs first with glibc's `MALLOC_PERTURB_` (every block malloc hands out is
-//! written, so RSS shows everything the process allocated: the stand-in for services that
-//! pre-fault what they reserve), then as is.
+//! The services pre-fault what they reserve (KV pool, ViT workspaces), so RSS after SERVING
+//! shows everything the plan counts as resident.
 // (The harness allows its own dead code: each user takes a part of it.)
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -44,20 +41,6 @@ num_devices: 1
 device: [LM_DEVICE]
 ";
 
-fn vm_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let field = |k: &str| -> u64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-            * 1024
-    };
-    field("VmRSS:")
-}
-
 fn binary(name: &str) -> PathBuf {
     match std::env::var_os("VLM_BENCH_BIN_DIR") {
         Some(dir) => Path::new(&dir).join(name),
@@ -65,31 +48,12 @@ fn binary(name: &str) -> PathBuf {
     }
 }
 
-async fn measure(name: &str, model: &Path, config: &Path, prefault: bool) -> (u64, Duration) {
-    let args: Vec<String> = [
-        "--model",
-        &model.display().to_string(),
-        "--config",
-        &config.display().to_string(),
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let env: Vec<(String, String)> = if prefault {
-        vec![("MALLOC_PERTURB_".into(), "165".into())]
-    } else {
-        Vec::new()
-    };
+async fn measure(name: &str, model: &Path, config: &Path) -> (u64, Duration) {
     let started = Instant::now();
-    let mut p = support::Proc::spawn_env(name, &binary(name), &args, &env);
-    support::wait_serving(&p.addr("grpc")).await;
+    let mut p = support::start_service(name, &binary(name), model, config).await;
     let ready = started.elapsed();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rss = vm_rss(p.pid());
+    let rss = support::vm_rss(p.pid());
     p.terminate();
     if p.wait_exit(Duration::from_secs(30)).is_none() {
         p.kill();
@@ -120,20 +84,7 @@ fn main() {
         return;
     }
     let dtype = std::env::var("VLM_BENCH_DTYPE").unwrap_or_else(|_| "f32".into());
-    let as_is = std::env::var("VLM_BENCH_AS_IS")
-        .map(|v| v != "0")
-        .unwrap_or(true);
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let config = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plan-rss-bench.yaml");
-    std::fs::write(
-        &config,
-        CONFIG
-            .replace("DTYPE", &dtype)
-            .replace("LM_DEVICE", if cores > 1 { "1" } else { "0" }),
-    )
-    .unwrap();
+    let config = support::write_config("plan-rss-bench.yaml", &CONFIG.replace("DTYPE", &dtype));
     let cfg = vlm_config::DeployConfig::from_path(&config).unwrap().config;
     let dims = ModelDims::from_dir(&model).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -161,20 +112,12 @@ fn main() {
             human(planned.kv_cache),
             human(planned.buffers - planned.held_buffers),
         );
-        let runs: &[bool] = if as_is { &[true, false] } else { &[true] };
-        for &prefault in runs {
-            let (rss, ready) = rt.block_on(measure(name, &model, &config, prefault));
-            println!(
-                "{name}: {:<28} VmRSS {} ({rss} B), ratio RSS/planned {:.3}, SERVING after {:.1} s",
-                if prefault {
-                    "pre-faulted (MALLOC_PERTURB_)"
-                } else {
-                    "as is"
-                },
-                human(rss),
-                rss as f64 / resident as f64,
-                ready.as_secs_f64()
-            );
-        }
+        let (rss, ready) = rt.block_on(measure(name, &model, &config));
+        println!(
+            "{name}: VmRSS {} ({rss} B), ratio RSS/planned {:.3}, SERVING after {:.1} s",
+            human(rss),
+            rss as f64 / resident as f64,
+            ready.as_secs_f64()
+        );
     }
 }

@@ -12,9 +12,8 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
-use support::{bin, tiny_model, wait_serving, Proc};
+use support::{bin, start_service, tiny_model, vm_rss, write_config};
 use vlm_config::plan::{self, ModelDims, Service};
 
 /// Bigger ViT buckets and KV pool than the harness's config, so that what the plan itemises
@@ -34,37 +33,13 @@ num_devices: 1
 device: [LM_DEVICE]
 ";
 
-fn config_file() -> PathBuf {
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("plan-rss.yaml");
-    std::fs::write(
-        &p,
-        CONFIG.replace("LM_DEVICE", if cores > 1 { "1" } else { "0" }),
-    )
-    .unwrap();
-    p
-}
-
-/// `VmRSS` of `pid` in bytes.
-fn vm_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS in /proc/PID/status");
-    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
-    kb * 1024
-}
-
 // The std mutex only keeps the two tests' processes from running at once (each test has its
 // own runtime), so holding it across the awaits is the point.
 #[allow(clippy::await_holding_lock)]
 async fn check(service: Service) {
     let _serial = support::serial();
     let model = tiny_model();
-    let config = config_file();
+    let config = write_config("plan-rss.yaml", CONFIG);
     let cfg = vlm_config::DeployConfig::from_path(&config).unwrap().config;
     let dims = ModelDims::from_dir(&model).unwrap();
     let planned = plan::cpu_service_bytes(&cfg, &dims, service).unwrap();
@@ -72,21 +47,7 @@ async fn check(service: Service) {
         Service::Vision => "vision-service",
         Service::Lm => "lm-service",
     };
-    let args: Vec<String> = [
-        "--model",
-        &model.display().to_string(),
-        "--config",
-        &config.display().to_string(),
-        "--listen",
-        "127.0.0.1:0",
-        "--metrics-listen",
-        "127.0.0.1:0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let mut p = Proc::spawn_env(name, &bin(name), &args, &[]);
-    wait_serving(&p.addr("grpc")).await;
+    let mut p = start_service(name, &bin(name), &model, &config).await;
     // Let the last start-up allocations (health flip, first connections) settle.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rss = vm_rss(p.pid());

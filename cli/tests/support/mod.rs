@@ -129,16 +129,52 @@ device: [LM_DEVICE]
 /// when there is one).
 pub fn config_file() -> PathBuf {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
-    FILE.get_or_init(|| {
-        let cores = std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1);
-        let lm = if cores > 1 { "1" } else { "0" };
-        let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join("e2e-local.yaml");
-        std::fs::write(&p, CONFIG.replace("LM_DEVICE", lm)).unwrap();
-        p
-    })
-    .clone()
+    FILE.get_or_init(|| write_config("e2e-local.yaml", CONFIG))
+        .clone()
+}
+
+/// Writes `yaml` to `name` in the target's temporary directory, with `LM_DEVICE` replaced by
+/// core 1 when the machine has two cores (vision keeps core 0), else 0.
+pub fn write_config(name: &str, yaml: &str) -> PathBuf {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let lm = if cores > 1 { "1" } else { "0" };
+    let p = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&p, yaml.replace("LM_DEVICE", lm)).unwrap();
+    p
+}
+
+/// Starts one service alone (`vision-service` or `lm-service` at `bin`) on `model` with
+/// `config`, and waits until it reports SERVING.
+pub async fn start_service(name: &str, bin: &Path, model: &Path, config: &Path) -> Proc {
+    let args: Vec<String> = [
+        "--model",
+        &model.display().to_string(),
+        "--config",
+        &config.display().to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let p = Proc::spawn_env(name, bin, &args, &[]);
+    wait_serving(&p.addr("grpc")).await;
+    p
+}
+
+/// `VmRSS` of `pid` in bytes.
+pub fn vm_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .expect("VmRSS in /proc/PID/status");
+    let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kb * 1024
 }
 
 /// Variables the children never inherit from the test's environment (a developer's shell may
