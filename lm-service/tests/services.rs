@@ -355,15 +355,16 @@ fn image_prompt(tokens: usize) -> Vec<u32> {
     ids
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
+/// The in-process oracle for an image prompt: the image's grid, the prompt ids (placeholders
+/// expanded) and the greedy tokens of `vlm_model::pipeline` with the same chunk and block sizes.
+fn image_oracle(
+    bytes: &[u8],
+    chunk: usize,
+    block_len: usize,
+    max_new: usize,
+) -> ([usize; 3], Vec<u32>, Vec<u32>) {
     use vlm_model::pipeline::Pipeline;
     use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
-    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let hash = Sha256::digest(&bytes).to_vec();
-
-    // In-process oracle.
-    let (chunk, block_len, max_new) = (128usize, 256usize, 12usize);
     let pipe = Pipeline::load(
         &tiny_dir(),
         &candle_core::Device::Cpu,
@@ -372,7 +373,7 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
     .unwrap()
     .with_prefill_chunk_size(chunk)
     .with_block_len(block_len);
-    let pv = preprocess_bytes(&bytes, &PreprocessConfig::default()).unwrap();
+    let pv = preprocess_bytes(bytes, &PreprocessConfig::default()).unwrap();
     let grid = pv.grid_thw;
     let embeds = pipe.encode_images(&[pv]).unwrap();
     let ids = image_prompt(embeds[0].tokens());
@@ -380,6 +381,17 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
         .generate_greedy(&ids, &embeds, max_new, &[])
         .unwrap()
         .tokens;
+    (grid, ids, oracle)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
+    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
+    let hash = Sha256::digest(&bytes).to_vec();
+
+    // In-process oracle.
+    let (chunk, block_len, max_new) = (128usize, 256usize, 12usize);
+    let (grid, ids, oracle) = image_oracle(&bytes, chunk, block_len, max_new);
 
     let vision = start_vision();
     wait_serving(&vision).await;
@@ -433,27 +445,10 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn image_split_across_prefill_chunks_matches_the_pipeline() {
-    use vlm_model::pipeline::Pipeline;
-    use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
     let bytes = std::fs::read(tiny_dir().join("jpeg_400x176/input.jpg")).unwrap();
     // 64-token chunks: the image's 72 rows (prompt tokens 7..79) straddle the chunk boundary.
     let (chunk, block_len, max_new) = (64usize, 32usize, 10usize);
-    let pipe = Pipeline::load(
-        &tiny_dir(),
-        &candle_core::Device::Cpu,
-        candle_core::DType::F32,
-    )
-    .unwrap()
-    .with_prefill_chunk_size(chunk)
-    .with_block_len(block_len);
-    let pv = preprocess_bytes(&bytes, &PreprocessConfig::default()).unwrap();
-    let grid = pv.grid_thw;
-    let embeds = pipe.encode_images(&[pv]).unwrap();
-    let ids = image_prompt(embeds[0].tokens());
-    let oracle = pipe
-        .generate_greedy(&ids, &embeds, max_new, &[])
-        .unwrap()
-        .tokens;
+    let (grid, ids, oracle) = image_oracle(&bytes, chunk, block_len, max_new);
 
     let vision = start_vision();
     let lm = start_lm(&json!({
