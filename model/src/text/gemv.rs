@@ -57,15 +57,17 @@ const ROWS_PER_TASK: usize = 64;
 /// Below this many weights the whole product runs on the calling thread.
 const PARALLEL_MIN_WEIGHTS: usize = 1 << 16;
 
+/// An output pointer shared by parallel tasks (here and in `tiled.rs`).
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: tasks write disjoint output columns (see `gemv`).
+pub(crate) struct SendPtr(pub(crate) *mut f32);
+// SAFETY: every user has its tasks write disjoint output columns (see `gemv`,
+// `tiled::matmul_widening`).
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
     /// By value, so closures capture the whole (Send) wrapper, not its raw-pointer field.
-    fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut f32 {
         self.0
     }
 }

@@ -4,6 +4,7 @@
 //! stays in L2, and each tile is multiplied with the `gemm` crate's f32 kernel. Compared with
 //! widening the whole matrix first, this never allocates a full f32 copy (tens of MB per call
 //! for the 2B model, page-faulted in every time) and the widening runs on every core.
+use super::gemv::SendPtr;
 use half::{bf16, f16};
 use std::cell::RefCell;
 
@@ -33,19 +34,6 @@ impl Widen for bf16 {
 
 thread_local! {
     static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: tiles write disjoint output columns.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    /// By value, so closures capture the whole (Send) wrapper, not its raw-pointer field.
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// `out[r*n + j] = sum_i x[r*k + i] * w[j*k + i]`; x: (m, k) f32, w: (n, k), out: (m, n).
