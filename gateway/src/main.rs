@@ -70,17 +70,8 @@ fn main() -> anyhow::Result<()> {
     if a.max_in_flight == 0 {
         anyhow::bail!("--max-in-flight must be at least 1");
     }
-    let deploy = match &a.config {
-        Some(p) => {
-            let loaded = vlm_config::DeployConfig::from_path(p)
-                .with_context(|| format!("config {}", p.display()))?;
-            for w in &loaded.warnings {
-                tracing::warn!("config: {w}");
-            }
-            loaded.config
-        }
-        None => vlm_config::DeployConfig::default_config(),
-    };
+    let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let api_keys = ApiKeys::load(a.api_key_file.as_deref(), std::env::var("VLM_API_KEY").ok())
         .with_context(|| format!("reading --api-key-file {:?}", a.api_key_file))?;
     let cfg = GatewayConfig {

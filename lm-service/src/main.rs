@@ -1,10 +1,8 @@
 //! `lm-service`: the LM replica binary. Parses flags (each also an environment variable),
 //! loads the deployment config, and calls [`vlm_lm_service::run`].
-use anyhow::Context as _;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use vlm_config::DeployConfig;
 use vlm_lm_service::{ServeConfig, DEFAULT_EMBEDDING_CACHE_BYTES};
 
 #[derive(Debug, Parser)]
@@ -36,17 +34,8 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _telemetry = vlm_service_kit::telemetry::init("lm-service");
-    let mut deploy = match &args.config {
-        Some(path) => {
-            let loaded = DeployConfig::from_path(path)
-                .with_context(|| format!("config {}", path.display()))?;
-            for w in &loaded.warnings {
-                tracing::warn!("config: {w}");
-            }
-            loaded.config
-        }
-        None => DeployConfig::default_config(),
-    };
+    let mut deploy = vlm_service_kit::config::load_deploy_config(args.config.as_deref())
+        .map_err(anyhow::Error::msg)?;
     if let Some(device) = args.device {
         anyhow::ensure!(!device.is_empty(), "--device needs at least one core id");
         deploy.num_devices = device.len() as u32;

@@ -51,17 +51,8 @@ struct Args {
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
-    let cfg = match &args.config {
-        Some(path) => {
-            let loaded = vlm_config::DeployConfig::from_path(path)
-                .with_context(|| format!("config {}", path.display()))?;
-            for w in &loaded.warnings {
-                tracing::warn!("config {}: {w}", path.display());
-            }
-            loaded.config
-        }
-        None => vlm_config::DeployConfig::default_config(),
-    };
+    let cfg = vlm_service_kit::config::load_deploy_config(args.config.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let mut visual = cfg.visual;
     if let Some(device) = args.device {
         anyhow::ensure!(!device.is_empty(), "--device lists no device");
