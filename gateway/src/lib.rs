@@ -8,6 +8,7 @@ pub mod admission;
 pub mod auth;
 pub mod client;
 pub mod error;
+pub mod fetch;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
@@ -41,7 +42,8 @@ pub struct GatewayConfig {
     pub admission: AdmissionLimits,
     pub max_images: usize,
     pub max_body_bytes: usize,
-    pub allow_image_hosts: Vec<String>,
+    /// Hosts, byte limit and deadline for http image URLs.
+    pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
 }
 
@@ -183,7 +185,7 @@ impl Bound {
             keys: cfg.api_keys.clone(),
             ready: router.ready(),
             metrics: vlm_service_kit::metrics_http::recorder(),
-            allow_image_hosts: cfg.allow_image_hosts.clone(),
+            images: fetch::ImageFetcher::new(cfg.image_fetch.clone()),
         };
         let http_stop = stop.clone();
         let http_task = axum::serve(http, openai::router(state))

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use vlm_gateway::admission::AdmissionLimits;
 use vlm_gateway::auth::ApiKeys;
+use vlm_gateway::fetch::FetchOptions;
 use vlm_gateway::routing::{ReplicaSource, RoutingOptions};
 use vlm_gateway::GatewayConfig;
 
@@ -52,13 +53,24 @@ struct Args {
     /// Bytes of one request body.
     #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
-    /// Hosts http(s) image URLs may be fetched from (repeatable); none by default.
+    /// Hosts http:// image URLs may be fetched from (repeatable or comma-separated); none by
+    /// default. https:// is refused: this build has no TLS stack.
     #[arg(
         long = "allow-image-host",
         env = "VLM_GATEWAY_ALLOW_IMAGE_HOSTS",
         value_delimiter = ','
     )]
     allow_image_host: Vec<String>,
+    /// Bytes of one image fetched from an http URL; default: --max-body-bytes.
+    #[arg(long, env = "VLM_GATEWAY_IMAGE_FETCH_MAX_BYTES")]
+    image_fetch_max_bytes: Option<usize>,
+    /// Deadline for fetching one image URL (connect, headers and body), in milliseconds.
+    #[arg(
+        long,
+        env = "VLM_GATEWAY_IMAGE_FETCH_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    image_fetch_timeout_ms: u64,
     /// How often replicas are polled for health and load, in milliseconds.
     #[arg(long, env = "VLM_GATEWAY_POLL_MS", default_value_t = 500)]
     poll_ms: u64,
@@ -69,6 +81,9 @@ fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     if a.max_in_flight == 0 {
         anyhow::bail!("--max-in-flight must be at least 1");
+    }
+    if a.image_fetch_max_bytes == Some(0) || a.image_fetch_timeout_ms == 0 {
+        anyhow::bail!("--image-fetch-max-bytes and --image-fetch-timeout-ms must be at least 1");
     }
     let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref())
         .map_err(anyhow::Error::msg)?;
@@ -89,7 +104,11 @@ fn main() -> anyhow::Result<()> {
         },
         max_images: a.max_images,
         max_body_bytes: a.max_body_bytes,
-        allow_image_hosts: a.allow_image_host,
+        image_fetch: FetchOptions {
+            allow_hosts: a.allow_image_host,
+            max_bytes: a.image_fetch_max_bytes.unwrap_or(a.max_body_bytes),
+            timeout: Duration::from_millis(a.image_fetch_timeout_ms),
+        },
         routing: RoutingOptions {
             poll_interval: Duration::from_millis(a.poll_ms.max(10)),
             ..Default::default()

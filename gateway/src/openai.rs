@@ -1,8 +1,10 @@
 //! The OpenAI-compatible HTTP surface: `POST /v1/chat/completions` (text and `image_url` parts
-//! as `data:` URLs; `stream: true` as SSE chunks ending with `data: [DONE]`), `GET /v1/models`,
+//! as `data:` URLs, or http:// URLs on `--allow-image-host` hosts, fetched by [`crate::fetch`];
+//! `stream: true` as SSE chunks ending with `data: [DONE]`), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`.
 use crate::auth::ApiKeys;
 use crate::error::GatewayError;
+use crate::fetch::{ImageFetcher, Target};
 use crate::generate::{Core, Delta, Usage};
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use axum::body::Body;
@@ -12,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use base64::Engine;
+use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -23,8 +26,8 @@ pub struct HttpState {
     pub keys: ApiKeys,
     pub ready: watch::Receiver<bool>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    /// Hosts http(s) image URLs may come from.
-    pub allow_image_hosts: Vec<String>,
+    /// Fetches allow-listed http image URLs.
+    pub images: ImageFetcher,
 }
 
 pub fn router(state: HttpState) -> Router {
@@ -136,76 +139,139 @@ impl OaImageUrl {
     }
 }
 
-/// Decodes a `data:` URL; http(s) URLs are refused unless their host is allow-listed.
-pub fn image_from_url(url: &str, allow_hosts: &[String]) -> Result<InputPart, GatewayError> {
-    if let Some(rest) = url.strip_prefix("data:") {
-        let (meta, data) = rest.split_once(',').ok_or_else(|| {
-            GatewayError::validation("image_url data: URL has no ',' before the data")
+/// Decodes a `data:` URL.
+pub fn image_from_data_url(url: &str) -> Result<InputPart, GatewayError> {
+    let rest = url.strip_prefix("data:").ok_or_else(|| {
+        GatewayError::validation("image_url must be a data: URL (data:image/png;base64,...)")
+    })?;
+    let (meta, data) = rest.split_once(',').ok_or_else(|| {
+        GatewayError::validation("image_url data: URL has no ',' before the data")
+    })?;
+    let mime = meta.split(';').next().unwrap_or("").to_string();
+    if !meta.split(';').any(|p| p == "base64") {
+        return Err(GatewayError::validation(
+            "image_url data: URL must be base64 (data:image/png;base64,...)",
+        ));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(data.trim())
+        .map_err(|e| {
+            GatewayError::validation(format!("image_url data: URL is not valid base64: {e}"))
         })?;
-        let mime = meta.split(';').next().unwrap_or("").to_string();
-        if !meta.split(';').any(|p| p == "base64") {
-            return Err(GatewayError::validation(
-                "image_url data: URL must be base64 (data:image/png;base64,...)",
-            ));
-        }
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(data.trim())
-            .map_err(|e| {
-                GatewayError::validation(format!("image_url data: URL is not valid base64: {e}"))
-            })?;
-        return Ok(InputPart::Image {
-            data: bytes.into(),
-            mime_type: mime,
-        });
-    }
-    if url.starts_with("http://") || url.starts_with("https://") {
-        let host = url
-            .split("://")
-            .nth(1)
-            .unwrap_or("")
-            .split(['/', '?', '#'])
-            .next()
-            .unwrap_or("");
-        let host = host.rsplit('@').next().unwrap_or(host);
-        let name = host.split(':').next().unwrap_or(host);
-        if !allow_hosts.iter().any(|h| h == name || h == host) {
-            return Err(GatewayError::validation(format!(
-                "image URL host {name:?} is not allowed: send the image as a data: URL, or start the gateway with \
-                 --allow-image-host {name}"
-            )));
-        }
-        return Err(GatewayError::validation(format!(
-            "fetching image URLs (host {name:?}) is not implemented in this build; send the image as a data: URL"
-        )));
-    }
-    Err(GatewayError::validation(
-        "image_url must be a data: URL (data:image/png;base64,...) or an http(s) URL",
-    ))
+    Ok(InputPart::Image {
+        data: bytes.into(),
+        mime_type: mime,
+    })
 }
 
-/// OpenAI body -> domain request.
-pub fn to_chat_request(
+/// Where an `image_url` part's bytes come from.
+#[derive(Debug)]
+pub enum ImageSource {
+    /// A `data:` URL, already decoded.
+    Inline(InputPart),
+    /// An http URL on an allow-listed host, not fetched yet.
+    Remote(Target),
+}
+
+/// The synchronous part of an `image_url`: a `data:` URL is decoded; an http(s) URL is checked
+/// against the scheme and the allow-list (refused at once when the host is not listed).
+pub fn image_source(url: &str, fetcher: &ImageFetcher) -> Result<ImageSource, GatewayError> {
+    if url.starts_with("data:") {
+        return image_from_data_url(url).map(ImageSource::Inline);
+    }
+    fetcher.check(url).map(ImageSource::Remote)
+}
+
+/// An `image_url` to image bytes: `data:` URLs decoded, allow-listed http URLs fetched under
+/// the fetcher's byte and time limits.
+pub async fn image_from_url(url: &str, fetcher: &ImageFetcher) -> Result<InputPart, GatewayError> {
+    match image_source(url, fetcher)? {
+        ImageSource::Inline(p) => Ok(p),
+        ImageSource::Remote(t) => fetch_part(fetcher, &t).await,
+    }
+}
+
+async fn fetch_part(fetcher: &ImageFetcher, t: &Target) -> Result<InputPart, GatewayError> {
+    let f = fetcher.fetch_target(t).await?;
+    Ok(InputPart::Image {
+        data: f.data,
+        mime_type: f.mime_type,
+    })
+}
+
+/// A parsed request whose http image URLs are not fetched yet: their parts hold empty images.
+/// Check its shape (image count, roles, sampling) before [`fetch_images`](Self::fetch_images),
+/// so a request that will be refused costs no network.
+#[derive(Debug)]
+pub struct ParsedChat {
+    pub chat: ChatRequest,
+    /// (message index, part index, URL) of each image still to fetch.
+    pub remote: Vec<(usize, usize, Target)>,
+}
+
+impl ParsedChat {
+    /// Fetches every remote image at once; the first failure refuses the request.
+    pub async fn fetch_images(self, fetcher: &ImageFetcher) -> Result<ChatRequest, GatewayError> {
+        let ParsedChat { mut chat, remote } = self;
+        let parts =
+            futures::future::try_join_all(remote.iter().map(|(_, _, t)| fetch_part(fetcher, t)))
+                .await?;
+        for ((m, p, _), part) in remote.into_iter().zip(parts) {
+            chat.messages[m].content[p] = part;
+        }
+        Ok(chat)
+    }
+}
+
+/// OpenAI body -> domain request, image URLs fetched.
+pub async fn to_chat_request(
     body: ChatCompletionRequest,
     body_bytes: usize,
-    allow_hosts: &[String],
+    fetcher: &ImageFetcher,
 ) -> Result<ChatRequest, GatewayError> {
+    parse_chat_request(body, body_bytes, fetcher)?
+        .fetch_images(fetcher)
+        .await
+}
+
+/// OpenAI body -> domain request, http image URLs checked but not fetched.
+pub fn parse_chat_request(
+    body: ChatCompletionRequest,
+    body_bytes: usize,
+    fetcher: &ImageFetcher,
+) -> Result<ParsedChat, GatewayError> {
     if body.n.is_some_and(|n| n != 1) {
         return Err(GatewayError::validation(
             "n must be 1: one choice per request",
         ));
     }
     let mut messages = Vec::with_capacity(body.messages.len());
-    for m in body.messages {
+    let mut remote = Vec::new();
+    for (mi, m) in body.messages.into_iter().enumerate() {
         let content = match m.content {
             None => Vec::new(),
             Some(OaContent::Text(t)) => vec![InputPart::Text(t)],
-            Some(OaContent::Parts(parts)) => parts
-                .into_iter()
-                .map(|p| match p {
-                    OaPart::Text { text } => Ok(InputPart::Text(text)),
-                    OaPart::ImageUrl { image_url } => image_from_url(image_url.url(), allow_hosts),
-                })
-                .collect::<Result<_, _>>()?,
+            Some(OaContent::Parts(parts)) => {
+                let mut content = Vec::with_capacity(parts.len());
+                for (pi, p) in parts.into_iter().enumerate() {
+                    content.push(match p {
+                        OaPart::Text { text } => InputPart::Text(text),
+                        OaPart::ImageUrl { image_url } => {
+                            match image_source(image_url.url(), fetcher)? {
+                                ImageSource::Inline(part) => part,
+                                ImageSource::Remote(t) => {
+                                    remote.push((mi, pi, t));
+                                    InputPart::Image {
+                                        data: Bytes::new(),
+                                        mime_type: String::new(),
+                                    }
+                                }
+                            }
+                        }
+                    });
+                }
+                content
+            }
         };
         messages.push(InputMessage {
             role: m.role,
@@ -217,7 +283,7 @@ pub fn to_chat_request(
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
-    Ok(ChatRequest {
+    let chat = ChatRequest {
         messages,
         sampling: InputSampling {
             max_tokens: body.max_completion_tokens.or(body.max_tokens).unwrap_or(0),
@@ -231,7 +297,8 @@ pub fn to_chat_request(
         },
         model: body.model,
         body_bytes,
-    })
+    };
+    Ok(ParsedChat { chat, remote })
 }
 
 fn now_secs() -> u64 {
@@ -304,11 +371,21 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         }
     };
     let stream = parsed.stream;
-    let chat = match to_chat_request(parsed, body.len(), &s.allow_image_hosts) {
-        Ok(c) => c,
+    let pending = match parse_chat_request(parsed, body.len(), &s.images) {
+        Ok(p) => p,
         Err(e) => return e.into_response(),
     };
     drop(body);
+    // Refuse what validation would refuse anyway (too many images, bad roles) before fetching.
+    if !pending.remote.is_empty() {
+        if let Err(e) = s.core.validator().check_shape(&pending.chat) {
+            return e.into_response();
+        }
+    }
+    let chat = match pending.fetch_images(&s.images).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
     let model = s.core.validator().model_id().to_string();
     let gen = match s.core.start(chat, span).await {
         Ok(g) => g,
@@ -373,6 +450,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fetch::FetchOptions;
     use crate::generate::Finish;
 
     #[test]
@@ -429,7 +507,10 @@ mod tests {
             "max_tokens": 5, "temperature": 0, "stop": "x", "stream": true
         }))
         .unwrap();
-        let r = to_chat_request(body, 100, &[]).unwrap();
+        let parsed =
+            parse_chat_request(body, 100, &ImageFetcher::new(FetchOptions::deny_all())).unwrap();
+        assert!(parsed.remote.is_empty());
+        let r = parsed.chat;
         assert_eq!(r.messages.len(), 2);
         assert_eq!(
             r.messages[1].content[0],
@@ -445,15 +526,41 @@ mod tests {
 
     #[test]
     fn image_urls_refused_unless_allowed() {
-        let e = image_from_url("https://evil.example/a.png", &[]).unwrap_err();
+        let deny = ImageFetcher::new(FetchOptions::deny_all());
+        let e = image_source("https://evil.example/a.png", &deny).unwrap_err();
         assert!(
             e.to_string().contains("--allow-image-host evil.example"),
             "{e}"
         );
-        let e = image_from_url("https://ok.example/a.png", &["ok.example".into()]).unwrap_err();
-        assert!(e.to_string().contains("not implemented"), "{e}");
-        let e = image_from_url("data:image/png,abc", &[]).unwrap_err();
+        let ok = ImageFetcher::new(FetchOptions {
+            allow_hosts: vec!["ok.example".into()],
+            ..FetchOptions::deny_all()
+        });
+        assert!(matches!(
+            image_source("http://ok.example/a.png", &ok),
+            Ok(ImageSource::Remote(_))
+        ));
+        let e = image_source("data:image/png,abc", &deny).unwrap_err();
         assert!(e.to_string().contains("base64"), "{e}");
-        assert!(image_from_url("ftp://x", &[]).is_err());
+        assert!(image_source("ftp://x", &deny).is_err());
+    }
+
+    #[test]
+    fn remote_parts_are_placeholders_until_fetched() {
+        let body: ChatCompletionRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": "http://ok.example/a.png"}
+            ]}]
+        }))
+        .unwrap();
+        let ok = ImageFetcher::new(FetchOptions {
+            allow_hosts: vec!["ok.example".into()],
+            ..FetchOptions::deny_all()
+        });
+        let p = parse_chat_request(body, 10, &ok).unwrap();
+        assert_eq!(p.remote.len(), 1);
+        assert_eq!((p.remote[0].0, p.remote[0].1), (0, 1));
+        assert_eq!(p.remote[0].2.shown(), "http://ok.example/a.png");
     }
 }

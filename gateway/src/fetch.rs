@@ -1,0 +1,319 @@
+//! Fetching `image_url` images over http:// from allow-listed hosts (`--allow-image-host`).
+//!
+//! One connection per image (hyper's HTTP/1 client over a tokio `TcpStream`), no redirects, a
+//! total deadline (`--image-fetch-timeout-ms`) and a byte limit (`--image-fetch-max-bytes`)
+//! enforced while the body streams in: a `Content-Length` over the limit is refused before
+//! reading, and a body without one stops being read as soon as it crosses the limit.
+//!
+//! https:// is refused: this build carries no TLS stack (rustls would add a C/assembly crypto
+//! build, ring or aws-lc, to the gateway). Put an http:// mirror on an allow-listed host, or
+//! send the image as a `data:` URL.
+use crate::error::GatewayError;
+use axum::http::{header, Method, Request, StatusCode, Uri};
+use bytes::{Bytes, BytesMut};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The default of `--image-fetch-timeout-ms`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(10_000);
+
+/// Fetch policy: which hosts, how many bytes, how long.
+#[derive(Debug, Clone)]
+pub struct FetchOptions {
+    /// Host names (or `host:port`) image URLs may name.
+    pub allow_hosts: Vec<String>,
+    /// Bytes of one fetched body.
+    pub max_bytes: usize,
+    /// Connect, request, headers and body together.
+    pub timeout: Duration,
+}
+
+impl FetchOptions {
+    /// No host allowed: every http(s) URL is refused.
+    pub fn deny_all() -> Self {
+        FetchOptions {
+            allow_hosts: Vec::new(),
+            max_bytes: 20 << 20,
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+}
+
+/// A fetched image: its bytes and the declared `Content-Type` when it is an `image/*` type
+/// (empty otherwise: the validator detects the format from the bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fetched {
+    pub data: Bytes,
+    pub mime_type: String,
+}
+
+/// An http URL that passed the scheme and allow-list checks.
+#[derive(Debug, Clone)]
+pub struct Target {
+    uri: Uri,
+    /// `host[:port]` as written (no user info): the `Host` header.
+    authority: String,
+    /// The host name alone, without IPv6 brackets: what is resolved.
+    name: String,
+    port: u16,
+    /// `http://host[:port]/path`, for messages (no user info, no query).
+    shown: String,
+}
+
+impl Target {
+    pub fn shown(&self) -> &str {
+        &self.shown
+    }
+}
+
+/// Fetches images under one [`FetchOptions`]; cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ImageFetcher {
+    opts: Arc<FetchOptions>,
+}
+
+impl ImageFetcher {
+    pub fn new(opts: FetchOptions) -> Self {
+        ImageFetcher {
+            opts: Arc::new(opts),
+        }
+    }
+
+    pub fn options(&self) -> &FetchOptions {
+        &self.opts
+    }
+
+    /// The synchronous part: scheme, URL syntax and allow-list. Cheap; call it before any
+    /// network work so a refused URL costs nothing.
+    pub fn check(&self, url: &str) -> Result<Target, GatewayError> {
+        let https = url.starts_with("https://");
+        if !https && !url.starts_with("http://") {
+            return Err(GatewayError::validation(
+                "image_url must be a data: URL (data:image/png;base64,...) or an http(s) URL",
+            ));
+        }
+        let uri: Uri = url.parse().map_err(|e| {
+            GatewayError::validation(format!(
+                "image URL {:?} is not a valid URL: {e}",
+                truncate(url, 200)
+            ))
+        })?;
+        let auth = uri.authority().ok_or_else(|| {
+            GatewayError::validation(format!("image URL {:?} has no host", truncate(url, 200)))
+        })?;
+        let host = auth.host();
+        let authority = match auth.port_u16() {
+            Some(p) => format!("{host}:{p}"),
+            None => host.to_string(),
+        };
+        let name = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let allowed = self
+            .opts
+            .allow_hosts
+            .iter()
+            .any(|h| *h == name || *h == host || *h == authority);
+        if !allowed {
+            return Err(GatewayError::validation(format!(
+                "image URL host {name:?} is not allowed: send the image as a data: URL, or start the gateway with \
+                 --allow-image-host {name}"
+            )));
+        }
+        let scheme = if https { "https" } else { "http" };
+        let shown = format!("{scheme}://{authority}{}", truncate(uri.path(), 200));
+        if https {
+            return Err(GatewayError::validation(format!(
+                "image URL {shown}: this build fetches http:// image URLs only (no TLS stack in the gateway); \
+                 use an http:// URL on an allow-listed host, or send the image as a data: URL"
+            )));
+        }
+        Ok(Target {
+            port: auth.port_u16().unwrap_or(80),
+            uri,
+            authority,
+            name,
+            shown,
+        })
+    }
+
+    /// [`check`](Self::check) then [`fetch_target`](Self::fetch_target).
+    pub async fn fetch(&self, url: &str) -> Result<Fetched, GatewayError> {
+        let t = self.check(url)?;
+        self.fetch_target(&t).await
+    }
+
+    /// GETs the URL under the deadline and the byte limit. Every failure is a validation error
+    /// naming the URL and the cause or limit.
+    pub async fn fetch_target(&self, t: &Target) -> Result<Fetched, GatewayError> {
+        let ms = self.opts.timeout.as_millis();
+        match tokio::time::timeout(self.opts.timeout, self.get(t)).await {
+            Ok(r) => r.map_err(|cause| {
+                GatewayError::validation(format!("image URL {}: {cause}", t.shown))
+            }),
+            Err(_) => Err(GatewayError::validation(format!(
+                "image URL {}: no complete response within the {ms} ms limit of --image-fetch-timeout-ms",
+                t.shown
+            ))),
+        }
+    }
+
+    /// The request itself; the error is the cause, without the URL.
+    async fn get(&self, t: &Target) -> Result<Fetched, String> {
+        let max = self.opts.max_bytes;
+        let tcp = tokio::net::TcpStream::connect((t.name.as_str(), t.port))
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", t.authority))?;
+        let _ = tcp.set_nodelay(true);
+        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("HTTP handshake with {} failed: {e}", t.authority))?;
+        // The connection task dies with this call (limit crossed, deadline, error), which
+        // closes the socket instead of draining the rest of the body.
+        let _conn = AbortOnDrop(tokio::spawn(conn));
+        let path = t
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_string();
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(path)
+            .header(header::HOST, &t.authority)
+            .header(header::USER_AGENT, "vlm-gateway")
+            .header(header::ACCEPT, "image/*")
+            .header(header::CONNECTION, "close")
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| format!("cannot build the request: {e}"))?;
+        let resp = send
+            .send_request(req)
+            .await
+            .map_err(|e| format!("request failed: {e}"))?;
+        let status = resp.status();
+        if status.is_redirection() {
+            let to = resp
+                .headers()
+                .get(header::LOCATION)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_else(|| "(no Location header)".into());
+            return Err(format!(
+                "server answered {status} redirecting to {:?}; redirects are not followed, use the final URL",
+                truncate(&to, 200)
+            ));
+        }
+        if !status.is_success() {
+            return Err(format!("server answered {}", status_text(status)));
+        }
+        if let Some(len) = resp
+            .headers()
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            if len > max as u64 {
+                return Err(format!(
+                    "Content-Length {len} exceeds the {max}-byte limit of --image-fetch-max-bytes"
+                ));
+            }
+        }
+        let mime_type = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .to_ascii_lowercase()
+            })
+            .filter(|m| m.starts_with("image/"))
+            .unwrap_or_default();
+        let mut body = resp.into_body();
+        let mut data = BytesMut::new();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| format!("reading the body failed: {e}"))?;
+            if let Ok(chunk) = frame.into_data() {
+                if data.len() + chunk.len() > max {
+                    return Err(format!(
+                        "body exceeds the {max}-byte limit of --image-fetch-max-bytes"
+                    ));
+                }
+                data.extend_from_slice(&chunk);
+            }
+        }
+        if data.is_empty() {
+            return Err("server answered with an empty body".into());
+        }
+        Ok(Fetched {
+            data: data.freeze(),
+            mime_type,
+        })
+    }
+}
+
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn status_text(s: StatusCode) -> String {
+    match s.canonical_reason() {
+        Some(r) => format!("{} {r}", s.as_u16()),
+        None => s.as_u16().to_string(),
+    }
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fetcher(hosts: &[&str]) -> ImageFetcher {
+        ImageFetcher::new(FetchOptions {
+            allow_hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            ..FetchOptions::deny_all()
+        })
+    }
+
+    #[test]
+    fn allow_list_and_schemes() {
+        let e = fetcher(&[]).check("http://evil.example/a.png").unwrap_err();
+        assert!(
+            e.to_string().contains("--allow-image-host evil.example"),
+            "{e}"
+        );
+        let f = fetcher(&["ok.example", "127.0.0.1:8000"]);
+        let t = f
+            .check("http://user:pw@ok.example:81/a.png?k=secret")
+            .unwrap();
+        assert_eq!(t.authority, "ok.example:81");
+        assert_eq!(t.port, 81);
+        assert_eq!(t.shown(), "http://ok.example:81/a.png");
+        assert!(f.check("http://127.0.0.1:8000/x").is_ok());
+        let e = f.check("http://127.0.0.1:9000/x").unwrap_err();
+        assert!(e.to_string().contains("not allowed"), "{e}");
+        let e = f.check("https://ok.example/a.png").unwrap_err();
+        assert!(e.to_string().contains("http:// image URLs only"), "{e}");
+        assert!(f.check("ftp://ok.example/a").is_err());
+        let ip6 = fetcher(&["::1"]).check("http://[::1]:8080/a").unwrap();
+        assert_eq!((ip6.name.as_str(), ip6.port), ("::1", 8080));
+    }
+}
