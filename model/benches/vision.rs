@@ -3,8 +3,9 @@
 //! random 2B made by `vlm make-model --preset qwen3-vl-2b`), else the tiny test fixture.
 //! Measures only; asserts nothing about time.
 //!
-//! Modes: `f32` = the CPU f32 bucket engine (the production path on CPU); `candle-f32` and
-//! `f16` = the padded run over candle ops with f32 / f16 linear weights.
+//! Modes: `f32` = the CPU bucket engine with f32 weights; `bf16` = the same engine with bf16
+//! weights and products on the AVX512-BF16 kernel (falls back to candle ops on CPUs without
+//! it); `candle-f32`, `f16` and `candle-bf16` = the padded run over candle ops.
 use candle_core::{DType, Device, Tensor};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,12 +53,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for mode in &modes {
         let (dtype, backend) = match mode.as_str() {
-            "f32" => (DType::F32, GraphBackend::CpuF32),
+            "f32" => (DType::F32, GraphBackend::CpuEngine),
             "candle-f32" => (DType::F32, GraphBackend::Candle),
             "f16" => (DType::F16, GraphBackend::Candle),
-            "bf16" => (DType::BF16, GraphBackend::Candle),
+            "bf16" if vlm_model::cpu::bf16_dot_available() => {
+                (DType::BF16, GraphBackend::CpuEngine)
+            }
+            "bf16" | "candle-bf16" => (DType::BF16, GraphBackend::Candle),
             other => {
-                return Err(format!("unknown mode {other} (f32, candle-f32, f16, bf16)").into())
+                return Err(format!(
+                    "unknown mode {other} (f32, bf16, candle-f32, f16, candle-bf16)"
+                )
+                .into())
             }
         };
         let t = Instant::now();

@@ -5,6 +5,7 @@
 //! [`text::TextModel::load`]), so a vision replica never maps LM weights and vice versa.
 
 pub mod config;
+pub mod cpu;
 pub mod device;
 pub mod embeds;
 pub mod error;

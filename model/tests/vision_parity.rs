@@ -374,7 +374,7 @@ fn bucketed_run_equals_unpadded_run() {
             let exact = model.forward(&pv.values, im.grid).unwrap();
             // A bucket with padding (n + 100 rounded to 4), and one that fits exactly.
             let padded = (n + 100).div_ceil(4) * 4;
-            let configs = [GraphBackend::CpuF32, GraphBackend::Candle]
+            let configs = [GraphBackend::CpuEngine, GraphBackend::Candle]
                 .into_iter()
                 .flat_map(|b| [(b, vec![8, padded, 4 * padded]), (b, vec![n])]);
             for (backend, buckets) in configs {
@@ -441,6 +441,59 @@ fn f16_weights_stay_close() {
         case.name
     );
     assert!(rel <= 2e-2, "f16 merged rel diff {rel}");
+}
+
+#[test]
+fn bf16_engine_stays_close_to_the_reference() {
+    // bf16 weights and bf16 products (f32 accumulation), as the reference run in bfloat16: on a
+    // CPU with AVX512-BF16 the bucket engine runs every linear and both attention products on
+    // the bf16 kernel, including padded buckets with masked key tiles; elsewhere candle ops.
+    for case in cases() {
+        let model = Arc::new(load(&case.ckpt, DType::BF16));
+        let pv_all = &case.golden[&format!("pixel_values_{}", case.fed)];
+        let mut start = 0;
+        for (i, im) in case.images.iter().enumerate() {
+            let n: usize = im.grid.iter().product();
+            let pv = PixelValues {
+                values: rows(pv_all, im.pixel_rows),
+                grid_thw: im.grid,
+            };
+            let padded = (n + 100).div_ceil(4) * 4;
+            let graphs = VisionGraphs::new(model.clone(), &[padded]).unwrap();
+            if vlm_model::cpu::bf16_dot_available() {
+                assert_eq!(graphs.backend(), GraphBackend::CpuEngine);
+            }
+            let run = graphs.encode(&pv).unwrap();
+            let tokens = run.embeds.embeds.dim(0).unwrap();
+            let want = case.golden["vision.merged"]
+                .narrow(0, start, tokens)
+                .unwrap();
+            let (abs, rel) = diff(&run.embeds.embeds, &want);
+            println!(
+                "bf16 {:?} {}/{} (n {n}, bucket {padded}): merged max abs {abs:.3e}, rel {rel:.3e}",
+                graphs.backend(),
+                case.name,
+                im.file
+            );
+            assert!(
+                rel <= 3e-2,
+                "{} image {i}: bf16 merged rel diff {rel}",
+                case.name
+            );
+            for (k, ds) in run.embeds.deepstack.iter().enumerate() {
+                let want = case.golden[&format!("vision.deepstack{k}")]
+                    .narrow(0, start, tokens)
+                    .unwrap();
+                let (_, rel) = diff(ds, &want);
+                assert!(
+                    rel <= 3e-2,
+                    "{} image {i}: bf16 deepstack {k} rel diff {rel}",
+                    case.name
+                );
+            }
+            start += tokens;
+        }
+    }
 }
 
 // ---- decoding --------------------------------------------------------------------------------
@@ -607,7 +660,7 @@ fn engine_matches_oracle_on_larger_and_multi_frame_grids() {
             values,
             grid_thw: grid,
         };
-        for backend in [GraphBackend::CpuF32, GraphBackend::Candle] {
+        for backend in [GraphBackend::CpuEngine, GraphBackend::Candle] {
             let graphs = VisionGraphs::with_backend(model.clone(), &[bucket], backend).unwrap();
             let run = graphs.encode(&pv).unwrap();
             let mut pairs = vec![(&run.embeds.embeds, &exact.embeds)];

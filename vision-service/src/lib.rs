@@ -362,7 +362,7 @@ async fn dry_run(opts: &Options) -> Result<(), ServeError> {
         opts.model_dir.display()
     );
     // The CPU engine allocates every bucket's buffers at load; candle ops allocate per run.
-    let held_at_once = graphs.backend() == vlm_model::vision::GraphBackend::CpuF32;
+    let held_at_once = graphs.backend() == vlm_model::vision::GraphBackend::CpuEngine;
     let mut per_device = 0u64;
     for b in graphs.buckets() {
         let bytes = graphs.memory_bytes(b).unwrap_or(0);

@@ -8,32 +8,57 @@ use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::{MRope, Position3};
 use crate::config::{Qwen3VlConfig, TextConfig};
+use crate::cpu::PackedB;
 use crate::error::{ModelError, Result};
 use crate::weights::var_builder;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
+use std::sync::Arc;
 
 /// `embed_tokens`: (vocab, hidden) in the weight storage dtype; looked-up rows are f32.
 #[derive(Debug, Clone)]
 pub struct Embedding {
-    weight: Tensor,
+    weight: EmbeddingWeight,
+}
+
+#[derive(Debug, Clone)]
+enum EmbeddingWeight {
+    Tensor(Tensor),
+    /// The tied `lm_head`'s packed bf16 weight (one copy in memory, read by both).
+    Packed(Arc<PackedB>, Device),
 }
 
 impl Embedding {
     /// `vb` at `model.language_model.embed_tokens`.
     pub fn new(vocab: usize, hidden: usize, vb: VarBuilder) -> Result<Self> {
         Ok(Embedding {
-            weight: vb.get((vocab, hidden), "weight")?.contiguous()?,
+            weight: EmbeddingWeight::Tensor(vb.get((vocab, hidden), "weight")?.contiguous()?),
         })
     }
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
+    /// The (vocab, hidden) table as loaded; `None` once it is shared with a packed `lm_head`.
+    pub fn weight(&self) -> Option<&Tensor> {
+        match &self.weight {
+            EmbeddingWeight::Tensor(t) => Some(t),
+            EmbeddingWeight::Packed(..) => None,
+        }
     }
     /// ids: n -> (n, hidden) f32.
     pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
-        let idx = Tensor::new(ids, self.weight.device())?;
-        Ok(self.weight.index_select(&idx, 0)?.to_dtype(DType::F32)?)
+        match &self.weight {
+            EmbeddingWeight::Tensor(w) => {
+                let idx = Tensor::new(ids, w.device())?;
+                Ok(w.index_select(&idx, 0)?.to_dtype(DType::F32)?)
+            }
+            EmbeddingWeight::Packed(p, device) => {
+                let hidden = p.k();
+                let mut out = vec![0f32; ids.len() * hidden];
+                for (row, &id) in out.chunks_exact_mut(hidden).zip(ids) {
+                    p.column_f32(id as usize, row);
+                }
+                Ok(Tensor::from_vec(out, (ids.len(), hidden), device)?)
+            }
+        }
     }
 }
 
@@ -97,13 +122,21 @@ impl TextModel {
             )));
         }
         let lm = vb.pp("model.language_model");
-        let embed_tokens = Embedding::new(t.vocab_size, t.hidden_size, lm.pp("embed_tokens"))?;
+        let mut embed_tokens = Embedding::new(t.vocab_size, t.hidden_size, lm.pp("embed_tokens"))?;
         let layers = (0..t.num_hidden_layers)
             .map(|i| DecoderLayer::new(t, lm.pp("layers").pp(i)))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::new(t.hidden_size, t.rms_norm_eps, lm.pp("norm"))?;
-        let lm_head = if cfg.tie_word_embeddings {
-            Linear::from_weight(embed_tokens.weight().clone())?
+        let lm_head = if let (true, Some(table)) = (cfg.tie_word_embeddings, embed_tokens.weight())
+        {
+            let head = Linear::from_weight(table.clone())?;
+            if let Some(p) = head.packed() {
+                // Look embeddings up in the packed copy and drop the row-major one.
+                embed_tokens = Embedding {
+                    weight: EmbeddingWeight::Packed(p.clone(), vb.device().clone()),
+                };
+            }
+            head
         } else {
             Linear::load(&vb.pp("lm_head"), t.hidden_size, t.vocab_size)?
         };

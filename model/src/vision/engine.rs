@@ -12,6 +12,8 @@ use super::linear::{LayerNorm, Linear};
 use super::merger::PatchMerger;
 use super::model::VisionModel;
 use crate::config::VisionConfig;
+use crate::cpu::packed::{pack_column, pack_inner_row};
+use crate::cpu::PackedB;
 use crate::error::{ModelError, Result};
 use candle_core::{CpuStorage, Storage, StorageRef, Tensor};
 use rayon::prelude::*;
@@ -121,7 +123,33 @@ fn matmul_wt(
     dst: &mut [f32],
     accumulate: bool,
 ) -> Result<()> {
-    let w = CpuF32::new(lin.weight(), "linear weight")?;
+    if let Some(p) = lin.packed() {
+        let (out, in_dim) = (p.n(), p.k());
+        if x.len() < rows * in_dim || dst.len() < rows * out {
+            return Err(ModelError::Weights(format!(
+                "linear ({out}, {in_dim}): buffers too small for {rows} rows"
+            )));
+        }
+        // SAFETY: extents checked above; dst does not alias x.
+        unsafe {
+            crate::cpu::bf16_gemm::gemm(
+                rows,
+                in_dim,
+                x.as_ptr(),
+                in_dim,
+                p.view(),
+                dst.as_mut_ptr(),
+                out,
+                accumulate,
+                true,
+            )
+        };
+        return Ok(());
+    }
+    let w = lin
+        .weight()
+        .ok_or_else(|| ModelError::Weights("linear weight is neither f32 nor packed".into()))?;
+    let w = CpuF32::new(w, "linear weight")?;
     let w = w.slice();
     let out = lin.out_dim();
     let in_dim = w.len() / out.max(1);
@@ -272,14 +300,19 @@ thread_local! {
 #[allow(clippy::too_many_arguments)]
 fn attention(
     ws_q: &[f32],
-    ws_k: &[f32],
-    ws_v: &[f32],
+    kv: KeysValues<'_>,
     out: &mut [f32],
     rows: usize,
     heads: usize,
     hd: usize,
     spans: &[Span],
 ) {
+    let (ws_k, ws_v) = match kv {
+        KeysValues::F32 { k, v } => (k, v),
+        KeysValues::Packed { k, v } => {
+            return attention_bf16(ws_q, k, v, out, rows, heads, hd, spans);
+        }
+    };
     let d = heads * hd;
     let (q_tile, k_tile) = attn_tiles();
     let mut tasks = Vec::new();
@@ -378,6 +411,154 @@ fn attention(
     });
 }
 
+/// Keys and values of one layer, (H, rows, hd) f32, or per head packed for the bf16 kernel
+/// (K as B of q·kᵀ: n = rows, k = hd; V as B of p·v: n = hd, k = rows), each head in its
+/// own `2 * rows * hd` u16 slot of the f32 buffers (see [`pack_head_kv`]).
+#[derive(Clone, Copy)]
+enum KeysValues<'a> {
+    F32 { k: &'a [f32], v: &'a [f32] },
+    Packed { k: &'a [u16], v: &'a [u16] },
+}
+
+/// A f32 buffer's bytes as u16 (the packed K/V reuse the f32 buffers' memory).
+fn as_u16(x: &[f32]) -> &[u16] {
+    // SAFETY: u16 has a smaller alignment than f32 and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts(x.as_ptr() as *const u16, 2 * x.len()) }
+}
+fn as_u16_mut(x: &mut [f32]) -> &mut [u16] {
+    // SAFETY: as `as_u16`; the borrow is exclusive.
+    unsafe { std::slice::from_raw_parts_mut(x.as_mut_ptr() as *mut u16, 2 * x.len()) }
+}
+
+/// Whether `rows` x `hd` packed K and V fit a head's f32 slot (they do from 32 rows on).
+fn packed_kv_fits(rows: usize, hd: usize) -> bool {
+    PackedB::len_for(rows, hd) <= 2 * rows * hd && PackedB::len_for(hd, rows) <= 2 * rows * hd
+}
+
+/// [`attention`] with bf16 q·kᵀ and p·v (f32 accumulation, online softmax in f32). Key tiles
+/// are aligned to the packed panels; the columns of a tile outside the span's keys are masked.
+#[allow(clippy::too_many_arguments)]
+fn attention_bf16(
+    ws_q: &[f32],
+    k16: &[u16],
+    v16: &[u16],
+    out: &mut [f32],
+    rows: usize,
+    heads: usize,
+    hd: usize,
+    spans: &[Span],
+) {
+    use crate::cpu::bf16_gemm::{gemm, BView};
+    use crate::cpu::packed::NR;
+    let d = heads * hd;
+    let (q_tile, k_tile) = attn_tiles();
+    let k_tile = (k_tile / NR).max(1) * NR;
+    let mut tasks = Vec::new();
+    for span in spans {
+        for head in 0..heads {
+            let mut q0 = span.q.start;
+            while q0 < span.q.end {
+                let q1 = (q0 + q_tile).min(span.q.end);
+                tasks.push((head, q0, q1, span.k.clone()));
+                q0 = q1;
+            }
+        }
+    }
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let slot = 2 * rows * hd;
+    tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
+        let bq = q1 - q0;
+        let kview = BView::new(&k16[head * slot..(head + 1) * slot], rows, hd);
+        let vview = BView::new(&v16[head * slot..(head + 1) * slot], hd, rows);
+        let q = &ws_q[head * rows * hd + q0 * hd..];
+        SCORES.with(|s| {
+            let mut s = s.borrow_mut();
+            let need = bq * k_tile + 3 * bq;
+            if s.len() < need {
+                s.resize(need, 0.0);
+            }
+            let (scores, stats) = s.split_at_mut(bq * k_tile);
+            let (m, rest) = stats.split_at_mut(bq);
+            let (l, corr) = rest.split_at_mut(bq);
+            m[..bq].fill(f32::NEG_INFINITY);
+            l[..bq].fill(0.0);
+            // SAFETY (raw accesses below): each task writes only its own block (rows q0..q1,
+            // columns head*hd..+hd) of `out`, which has row stride d; q holds bq rows of hd.
+            let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
+            let (ext_start, ext_end) = (
+                keys.start / NR * NR,
+                keys.end.next_multiple_of(NR).min(rows),
+            );
+            let mut t0 = ext_start;
+            let mut first = true;
+            while t0 < ext_end {
+                let w = k_tile.min(ext_end - t0);
+                let tile = &mut scores[..bq * w];
+                unsafe {
+                    gemm(
+                        bq,
+                        hd,
+                        q.as_ptr(),
+                        hd,
+                        kview.cols(t0, w),
+                        tile.as_mut_ptr(),
+                        w,
+                        false,
+                        false,
+                    )
+                };
+                let lo = keys.start.saturating_sub(t0).min(w);
+                let hi = (keys.end - t0).min(w);
+                for (i, row) in tile.chunks_exact_mut(w).enumerate() {
+                    row[..lo].fill(f32::NEG_INFINITY);
+                    row[hi..].fill(f32::NEG_INFINITY);
+                    online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
+                    row[..lo].fill(0.0);
+                    row[hi..].fill(0.0);
+                }
+                if !first {
+                    for (i, &c) in corr[..bq].iter().enumerate() {
+                        let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
+                        orow.iter_mut().for_each(|v| *v *= c);
+                    }
+                }
+                unsafe {
+                    gemm(
+                        bq,
+                        w,
+                        tile.as_ptr(),
+                        w,
+                        vview.inner(t0, w),
+                        o,
+                        d,
+                        !first,
+                        false,
+                    )
+                };
+                first = false;
+                t0 += w;
+            }
+            for (i, &li) in l[..bq].iter().enumerate() {
+                let inv = 1.0 / li;
+                let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
+                orow.iter_mut().for_each(|v| *v *= inv);
+            }
+        });
+    });
+}
+
+/// out = rope(src + b) * mult over one head row (rotate-half form, cos/sin of the row's
+/// position; reference `apply_rotary_pos_emb_vision`).
+#[inline]
+fn rope_row(src: &[f32], b: &[f32], c: &[f32], s: &[f32], mult: f32, out: &mut [f32]) {
+    let half = src.len() / 2;
+    for j in 0..half {
+        let (x1, x2) = (src[j] + b[j], src[j + half] + b[j + half]);
+        out[j] = (x1 * c[j] - x2 * s[j]) * mult;
+        out[j + half] = (x2 * c[j] + x1 * s[j]) * mult;
+    }
+}
+
 /// Runs `model` on `pv` ((t*h*w, C*T*P*P) real rows) padded to `ws.rows`. Returns the merged
 /// embeddings and the deepstack features of the real tokens only, row-major.
 pub fn run(
@@ -427,6 +608,12 @@ pub fn run(
     let half = hd / 2;
     let spans = spans_for(grid_thw, rows);
     let scale = (hd as f32).powf(-0.5);
+    // bf16 model on an AVX512-BF16 CPU: attention in bf16 too, K and V packed in place.
+    let packed_kv = model
+        .blocks
+        .first()
+        .is_some_and(|b| b.attn.qkv.packed().is_some())
+        && packed_kv_fits(rows, hd);
     prof.mark("tables");
 
     let tokens = n / cfg.merge_unit();
@@ -447,37 +634,53 @@ pub fn run(
             .zip(v.par_chunks_mut(rows * hd))
             .enumerate()
             .for_each(|(head, ((qh, kh), vh))| {
+                let (mut krow, mut vrow) = (vec![0f32; hd], vec![0f32; hd]);
+                let mut dst = if packed_kv {
+                    Err((as_u16_mut(kh), as_u16_mut(vh)))
+                } else {
+                    Ok((kh, vh))
+                };
                 for r in 0..rows {
                     let row = &qkv[r * 3 * d..(r + 1) * 3 * d];
                     let (c, s) = (
                         &cos[r * half..(r + 1) * half],
                         &sin[r * half..(r + 1) * half],
                     );
-                    for (part, dst, mult) in [(0usize, &mut *qh, scale), (1, &mut *kh, 1.0)] {
-                        let off = part * d + head * hd;
-                        let src = &row[off..off + hd];
-                        let b = &bias[off..off + hd];
-                        let out = &mut dst[r * hd..(r + 1) * hd];
-                        for j in 0..half {
-                            let (x1, x2) = (src[j] + b[j], src[j + half] + b[j + half]);
-                            out[j] = (x1 * c[j] - x2 * s[j]) * mult;
-                            out[j + half] = (x2 * c[j] + x1 * s[j]) * mult;
-                        }
-                    }
-                    let off = 2 * d + head * hd;
-                    for ((o, &sv), &bv) in vh[r * hd..(r + 1) * hd]
+                    let (qo, ko, vo) = (head * hd, d + head * hd, 2 * d + head * hd);
+                    let q_out = &mut qh[r * hd..(r + 1) * hd];
+                    rope_row(&row[qo..qo + hd], &bias[qo..qo + hd], c, s, scale, q_out);
+                    rope_row(&row[ko..ko + hd], &bias[ko..ko + hd], c, s, 1.0, &mut krow);
+                    for ((o, &sv), &bv) in vrow
                         .iter_mut()
-                        .zip(&row[off..off + hd])
-                        .zip(&bias[off..off + hd])
+                        .zip(&row[vo..vo + hd])
+                        .zip(&bias[vo..vo + hd])
                     {
                         *o = sv + bv;
+                    }
+                    match &mut dst {
+                        Err((k16, v16)) => {
+                            pack_column(k16, hd, r, &krow);
+                            pack_inner_row(v16, rows, r, &vrow);
+                        }
+                        Ok((kh, vh)) => {
+                            kh[r * hd..(r + 1) * hd].copy_from_slice(&krow);
+                            vh[r * hd..(r + 1) * hd].copy_from_slice(&vrow);
+                        }
                     }
                 }
             });
         drop(qkv_bias);
         prof.mark("rope_split");
         // 4c. attention -> h (rows, D)
-        attention(q, k, v, h, rows, heads, hd, &spans);
+        let kv = if packed_kv {
+            KeysValues::Packed {
+                k: as_u16(k),
+                v: as_u16(v),
+            }
+        } else {
+            KeysValues::F32 { k, v }
+        };
+        attention(q, kv, h, rows, heads, hd, &spans);
         prof.mark("attention");
         // 4d. x += h @ Wproj^T (+ bias, fused into norm2); h = norm2(x)
         matmul_wt(h, rows, &block.attn.proj, x, true)?;

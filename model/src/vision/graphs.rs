@@ -14,9 +14,10 @@ use std::sync::{Arc, Mutex};
 /// How the bucket graphs execute.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GraphBackend {
-    /// The CPU f32 engine (`vision/engine.rs`): buffers per bucket allocated at load, direct
-    /// gemm calls, fused passes, tiled attention. Needs an f32 model on the CPU.
-    CpuF32,
+    /// The CPU engine (`vision/engine.rs`): buffers per bucket allocated at load, direct
+    /// gemm calls, fused passes, tiled attention. Needs an f32 model on the CPU, or a bf16
+    /// one on a CPU with AVX512-BF16 (then its products run on the bf16 kernel).
+    CpuEngine,
     /// The model's candle ops on padded inputs (any device and dtype); buffers are allocated
     /// per run, sized by the bucket.
     Candle,
@@ -38,8 +39,16 @@ pub struct BucketRun {
 struct Bucket {
     len: usize,
     memory_bytes: u64,
-    /// The engine's buffers (CpuF32 backend). Runs of one bucket take turns on them.
+    /// The engine's buffers (CpuEngine backend). Runs of one bucket take turns on them.
     workspace: Option<Arc<Mutex<Workspace>>>,
+}
+
+/// Whether [`GraphBackend::CpuEngine`] can run `model`: f32 on the CPU, or bf16 with its
+/// weights packed for the AVX512-BF16 kernel.
+fn engine_runs(model: &VisionModel) -> bool {
+    model.device().is_cpu()
+        && (model.dtype() == DType::F32
+            || (model.dtype() == DType::BF16 && model.patch_embed.proj.packed().is_some()))
 }
 
 /// The vision model prepared for a set of input-length buckets.
@@ -54,10 +63,11 @@ pub struct VisionGraphs {
 impl VisionGraphs {
     /// Prepares one fixed-shape run per bucket (raw patches per image; multiples of the merge
     /// unit, 4).
-    /// Uses the CPU f32 engine when the model is f32 on the CPU, else candle ops.
+    /// Uses the CPU engine when the model can run on it (see [`GraphBackend::CpuEngine`]),
+    /// else candle ops.
     pub fn new(model: Arc<VisionModel>, buckets: &[usize]) -> Result<VisionGraphs> {
-        let backend = if model.device().is_cpu() && model.dtype() == DType::F32 {
-            GraphBackend::CpuF32
+        let backend = if engine_runs(&model) {
+            GraphBackend::CpuEngine
         } else {
             GraphBackend::Candle
         };
@@ -70,11 +80,10 @@ impl VisionGraphs {
         buckets: &[usize],
         backend: GraphBackend,
     ) -> Result<VisionGraphs> {
-        if backend == GraphBackend::CpuF32
-            && !(model.device().is_cpu() && model.dtype() == DType::F32)
-        {
+        if backend == GraphBackend::CpuEngine && !engine_runs(&model) {
             return Err(ModelError::invalid(format!(
-                "the CPU f32 ViT engine needs an f32 model on the CPU (have {:?} on {:?})",
+                "the CPU ViT engine needs an f32 model on the CPU, or bf16 on a CPU with \
+                 AVX512-BF16 (have {:?} on {:?})",
                 model.dtype(),
                 model.device()
             )));
@@ -94,7 +103,7 @@ impl VisionGraphs {
         let buckets = lens
             .into_iter()
             .map(|len| match backend {
-                GraphBackend::CpuF32 => Bucket {
+                GraphBackend::CpuEngine => Bucket {
                     len,
                     memory_bytes: Workspace::bytes(
                         model.config(),

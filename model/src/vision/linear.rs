@@ -1,14 +1,19 @@
 //! Linear layer and LayerNorm as the ViT uses them: weights in the compute dtype, activations
 //! and biases in f32 (candle's CPU bf16/f16 elementwise paths are slow and lose precision).
+//! bf16 weights on a CPU with AVX512-BF16 are packed at load for [`crate::cpu::bf16_gemm`].
+use crate::cpu::{bf16_dot_available, matmul_packed, PackedB};
 use crate::error::{ModelError, Result};
 use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
+use std::sync::Arc;
 
 /// `nn.Linear(in, out, bias=True)`: y = x @ W^T + b.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    /// (out, in) in the compute dtype.
-    weight: Tensor,
+    /// (out, in) in the compute dtype, unless packed.
+    weight: Option<Tensor>,
+    /// The bf16 weight packed for the AVX512-BF16 kernel (then `weight` is `None`).
+    packed: Option<Arc<PackedB>>,
     /// (out,) f32.
     bias: Tensor,
 }
@@ -18,7 +23,7 @@ impl Linear {
     pub fn new(vb: VarBuilder, in_dim: usize, out_dim: usize, dtype: DType) -> Result<Self> {
         let weight = vb.to_dtype(dtype).get((out_dim, in_dim), "weight")?;
         let bias = vb.to_dtype(DType::F32).get(out_dim, "bias")?;
-        Ok(Linear { weight, bias })
+        Self::from_parts(weight, bias)
     }
 
     /// From an already shaped (out, in) weight and an (out,) bias.
@@ -31,15 +36,29 @@ impl Linear {
                 weight.dims()
             )));
         }
-        Ok(Linear {
-            weight,
-            bias: bias.to_dtype(DType::F32)?,
+        let bias = bias.to_dtype(DType::F32)?;
+        let weight = weight.contiguous()?;
+        Ok(match PackedB::from_bf16_tensor(&weight)? {
+            Some(p) if bf16_dot_available() => Linear {
+                weight: None,
+                packed: Some(Arc::new(p)),
+                bias,
+            },
+            _ => Linear {
+                weight: Some(weight),
+                packed: None,
+                bias,
+            },
         })
     }
 
-    /// (out, in), compute dtype.
-    pub fn weight(&self) -> &Tensor {
-        &self.weight
+    /// (out, in), compute dtype; `None` when the weight is held packed.
+    pub fn weight(&self) -> Option<&Tensor> {
+        self.weight.as_ref()
+    }
+    /// The packed bf16 weight, when this layer runs the AVX512-BF16 kernel.
+    pub fn packed(&self) -> Option<&Arc<PackedB>> {
+        self.packed.as_ref()
     }
     /// (out,), f32.
     pub fn bias(&self) -> &Tensor {
@@ -51,11 +70,19 @@ impl Linear {
 
     /// (N, in) f32 -> (N, out) f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dtype = self.weight.dtype();
+        let weight = match (&self.weight, &self.packed) {
+            (Some(w), _) => w,
+            (None, Some(p)) => {
+                let y = matmul_packed(x, p)?;
+                return Ok(y.broadcast_add(&self.bias)?);
+            }
+            (None, None) => unreachable!("a linear holds its weight one way or the other"),
+        };
+        let dtype = weight.dtype();
         let y = if x.dtype() == dtype {
-            x.matmul(&self.weight.t()?)?
+            x.matmul(&weight.t()?)?
         } else {
-            x.to_dtype(dtype)?.matmul(&self.weight.t()?)?
+            x.to_dtype(dtype)?.matmul(&weight.t()?)?
         };
         let y = if y.dtype() == DType::F32 {
             y

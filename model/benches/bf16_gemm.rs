@@ -1,0 +1,100 @@
+//! The AVX512-BF16 GEMM (`model/src/cpu/bf16_gemm.rs`) alone on the 2B model's shapes: GFLOP/s
+//! for prefill and ViT products (many rows), GB/s of weights streamed for decode (few rows).
+//!
+//!     cargo bench -p vlm-model --bench bf16_gemm
+use std::time::Instant;
+use vlm_model::cpu::{bf16_dot_available, PackedB};
+
+fn time<F: FnMut()>(mut f: F) -> f64 {
+    f(); // warm: pages, caches
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn main() {
+    if !bf16_dot_available() {
+        println!("this CPU has no AVX512-BF16: nothing to measure");
+        return;
+    }
+    println!("{} threads", rayon::current_num_threads());
+    // (what, rows, in, out)
+    let shapes = [
+        ("prefill q/o_proj", 256, 2048, 2048),
+        ("prefill gate/up", 256, 2048, 6144),
+        ("prefill down", 256, 6144, 2048),
+        ("vit qkv", 4096, 1024, 3072),
+        ("vit fc1", 4096, 1024, 4096),
+        ("vit fc2", 4096, 4096, 1024),
+        ("decode gate/up x1", 1, 2048, 6144),
+        ("decode gate/up x8", 8, 2048, 6144),
+        ("decode lm_head x1", 1, 2048, 151936),
+    ];
+    for (what, m, k, n) in shapes {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i % 251) as f32 - 125.0) / 300.0)
+            .collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        drop(w);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i % 113) as f32 - 56.0) / 100.0)
+            .collect();
+        let mut c = vec![0f32; m * n];
+        let s = time(|| unsafe {
+            vlm_model::cpu::bf16_gemm::gemm(
+                m,
+                k,
+                a.as_ptr(),
+                k,
+                packed.view(),
+                c.as_mut_ptr(),
+                n,
+                false,
+                true,
+            )
+        });
+        let gflops = 2.0 * (m * n * k) as f64 / s / 1e9;
+        let gbs = packed.bytes() as f64 / s / 1e9;
+        println!(
+            "{what:20} {m:5}x{k:5}->{n:6}: {:8.3} ms  {gflops:7.1} GFLOP/s  {gbs:6.1} GB/s weights",
+            s * 1e3
+        );
+        // f32 gemm crate on the same shape (what the f32 paths use).
+        if m > 16 {
+            let wf: Vec<f32> = vec![0.01; n * k];
+            let s32 = time(|| unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    wf.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                )
+            });
+            println!(
+                "{:20} f32 gemm crate: {:8.3} ms  {:7.1} GFLOP/s",
+                "",
+                s32 * 1e3,
+                2.0 * (m * n * k) as f64 / s32 / 1e9
+            );
+        }
+    }
+}

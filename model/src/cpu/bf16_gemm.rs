@@ -1,0 +1,489 @@
+//! `C [+]= A · B` with bf16 operands and f32 accumulation on CPUs with AVX512-BF16
+//! (`vdpbf16ps`: 16 lanes x a pair of bf16 products per instruction, twice the f32 FMA rate).
+//!
+//! This is the math of the reference in bfloat16 (torch's CPU bf16 matmul through oneDNN): the
+//! f32 activations are rounded to bf16 (round to nearest even) as they enter, the weights are
+//! bf16, products and sums are f32. B is pre-packed ([`super::packed`]); A is converted a block
+//! of rows at a time into a per-thread scratch.
+//!
+//! Blocking: a task owns a block of A rows (sized so that it stays in L2) and a run of B panels;
+//! for each panel it runs the register-tile kernel (12 rows x 32 columns = 24 accumulators) down
+//! the rows of the block, so a panel is read from memory once per task and then from L1/L2.
+//! Each C element is a sum over the inner pairs in one fixed order whatever `m`, the task split or
+//! the thread count is: one sequence decoded alone or in a batch gets bit-identical results.
+use super::packed::{bf16_bits, PackedB, NR};
+use std::cell::RefCell;
+
+/// Rows of the register tile.
+const MR: usize = 12;
+/// Panels per parallel task.
+const PANELS_PER_TASK: usize = 8;
+/// Bytes of converted A a task keeps (half of a Zen 4 / Sapphire Rapids L2).
+const A_BLOCK_BYTES: usize = 512 << 10;
+/// Below this many multiply-adds a product runs on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+
+/// Whether this CPU runs the kernel (AVX512-F + AVX512-BF16), unless `VLM_BF16_DOT=0`.
+pub fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        if std::env::var("VLM_BF16_DOT").is_ok_and(|v| v == "0") {
+            return false;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// A packed B, or a window of one: `n` columns from panel-aligned `data`, `pairs` inner pairs.
+#[derive(Clone, Copy, Debug)]
+pub struct BView<'a> {
+    data: &'a [u16],
+    panel_stride: usize,
+    pairs: usize,
+    n: usize,
+}
+
+impl<'a> BView<'a> {
+    /// A packing of (n, k) held in `data` (see [`PackedB::len_for`]).
+    pub fn new(data: &'a [u16], n: usize, k: usize) -> BView<'a> {
+        assert!(
+            data.len() >= PackedB::len_for(n, k),
+            "BView: data too short"
+        );
+        let kp = k.next_multiple_of(2);
+        BView {
+            data,
+            panel_stride: kp * NR,
+            pairs: kp / 2,
+            n,
+        }
+    }
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Inner length (rounded up to a pair).
+    pub fn k(&self) -> usize {
+        2 * self.pairs
+    }
+    /// Columns `start..start + len`; `start` must be a multiple of the panel width.
+    pub fn cols(self, start: usize, len: usize) -> BView<'a> {
+        assert!(
+            start.is_multiple_of(NR) && start + len <= self.n,
+            "BView::cols"
+        );
+        BView {
+            data: &self.data[(start / NR) * self.panel_stride..],
+            n: len,
+            ..self
+        }
+    }
+    /// Inner indices `start..start + len` (the last pair may reach one past the end: its
+    /// A value must then be zero); `start` must be even.
+    pub fn inner(self, start: usize, len: usize) -> BView<'a> {
+        assert!(start.is_multiple_of(2), "BView::inner: odd start");
+        let pairs = len.div_ceil(2);
+        assert!(
+            start / 2 + pairs <= self.pairs,
+            "BView::inner: past the end"
+        );
+        BView {
+            data: &self.data[start * NR..],
+            pairs,
+            ..self
+        }
+    }
+}
+
+impl PackedB {
+    pub fn view(&self) -> BView<'_> {
+        BView::new(self.data(), self.n(), self.k())
+    }
+}
+
+/// A pointer shared by parallel tasks that write disjoint parts of C.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+// SAFETY: tasks write disjoint (row block, panel run) tiles of C.
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+thread_local! {
+    static A_SCRATCH: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `C[r][j] (+)= sum_i A[r][i] * B(i, j)` for r < m, j < b.n(), i < b.k(): A is f32 with row
+/// stride `lda` and `b.k()` columns (an odd k is padded with a zero), C has row stride `ldc`.
+/// `parallel` splits the work over rayon's threads when it is large enough.
+///
+/// # Safety
+/// `a` must be valid for reads of `m` rows of `b.k()` (or k, when odd: `k = b.k() - 1`) values,
+/// `c` for reads and writes of `m` rows of `b.n()` values, and C must not overlap A. Panics if
+/// [`available`] is false.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    m: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    assert!(available(), "bf16 gemm on a CPU without AVX512-BF16");
+    assert!(
+        k.div_ceil(2) == b.pairs,
+        "bf16 gemm: k {k} vs {} pairs",
+        b.pairs
+    );
+    if m == 0 || b.n == 0 {
+        return;
+    }
+    let kp = 2 * b.pairs;
+    // Scratch row stride: one cache line more than the row, so the 12 rows a tile reads do not
+    // all fall in the same L1 set when k is a power of two.
+    let lda_s = kp + 32;
+    let block_rows = (A_BLOCK_BYTES / (2 * lda_s)).max(MR) / MR * MR;
+    let blocks = m.div_ceil(block_rows);
+    let panels = b.n.div_ceil(NR);
+    let runs = panels.div_ceil(PANELS_PER_TASK);
+    let a_addr = a as usize;
+    let c_ptr = SyncPtr(c);
+    let task = move |t: usize| {
+        let (blk, run) = (t / runs, t % runs);
+        let (r0, r1) = (blk * block_rows, ((blk + 1) * block_rows).min(m));
+        let (p0, p1) = (
+            run * PANELS_PER_TASK,
+            ((run + 1) * PANELS_PER_TASK).min(panels),
+        );
+        let c_ptr = c_ptr;
+        A_SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let rows = r1 - r0;
+            if s.len() < rows * lda_s {
+                s.resize(rows * lda_s, 0);
+            }
+            // SAFETY: the caller's contract on `a`, `c`; this task's tile of C is its own.
+            unsafe {
+                let a = a_addr as *const f32;
+                for r in 0..rows {
+                    let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), k);
+                    convert_row(src, &mut s[r * lda_s..r * lda_s + kp]);
+                }
+                for p in p0..p1 {
+                    let cols = NR.min(b.n - p * NR);
+                    let bp = b.data[p * b.panel_stride..].as_ptr();
+                    let mut r = 0;
+                    while r < rows {
+                        let mr = MR.min(rows - r);
+                        let cp = c_ptr.0.add((r0 + r) * ldc + p * NR);
+                        tile(
+                            mr,
+                            b.pairs,
+                            s[r * lda_s..].as_ptr(),
+                            lda_s,
+                            bp,
+                            cp,
+                            ldc,
+                            cols,
+                            accumulate,
+                        );
+                        r += mr;
+                    }
+                }
+            }
+        });
+    };
+    let tasks = blocks * runs;
+    if parallel
+        && tasks > 1
+        && m * b.n * kp >= PARALLEL_MIN_MACS
+        && rayon::current_num_threads() > 1
+    {
+        use rayon::prelude::*;
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// f32 row -> bf16 bits, zero-padding `dst` past the source.
+fn convert_row(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `gemm` checked `available()` (AVX512-F + BF16) before any call.
+        unsafe { x86::convert_row(src, dst) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16_bits(s);
+        }
+        dst[src.len()..].fill(0);
+    }
+}
+
+/// One register tile: `mr` (<= 12) rows of A against one panel.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn tile(
+    mr: usize,
+    pairs: usize,
+    a: *const u16,
+    lda: usize,
+    b: *const u16,
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    acc: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::micro;
+        let f = match mr {
+            12 => micro::<12>,
+            11 => micro::<11>,
+            10 => micro::<10>,
+            9 => micro::<9>,
+            8 => micro::<8>,
+            7 => micro::<7>,
+            6 => micro::<6>,
+            5 => micro::<5>,
+            4 => micro::<4>,
+            3 => micro::<3>,
+            2 => micro::<2>,
+            _ => micro::<1>,
+        };
+        f(pairs, a, lda, b, c, ldc, cols, acc)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mr, pairs, a, lda, b, c, ldc, cols, acc);
+        unreachable!("bf16 gemm needs x86-64 AVX512-BF16")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{bf16_bits, NR};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn convert_row(src: &[f32], dst: &mut [u16]) {
+        let n16 = src.len() / 16 * 16;
+        let mut i = 0;
+        while i < n16 {
+            let v = _mm512_loadu_ps(src.as_ptr().add(i));
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, h);
+            i += 16;
+        }
+        for j in n16..src.len() {
+            dst[j] = bf16_bits(src[j]);
+        }
+        dst[src.len()..].fill(0);
+    }
+
+    /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
+    /// pairs of A. Columns past `cols` are neither read nor written in C.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn micro<const R: usize>(
+        pairs: usize,
+        a: *const u16,
+        lda: usize,
+        b: *const u16,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for p in 0..pairs {
+            let bp = b.add(p * 2 * NR);
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const _));
+            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(NR) as *const _));
+            for r in 0..R {
+                let pair = (a.add(r * lda + 2 * p) as *const i32).read_unaligned();
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
+                hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+            }
+        }
+        let m0: __mmask16 = if cols >= 16 {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        };
+        let m1: __mmask16 = if cols >= 32 {
+            0xffff
+        } else if cols > 16 {
+            (1u16 << (cols - 16)) - 1
+        } else {
+            0
+        };
+        for r in 0..R {
+            let cp = c.add(r * ldc);
+            let (mut x0, mut x1) = (lo[r], hi[r]);
+            if accumulate {
+                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
+                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+            }
+            _mm512_mask_storeu_ps(cp, m0, x0);
+            _mm512_mask_storeu_ps(cp.add(16), m1, x1);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(x: f32) -> f64 {
+        f32::from_bits((bf16_bits(x) as u32) << 16) as f64
+    }
+
+    /// Against f64 sums of the bf16-rounded operands, for every tile shape and edge: rows not a
+    /// multiple of 12, columns not a multiple of 32, odd k, windows, accumulation.
+    #[test]
+    fn matches_rounded_reference_on_all_edges() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (5, 70, 13),
+            (13, 33, 64),
+            (40, 100, 258),
+            (300, 64, 96),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+                .collect();
+            let packed = PackedB::from_rows(&w, n, k, k);
+            for accumulate in [false, true] {
+                for parallel in [false, true] {
+                    let mut c = vec![0.5f32; m * (n + 3)];
+                    // SAFETY: sizes as documented.
+                    unsafe {
+                        gemm(
+                            m,
+                            k,
+                            a.as_ptr(),
+                            k,
+                            packed.view(),
+                            c.as_mut_ptr(),
+                            n + 3,
+                            accumulate,
+                            parallel,
+                        )
+                    };
+                    for r in 0..m {
+                        for j in 0..n + 3 {
+                            let got = c[r * (n + 3) + j] as f64;
+                            if j >= n {
+                                assert_eq!(got, 0.5, "column {j} past n was written");
+                                continue;
+                            }
+                            let mut want: f64 = (0..k)
+                                .map(|i| round(a[r * k + i]) * round(w[j * k + i]))
+                                .sum();
+                            if accumulate {
+                                want += 0.5;
+                            }
+                            assert!(
+                                (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                                "({m},{n},{k}) [{r},{j}] {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn windows_select_columns_and_inner_ranges() {
+        if !available() {
+            return;
+        }
+        let (n, k) = (96, 40);
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let a: Vec<f32> = (0..3 * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        // columns 32..80, inner 10..30: a's columns outside are ignored.
+        let view = packed.view().cols(32, 48).inner(10, 20);
+        let mut c = vec![0f32; 3 * 48];
+        unsafe {
+            gemm(
+                3,
+                20,
+                a[10..].as_ptr(),
+                k,
+                view,
+                c.as_mut_ptr(),
+                48,
+                false,
+                false,
+            )
+        };
+        for r in 0..3 {
+            for j in 0..48 {
+                let want: f32 = (10..30).map(|i| a[r * k + i] * w[(32 + j) * k + i]).sum();
+                assert_eq!(c[r * 48 + j], want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_alone_equals_the_same_row_in_a_batch() {
+        if !available() {
+            return;
+        }
+        let (n, k) = (64, 300);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 31 % 89) as f32).sin()).collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let a: Vec<f32> = (0..7 * k).map(|i| ((i * 17 % 83) as f32).cos()).collect();
+        let mut batch = vec![0f32; 7 * n];
+        let mut one = vec![0f32; n];
+        unsafe {
+            gemm(
+                7,
+                k,
+                a.as_ptr(),
+                k,
+                packed.view(),
+                batch.as_mut_ptr(),
+                n,
+                false,
+                true,
+            );
+            gemm(
+                1,
+                k,
+                a[3 * k..].as_ptr(),
+                k,
+                packed.view(),
+                one.as_mut_ptr(),
+                n,
+                false,
+                false,
+            );
+        }
+        assert_eq!(&batch[3 * n..4 * n], &one[..]);
+    }
+}

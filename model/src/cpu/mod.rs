@@ -1,0 +1,9 @@
+//! CPU kernels shared by the ViT and the decoder: the bf16 GEMM (AVX512-BF16) and the packed
+//! weight layout it reads.
+pub mod bf16_gemm;
+mod candle_op;
+pub mod packed;
+
+pub use bf16_gemm::{available as bf16_dot_available, BView};
+pub use candle_op::matmul_packed;
+pub use packed::PackedB;
