@@ -3,6 +3,7 @@
 pub mod bf16_gemm;
 mod candle_op;
 pub mod packed;
+pub mod vec;
 
 pub use bf16_gemm::{available as bf16_dot_available, BView};
 pub use candle_op::matmul_packed;

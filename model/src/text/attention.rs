@@ -1,5 +1,6 @@
 //! `Qwen3VLTextAttention` over the paged KV cache: q/k/v projections, per-head q/k RMSNorm,
 //! MRoPE, GQA, o projection.
+use super::decode_attention::decode_attention;
 use super::kv_cache::PagedKvCache;
 use super::linear::Linear;
 use super::norm::RmsNorm;
@@ -94,6 +95,25 @@ impl Attention {
                 kv.write(layer, table, *start, &k, &v)?;
                 self.attend(&q, kv, layer, table, *start, *mask)?
             }
+            AttnRows::Decode(rows) if kv.is_cpu_f32() => {
+                let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+                let (qd, kd, vd) = (f32_data(&q)?, f32_data(&k)?, f32_data(&v)?);
+                kv.write_decode_rows(layer, rows, &kd, &vd)?;
+                let mut out = vec![0f32; n * h * hd];
+                kv.with_layer(layer, |kc, vc| {
+                    decode_attention(
+                        kc,
+                        vc,
+                        kv.geometry(),
+                        h,
+                        &qd,
+                        rows,
+                        self.scale as f32,
+                        &mut out,
+                    )
+                })?;
+                Tensor::from_vec(out, (n, h * hd), x.device())?
+            }
             AttnRows::Decode(rows) => {
                 let mut outs = Vec::with_capacity(n);
                 for (r, row) in rows.iter().enumerate() {
@@ -187,6 +207,11 @@ impl Attention {
             .permute((2, 0, 1, 3))?
             .reshape((n, h * hd))?)
     }
+}
+
+/// A small f32 tensor's values (q, k, v of one decode step), copied out.
+fn f32_data(t: &Tensor) -> Result<Vec<f32>> {
+    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
 /// (n, start+n) additive mask: query i (cache index start+i) sees keys j <= start+i.

@@ -10,9 +10,10 @@
 //!
 //! The tensors are zero-initialised and pre-faulted on the CPU (`device::zeros_resident`): the
 //! pool a service reserves is really held from start-up, as the memory plan says.
+use super::decode_attention::CacheGeometry;
 use crate::config::TextConfig;
 use crate::error::{ModelError, Result};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
 #[derive(Debug)]
 pub struct PagedKvCache {
@@ -193,6 +194,76 @@ impl PagedKvCache {
         Ok(())
     }
 
+    /// Whether the raw-memory decode path ([`Self::write_decode_rows`], [`Self::with_layer`])
+    /// applies: an f32 cache on the CPU.
+    pub(crate) fn is_cpu_f32(&self) -> bool {
+        self.dtype == DType::F32 && self.k[0].device().is_cpu()
+    }
+
+    /// The geometry of one layer's K (and V) storage.
+    pub(crate) fn geometry(&self) -> CacheGeometry {
+        CacheGeometry {
+            kv_heads: self.kv_heads,
+            block_len: self.block_len,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data;
+    /// row r goes to cache index ctx of its table, a padding row to slot r of the dummy block.
+    pub(crate) fn write_decode_rows(
+        &self,
+        layer: usize,
+        rows: &[Option<(usize, &[u32])>],
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
+        let (bl, kvh, hd) = (self.block_len, self.kv_heads, self.head_dim);
+        let dsts: Vec<usize> = rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| {
+                let (block, off) = match row {
+                    Some((ctx, table)) => (table[ctx / bl] as usize, ctx % bl),
+                    None => (self.num_blocks, r % bl),
+                };
+                (block * kvh * bl + off) * hd
+            })
+            .collect();
+        for (cache, src) in [(&self.k[layer], k), (&self.v[layer], v)] {
+            cache.inplace_op1(&WriteRows {
+                src,
+                dsts: &dsts,
+                row_len: kvh * hd,
+                head_stride: bl * hd,
+                hd,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on one layer's K and V storage as f32 slices (CPU f32 caches only).
+    pub(crate) fn with_layer<R>(
+        &self,
+        layer: usize,
+        f: impl FnOnce(&[f32], &[f32]) -> R,
+    ) -> Result<R> {
+        use candle_core::{CpuStorage, Storage};
+        let (kg, kl) = self.k[layer].storage_and_layout();
+        let (vg, vl) = self.v[layer].storage_and_layout();
+        match (&*kg, &*vg, kl.contiguous_offsets(), vl.contiguous_offsets()) {
+            (
+                Storage::Cpu(CpuStorage::F32(k)),
+                Storage::Cpu(CpuStorage::F32(v)),
+                Some((ka, kb)),
+                Some((va, vb)),
+            ) => Ok(f(&k[ka..kb], &v[va..vb])),
+            _ => Err(ModelError::KvCache(
+                "the cache is not f32 on the CPU".into(),
+            )),
+        }
+    }
+
     /// The cached K and V of tokens [0, len) of a sequence, as per-block strided views
     /// `(kv_heads, n_i, head_dim)` (no copy), in order.
     pub(crate) fn read(
@@ -212,5 +283,36 @@ impl PagedKvCache {
             done += n;
         }
         Ok(out)
+    }
+}
+
+/// In-place copy of one token per row into the cache: row r's `row_len` values (kv_heads runs
+/// of head_dim) go to `dsts[r] + h * head_stride` for each kv head h.
+struct WriteRows<'a> {
+    src: &'a [f32],
+    dsts: &'a [usize],
+    row_len: usize,
+    head_stride: usize,
+    hd: usize,
+}
+
+impl InplaceOp1 for WriteRows<'_> {
+    fn name(&self) -> &'static str {
+        "kv-write-rows"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let (CpuStorage::F32(cache), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
+            candle_core::bail!("{}: the cache must be contiguous f32", self.name());
+        };
+        let cache = &mut cache[a..b];
+        for (r, &dst) in self.dsts.iter().enumerate() {
+            let row = &self.src[r * self.row_len..(r + 1) * self.row_len];
+            for (h, head) in row.chunks_exact(self.hd).enumerate() {
+                let at = dst + h * self.head_stride;
+                cache[at..at + self.hd].copy_from_slice(head);
+            }
+        }
+        Ok(())
     }
 }

@@ -1,0 +1,76 @@
+//! Attention of one decode token per row over the paged KV cache, on the cache's memory
+//! directly: per (row, kv head), the g query heads of the group score every cached key of the
+//! row's blocks, softmax, and sum the values. One rayon task per (row, kv head); no tensors
+//! are built per block (the candle form of `attention.rs` costs a dozen small ops per row,
+//! block and layer, which dominated decode steps at batch 8).
+//!
+//! Same math as `Attention::attend` with n = 1: softmax(q·kᵀ · scale) v over cache indices
+//! [0, ctx], f32, exact `exp`.
+use crate::cpu::vec::{axpy, dot};
+use rayon::prelude::*;
+
+/// Geometry of one layer's cache: (blocks, kv_heads, block_len, head_dim) f32.
+#[derive(Clone, Copy)]
+pub(crate) struct CacheGeometry {
+    pub kv_heads: usize,
+    pub block_len: usize,
+    pub head_dim: usize,
+}
+
+/// q: (n, heads, hd); rows[r] = Some((ctx, table)) attends to cache indices 0..=ctx of the
+/// sequence with block table `table`; `None` rows are padding (their output is zero).
+/// out: (n, heads * hd).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn decode_attention(
+    k_cache: &[f32],
+    v_cache: &[f32],
+    geo: CacheGeometry,
+    heads: usize,
+    q: &[f32],
+    rows: &[Option<(usize, &[u32])>],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let CacheGeometry {
+        kv_heads,
+        block_len,
+        head_dim: hd,
+    } = geo;
+    let g = heads / kv_heads;
+    // out as (n * kv_heads) chunks of (g, hd): chunk r * kv_heads + kvh.
+    out.par_chunks_mut(g * hd).enumerate().for_each(|(idx, o)| {
+        let (r, kvh) = (idx / kv_heads, idx % kv_heads);
+        o.fill(0.0);
+        let Some((ctx, table)) = rows[r] else {
+            return;
+        };
+        let total = ctx + 1;
+        let at = |t: usize| {
+            ((table[t / block_len] as usize * kv_heads + kvh) * block_len + t % block_len) * hd
+        };
+        let qs = &q[(r * heads + kvh * g) * hd..(r * heads + (kvh + 1) * g) * hd];
+        let mut p = vec![0f32; g * total];
+        for t in 0..total {
+            let key = &k_cache[at(t)..at(t) + hd];
+            for j in 0..g {
+                p[j * total + t] = dot(&qs[j * hd..(j + 1) * hd], key) * scale;
+            }
+        }
+        for row in p.chunks_exact_mut(total) {
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let mut sum = 0.0;
+            for x in row.iter_mut() {
+                *x = (*x - max).exp();
+                sum += *x;
+            }
+            let inv = 1.0 / sum;
+            row.iter_mut().for_each(|x| *x *= inv);
+        }
+        for t in 0..total {
+            let value = &v_cache[at(t)..at(t) + hd];
+            for j in 0..g {
+                axpy(&mut o[j * hd..(j + 1) * hd], p[j * total + t], value);
+            }
+        }
+    });
+}
