@@ -152,7 +152,11 @@ pub unsafe fn gemm(
     // Scratch row stride: one cache line more than the row, so the 12 rows a tile reads do not
     // all fall in the same L1 set when k is a power of two.
     let lda_s = kp + 32;
-    let block_rows = (A_BLOCK_BYTES / (2 * lda_s)).max(MR) / MR * MR;
+    // Rows per block: as many as fit the budget, then evened out over the blocks needed (a
+    // multiple of the tile height), so that no block is a thin remainder.
+    let max_rows = (A_BLOCK_BYTES / (2 * lda_s)).max(MR) / MR * MR;
+    let blocks = m.div_ceil(max_rows);
+    let block_rows = m.div_ceil(blocks).next_multiple_of(MR);
     let blocks = m.div_ceil(block_rows);
     let panels = b.n.div_ceil(NR);
     let runs = panels.div_ceil(PANELS_PER_TASK);

@@ -1,5 +1,6 @@
 //! `Qwen3VLTextAttention` over the paged KV cache: q/k/v projections, per-head q/k RMSNorm,
 //! MRoPE, GQA, o projection.
+use super::chunk_attention::chunk_attention;
 use super::decode_attention::decode_attention;
 use super::kv_cache::PagedKvCache;
 use super::linear::Linear;
@@ -91,6 +92,28 @@ impl Attention {
 
         // 2. cache write, then attention over the cache.
         let y = match &step.rows {
+            AttnRows::Chunk { start, table, .. }
+                if self.q_proj.packed().is_some() && kv.is_cpu_f32() =>
+            {
+                // bf16 model: the chunk's attention on the bf16 kernel too.
+                kv.write(layer, table, *start, &k, &v)?;
+                let qd = f32_data(&q)?;
+                let mut out = vec![0f32; n * h * hd];
+                kv.with_layer(layer, |kc, vc| {
+                    chunk_attention(
+                        kc,
+                        vc,
+                        kv.geometry(),
+                        h,
+                        &qd,
+                        *start,
+                        table,
+                        self.scale as f32,
+                        &mut out,
+                    )
+                })?;
+                Tensor::from_vec(out, (n, h * hd), x.device())?
+            }
             AttnRows::Chunk { start, table, mask } => {
                 kv.write(layer, table, *start, &k, &v)?;
                 self.attend(&q, kv, layer, table, *start, *mask)?

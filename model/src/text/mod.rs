@@ -12,6 +12,7 @@
 //! positions ([`get_rope_index`]) and prefill chunks.
 mod attention;
 mod batch;
+mod chunk_attention;
 mod decode_attention;
 mod gemv;
 mod kv_cache;
