@@ -4,7 +4,11 @@
 //! each. Runs on the tiny random checkpoint, and on `VLM_BENCH_MODEL` when set.
 //!
 //! `cargo bench -p vlm-gateway --bench split_overhead` (env: VLM_BENCH_TOKENS, default 32;
-//! VLM_BENCH_ROUNDS, default 3; VLM_BENCH_BIN_DIR, where the service binaries are).
+//! VLM_BENCH_ROUNDS, default 3; VLM_BENCH_BIN_DIR, where the service binaries are;
+//! VLM_BENCH_DTYPE, f32 (default) or bf16 for both parts; VLM_BENCH_SHARED_CORES=1 gives both
+//! services every core, as the in-process run has — on a 2-core machine the disjoint split
+//! leaves each service one core, which measures the core split, not the service split; the
+//! in-process ViT then runs each image on one thread, as a vision-service device does).
 //! Reported: the fixed milliseconds per request the split adds (TTFT split - TTFT in-process
 //! at concurrency 1), and both throughputs.
 use candle_core::{DType, Device};
@@ -47,16 +51,28 @@ struct Stat {
 // ------------------------------------------------------------------ in-process
 
 fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
-    let p = Pipeline::load(dir, &Device::Cpu, DType::F32).expect("load pipeline");
+    let p = Pipeline::load(dir, &Device::Cpu, bench_dtype()).expect("load pipeline");
     let tok = ChatTokenizer::from_dir(dir).unwrap();
     let pre = PreprocessConfig::default();
+    // With VLM_BENCH_SHARED_CORES the vision service runs each image on one compute thread
+    // (one core, its device): the in-process ViT gets the same, so the difference is the split.
+    let vit_pool = shared_cores().then(|| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+    });
     let mut acc = Vec::new();
     for r in 0..rounds + 1 {
         let t0 = Instant::now();
         let mut reqs = Vec::new();
         for i in 0..conc {
             let pix = preprocess_bytes(&png((r * 100 + i) as u32), &pre).unwrap();
-            let emb = p.encode_images(std::slice::from_ref(&pix)).unwrap();
+            let emb = match &vit_pool {
+                Some(pool) => pool.install(|| p.encode_images(std::slice::from_ref(&pix))),
+                None => p.encode_images(std::slice::from_ref(&pix)),
+            }
+            .unwrap();
             let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Text(PROMPT.into())]);
             let ids = tok.encode_prompt(&[msg], &[emb[0].tokens()]).unwrap();
             reqs.push(GreedyRequest {
@@ -188,19 +204,45 @@ async fn wait_serving(addr: &str) {
     panic!("{addr} never SERVING");
 }
 
+/// $VLM_BENCH_SHARED_CORES=1: both services on every core.
+fn shared_cores() -> bool {
+    std::env::var("VLM_BENCH_SHARED_CORES").is_ok_and(|s| s == "1")
+}
+
+/// $VLM_BENCH_DTYPE: the weight dtype of both parts.
+fn bench_dtype() -> DType {
+    match std::env::var("VLM_BENCH_DTYPE").as_deref() {
+        Ok("bf16") => DType::BF16,
+        _ => DType::F32,
+    }
+}
+
 fn write_config(dir: &Path) -> PathBuf {
     let n = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1) as u32;
     let v = (n / 2).max(1);
-    let vis: Vec<String> = (0..v).map(|i| i.to_string()).collect();
-    let lm: Vec<String> = if n > 1 {
+    let shared = shared_cores();
+    let all: Vec<String> = (0..n).map(|i| i.to_string()).collect();
+    let vis: Vec<String> = if shared {
+        all.clone()
+    } else {
+        (0..v).map(|i| i.to_string()).collect()
+    };
+    let lm: Vec<String> = if shared {
+        all
+    } else if n > 1 {
         (v..n).map(|i| i.to_string()).collect()
     } else {
         vec!["0".into()]
     };
+    let dtype = if bench_dtype() == DType::BF16 {
+        "bf16"
+    } else {
+        "f32"
+    };
     let text = format!(
-        "visual:\n  max_seq_len: [1024, 4096, 16384]\n  num_devices: {}\n  device: [{}]\nmax_seq_len: 4096\n\
+        "dtype: {dtype}\nvisual:\n  dtype: {dtype}\n  max_seq_len: [1024, 4096, 16384]\n  num_devices: {}\n  device: [{}]\nmax_seq_len: 4096\n\
          kvcache_partition_len: 256\nkvcache_num_blocks: 64\nbatch_size: 8\ndecoder_batch_sizes: [1, 2, 4, 8]\n\
          prefill_chunk_size: 128\nnum_devices: {}\ndevice: [{}]\n",
         vis.len(),

@@ -3,7 +3,7 @@
 //! 1, 4 and 8 concurrent streams.
 //!
 //! `cargo bench -p vlm-lm-service --bench decode_buckets` (model: $VLM_BENCH_MODEL, else the
-//! tiny golden checkpoint). A context over the checkpoint's max_position_embeddings is still
+//! tiny golden checkpoint; weight dtype: $VLM_BENCH_DTYPE, f32 (default) or bf16). A context over the checkpoint's max_position_embeddings is still
 //! timed (positions have no hard limit here) and marked as such.
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
@@ -40,6 +40,11 @@ fn time_it(budget: Duration, mut f: impl FnMut()) -> f64 {
     samples[samples.len() / 2]
 }
 
+/// The weight dtype under test ($VLM_BENCH_DTYPE).
+fn bf16() -> bool {
+    std::env::var("VLM_BENCH_DTYPE").is_ok_and(|d| d == "bf16")
+}
+
 fn smallest(buckets: &[usize], n: usize) -> usize {
     buckets.iter().copied().find(|&b| b >= n).unwrap_or(BATCH)
 }
@@ -58,8 +63,14 @@ fn decode_table(dir: &Path, cfg: &Qwen3VlConfig) {
             );
         }
         let per_seq = (context + 1).div_ceil(BLOCK_LEN);
-        let mut runner = Runner::load(dir, &Device::Cpu, DType::F32, per_seq * BATCH, BLOCK_LEN)
-            .expect("load model");
+        let mut runner = Runner::load(
+            dir,
+            &Device::Cpu,
+            if bf16() { DType::BF16 } else { DType::F32 },
+            per_seq * BATCH,
+            BLOCK_LEN,
+        )
+        .expect("load model");
         let rows_for = |n: usize| -> Vec<DecodeRow> {
             (0..n)
                 .map(|i| DecodeRow {
@@ -95,6 +106,9 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
     deploy.decoder_batch_sizes = vec![1, 2, 4, 8];
     deploy.max_seq_len = 2048;
     deploy.kvcache_partition_len = BLOCK_LEN as u32;
+    if bf16() {
+        deploy.dtype = vlm_config::Dtype::Bf16;
+    }
     let num_blocks = vlm_lm_service::resolve_num_blocks(&deploy, dir).expect("KV blocks");
     let (engine, thread) = EngineHandle::start(EngineOptions {
         model_dir: dir.to_path_buf(),
@@ -176,11 +190,12 @@ fn main() {
     let dir = model_dir();
     let cfg = Qwen3VlConfig::from_dir(&dir).expect("read config.json");
     println!(
-        "model {} ({} layers, hidden {}, vocab {}), f32 weights, block_len {BLOCK_LEN}, {} CPU threads",
+        "model {} ({} layers, hidden {}, vocab {}), {} weights, block_len {BLOCK_LEN}, {} CPU threads",
         cfg.model_id,
         cfg.text.num_hidden_layers,
         cfg.text.hidden_size,
         cfg.text.vocab_size,
+        if bf16() { "bf16" } else { "f32" },
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
     decode_table(&dir, &cfg);

@@ -8,8 +8,15 @@
 //!    and end to end.
 //!
 //! Environment: VLM_BENCH_MODEL (checkpoint dir; default: a generated tiny checkpoint),
-//! VLM_BENCH_DEVICES (default "0"), VLM_BENCH_IMAGES (default 20), VLM_BENCH_STREAM_REPEATS
-//! (default 5), VLM_BENCH_CONCURRENCY (default 2 x devices).
+//! VLM_BENCH_DTYPE (the `visual` dtype: f32 (default) or bf16), VLM_BENCH_DEVICES (default
+//! "0"), VLM_BENCH_IMAGES (default 20), VLM_BENCH_STREAM_REPEATS (default 5),
+//! VLM_BENCH_CONCURRENCY (default 2 x devices).
+//!
+//! VLM_BENCH_MIX=latency (for the 2B checkpoint, where a 16384-patch run takes minutes on two
+//! cores): instead of a stream of images, one image of each size is encoded alone through the
+//! service and the mix's images/s is 1 / (0.6 t512 + 0.3 t1024 + 0.1 t2048) — what a service
+//! with one compute device sustains on that mix. VLM_BENCH_SETS (default "bucketed,single")
+//! picks the bucket sets; VLM_BENCH_STREAM_REPEATS=0 skips the streaming part.
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -59,6 +66,9 @@ struct Running {
 
 async fn start(model: &PathBuf, buckets: &[u32], devices: &[u32], capacity: usize) -> Running {
     let mut opts = Options::new(model);
+    if std::env::var("VLM_BENCH_DTYPE").is_ok_and(|d| d == "bf16") {
+        opts.visual.dtype = vlm_config::Dtype::Bf16;
+    }
     opts.visual.max_seq_len = buckets.to_vec();
     opts.visual.device = devices.to_vec();
     opts.visual.num_devices = devices.len() as u32;
@@ -225,7 +235,43 @@ async fn async_main() {
         "{:<28} {:>8} {:>10} {:>10}",
         "buckets", "images", "seconds", "images/s"
     );
-    for buckets in [vec![1024u32, 4096, 16384], vec![16384]] {
+    let latency_mode = std::env::var("VLM_BENCH_MIX").is_ok_and(|m| m == "latency");
+    let sets = std::env::var("VLM_BENCH_SETS").unwrap_or_else(|_| "bucketed,single".into());
+    let sets: Vec<Vec<u32>> = sets
+        .split(',')
+        .map(|s| match s.trim() {
+            "single" => vec![16384],
+            _ => vec![1024, 4096, 16384],
+        })
+        .collect();
+    for buckets in sets {
+        if latency_mode {
+            let running = start(&model, &buckets, &devices, 4).await;
+            stream_one(&mut running.client.clone(), encoded(workload[0].clone())).await;
+            let mut per_size = Vec::new();
+            for (size, share) in [(512u32, 0.6), (1024, 0.3), (2048, 0.1)] {
+                // (Padded runs differ too: padding rows attend only to the last frame's keys.)
+                let t = Instant::now();
+                stream_one(
+                    &mut running.client.clone(),
+                    encoded(picture_png(size, size, 7)),
+                )
+                .await;
+                let s = t.elapsed().as_secs_f64();
+                println!("  {buckets:?}: one {size}x{size} image alone: {s:.2} s");
+                per_size.push(share * s);
+            }
+            running.stop().await;
+            let per_image: f64 = per_size.iter().sum();
+            println!(
+                "{:<28} {:>8} {:>10.2} {:>10.3}",
+                format!("{buckets:?}"),
+                "60/30/10",
+                per_image,
+                1.0 / per_image
+            );
+            continue;
+        }
         let r = mixed(&model, &buckets, &devices, &workload, concurrency).await;
         println!(
             "{:<28} {:>8} {:>10.2} {:>10.2}",
@@ -236,15 +282,20 @@ async fn async_main() {
         );
     }
 
-    // Streaming: a 2048x2048 image as already-resized pixels (no decode), encoded `repeats` times.
+    if repeats == 0 {
+        return;
+    }
+    // Streaming: a side x side image (VLM_BENCH_STREAM_SIZE, default 2048) as already-resized
+    // pixels (no decode), encoded `repeats` times.
+    let side: u32 = env_or("VLM_BENCH_STREAM_SIZE", 2048);
     let running = start(&model, &[1024, 4096, 16384], &devices, 4).await;
-    let img = image::RgbImage::from_fn(2048, 2048, |x, y| {
+    let img = image::RgbImage::from_fn(side, side, |x, y| {
         image::Rgb([x as u8, y as u8, (x ^ y) as u8])
     });
     let pixels = pb::ImageInput {
         source: Some(pb::image_input::Source::Pixels(pb::ResizedPixels {
-            width: 2048,
-            height: 2048,
+            width: side,
+            height: side,
             rgb8: img.into_raw(),
         })),
         content_hash: vec![0; 32],
@@ -263,7 +314,10 @@ async fn async_main() {
     println!();
     println!(
         "{:<28} {:>12} {:>14} {:>16}",
-        "streaming (2048^2, 16384)", "MiB/image", "MiB/s stream", "MiB/s end-to-end"
+        format!("streaming ({side}^2)"),
+        "MiB/image",
+        "MiB/s stream",
+        "MiB/s end-to-end"
     );
     let mib = bytes as f64 / (1 << 20) as f64;
     println!(

@@ -362,7 +362,8 @@ pub fn vit_cpu_engine_bytes(dims: &ModelDims, rows: u64) -> u64 {
 
 /// The ViT's bytes on `kind`.
 ///
-/// On the CPU with f32 weights the vision service runs its f32 bucket engine, which allocates
+/// On the CPU with f32 (or, with AVX512-BF16, bf16) weights the vision service runs its bucket
+/// engine, which allocates
 /// every bucket's buffers at load ([`vit_cpu_engine_bytes`], held per graph); elsewhere our
 /// backend's candle ops allocate per run ([`vit_bucket_elems`], the largest run), and RBLN
 /// keeps every compiled graph's buffers ([`vit_bucket_elems`] per graph).
@@ -375,7 +376,12 @@ pub fn visual_bytes(
     let t = dtypes(kind, opts, cfg.visual.dtype);
     let p = dims.params();
     let weights = weight_bytes(p.visual, p.visual_vectors, t);
-    let cpu_engine = kind.native_dtype.is_none() && kind.shared_pool && t.weights == Dtype::F32;
+    // The engine runs f32 weights anywhere and bf16 weights on CPUs with AVX512-BF16 (the
+    // bf16 kernel; the plan assumes such a host, as the services' own choice at start does
+    // on one).
+    let cpu_engine = kind.native_dtype.is_none()
+        && kind.shared_pool
+        && matches!(t.weights, Dtype::F32 | Dtype::Bf16);
     let policy = if cpu_engine {
         BufferPolicy::PerGraph
     } else {

@@ -92,6 +92,26 @@ impl PackedB {
         })
     }
 
+    /// Several packings of the same k side by side (columns of the first, then of the second,
+    /// ...): one product then computes them all. `None` unless every part but the last has a
+    /// whole number of panels, so that the panels concatenate as they are.
+    pub fn concat_n(parts: &[&PackedB]) -> Option<PackedB> {
+        let k = parts.first()?.k;
+        let (last, init) = parts.split_last()?;
+        if parts.iter().any(|p| p.k != k) || init.iter().any(|p| p.n % NR != 0) {
+            return None;
+        }
+        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        for p in parts {
+            data.extend_from_slice(&p.data);
+        }
+        Some(PackedB {
+            n: init.iter().map(|p| p.n).sum::<usize>() + last.n,
+            k,
+            data,
+        })
+    }
+
     /// Column j of B (row j of the original (n, k) weight) widened to f32: the embedding
     /// lookup of a tied `lm_head`.
     pub fn column_f32(&self, j: usize, out: &mut [f32]) {

@@ -34,12 +34,19 @@ pub(crate) struct Step<'a> {
     pub kv: &'a PagedKvCache,
 }
 
+/// q/k/v projections: three layers, or one with the three weights stacked (packed bf16).
+#[derive(Debug, Clone)]
+enum Projections {
+    Separate(Linear, Linear, Linear),
+    Fused(Linear),
+}
+
 #[derive(Debug, Clone)]
 pub struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    qkv: Projections,
     o_proj: Linear,
+    /// The weights are bf16 on the AVX512-BF16 kernel: the chunk attention runs on it too.
+    bf16: bool,
     q_norm: RmsNorm,
     k_norm: RmsNorm,
     num_heads: usize,
@@ -63,11 +70,18 @@ impl Attention {
             cfg.head_dim,
             cfg.hidden_size,
         );
+        let q_proj = Linear::load(&vb.pp("q_proj"), d, h * hd)?;
+        let k_proj = Linear::load(&vb.pp("k_proj"), d, kv * hd)?;
+        let v_proj = Linear::load(&vb.pp("v_proj"), d, kv * hd)?;
+        let bf16 = q_proj.packed().is_some();
+        let qkv = match Linear::fuse(&[&q_proj, &k_proj, &v_proj]) {
+            Some(fused) => Projections::Fused(fused),
+            None => Projections::Separate(q_proj, k_proj, v_proj),
+        };
         Ok(Attention {
-            q_proj: Linear::load(&vb.pp("q_proj"), d, h * hd)?,
-            k_proj: Linear::load(&vb.pp("k_proj"), d, kv * hd)?,
-            v_proj: Linear::load(&vb.pp("v_proj"), d, kv * hd)?,
+            qkv,
             o_proj: Linear::load(&vb.pp("o_proj"), h * hd, d)?,
+            bf16,
             q_norm: RmsNorm::new(hd, cfg.rms_norm_eps, vb.pp("q_norm"))?,
             k_norm: RmsNorm::new(hd, cfg.rms_norm_eps, vb.pp("k_norm"))?,
             num_heads: h,
@@ -84,17 +98,26 @@ impl Attention {
         let (n, _) = x.dims2()?;
         let (h, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         // 1. projections, (n, heads, hd); q/k norm per head, then rope.
-        let q = self.q_proj.forward(x)?.reshape((n, h, hd))?;
-        let k = self.k_proj.forward(x)?.reshape((n, nkv, hd))?;
-        let v = self.v_proj.forward(x)?.reshape((n, nkv, hd))?;
+        let (q, k, v) = match &self.qkv {
+            Projections::Separate(q, k, v) => (q.forward(x)?, k.forward(x)?, v.forward(x)?),
+            Projections::Fused(qkv) => {
+                let y = qkv.forward(x)?;
+                (
+                    y.narrow(1, 0, h * hd)?,
+                    y.narrow(1, h * hd, nkv * hd)?,
+                    y.narrow(1, (h + nkv) * hd, nkv * hd)?,
+                )
+            }
+        };
+        let q = q.reshape((n, h, hd))?;
+        let k = k.reshape((n, nkv, hd))?;
+        let v = v.reshape((n, nkv, hd))?;
         let q = rope.apply(&self.q_norm.forward(&q)?, cos, sin)?;
         let k = rope.apply(&self.k_norm.forward(&k)?, cos, sin)?;
 
         // 2. cache write, then attention over the cache.
         let y = match &step.rows {
-            AttnRows::Chunk { start, table, .. }
-                if self.q_proj.packed().is_some() && kv.is_cpu_f32() =>
-            {
+            AttnRows::Chunk { start, table, .. } if self.bf16 && kv.is_cpu_f32() => {
                 // bf16 model: the chunk's attention on the bf16 kernel too.
                 kv.write(layer, table, *start, &k, &v)?;
                 let qd = f32_data(&q)?;

@@ -66,6 +66,22 @@ impl Linear {
         Self::from_weight(vb.get((out_dim, in_dim), "weight")?)
     }
 
+    /// One layer computing `parts` (all of the same input) at once, their outputs side by side
+    /// in order, when all are packed with panel-aligned widths (q/k/v, gate/up of the 2B model);
+    /// `None` otherwise. One call then converts the input once and dispatches once.
+    pub fn fuse(parts: &[&Linear]) -> Option<Linear> {
+        let packed: Vec<&PackedB> = parts
+            .iter()
+            .map(|l| l.packed().map(|p| p.as_ref()))
+            .collect::<Option<_>>()?;
+        let fused = PackedB::concat_n(&packed)?;
+        Some(Linear {
+            in_dim: fused.k(),
+            out_dim: fused.n(),
+            weight: Weight::Packed(Arc::new(fused)),
+        })
+    }
+
     /// The packed bf16 weight, when this layer runs the AVX512-BF16 kernel.
     pub fn packed(&self) -> Option<&Arc<PackedB>> {
         match &self.weight {
