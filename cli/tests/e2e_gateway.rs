@@ -210,9 +210,11 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
         r.sampling.as_mut().unwrap().ignore_eos = true;
         r
     };
-    // One running (first message seen), one queued.
+    // One running (first message seen), one queued. The running one asks for nearly the whole
+    // context (4000 tokens: seconds even on the tiny model), so it is still running when the
+    // third request comes.
     let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
-    let mut running = client.generate(long(1500)).await.unwrap().into_inner();
+    let mut running = client.generate(long(4000)).await.unwrap().into_inner();
     let first = running.message().await.unwrap().unwrap();
     assert!(!first.token_ids.is_empty());
     let addr = c.grpc();
@@ -238,7 +240,7 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
         n += m.token_ids.len();
         finish = m.finish_reason;
     }
-    assert_eq!(n, 1500);
+    assert_eq!(n, 4000);
     assert_eq!(finish, pb::FinishReason::Length as i32);
     let q = queued.await.unwrap().unwrap();
     assert_eq!(q.tokens.len(), 50);

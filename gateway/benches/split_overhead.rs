@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use vlm_model::pipeline::{GreedyRequest, Pipeline};
 use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
 use vlm_model::tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
+use vlm_model::vision::{VisionGraphs, VisionModel};
 use vlm_proto::v1 as pb;
 
 fn env_usize(k: &str, d: usize) -> usize {
@@ -62,17 +63,26 @@ fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
             .build()
             .unwrap()
     });
+    // The ViT in-process runs the same bucket engine as the vision service (the pipeline's own
+    // `encode_images` is the unbucketed oracle).
+    let vit = std::sync::Arc::new(VisionModel::load(dir, &Device::Cpu, bench_dtype()).unwrap());
+    let graphs = match &vit_pool {
+        Some(pool) => pool.install(|| VisionGraphs::new(vit, &[1024, 4096, 16384])),
+        None => VisionGraphs::new(vit, &[1024, 4096, 16384]),
+    }
+    .unwrap();
     let mut acc = Vec::new();
     for r in 0..rounds + 1 {
         let t0 = Instant::now();
         let mut reqs = Vec::new();
         for i in 0..conc {
             let pix = preprocess_bytes(&png((r * 100 + i) as u32), &pre).unwrap();
-            let emb = match &vit_pool {
-                Some(pool) => pool.install(|| p.encode_images(std::slice::from_ref(&pix))),
-                None => p.encode_images(std::slice::from_ref(&pix)),
+            let run = match &vit_pool {
+                Some(pool) => pool.install(|| graphs.encode(&pix)),
+                None => graphs.encode(&pix),
             }
             .unwrap();
+            let emb = vec![run.embeds];
             let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Text(PROMPT.into())]);
             let ids = tok.encode_prompt(&[msg], &[emb[0].tokens()]).unwrap();
             reqs.push(GreedyRequest {

@@ -1,7 +1,7 @@
 //! `Qwen3VLTextAttention` over the paged KV cache: q/k/v projections, per-head q/k RMSNorm,
 //! MRoPE, GQA, o projection.
 use super::chunk_attention::chunk_attention;
-use super::decode_attention::decode_attention;
+use super::decode_attention::{decode_attention, CacheGeometry};
 use super::kv_cache::PagedKvCache;
 use super::linear::Linear;
 use super::norm::RmsNorm;
@@ -120,45 +120,20 @@ impl Attention {
             AttnRows::Chunk { start, table, .. } if self.bf16 && kv.is_cpu_f32() => {
                 // bf16 model: the chunk's attention on the bf16 kernel too.
                 kv.write(layer, table, *start, &k, &v)?;
-                let qd = f32_data(&q)?;
-                let mut out = vec![0f32; n * h * hd];
-                kv.with_layer(layer, |kc, vc| {
-                    chunk_attention(
-                        kc,
-                        vc,
-                        kv.geometry(),
-                        h,
-                        &qd,
-                        *start,
-                        table,
-                        self.scale as f32,
-                        &mut out,
-                    )
-                })?;
-                Tensor::from_vec(out, (n, h * hd), x.device())?
+                self.on_cache_memory(&q, kv, layer, |kc, vc, geo, qd, out| {
+                    chunk_attention(kc, vc, geo, h, qd, *start, table, self.scale as f32, out)
+                })?
             }
             AttnRows::Chunk { start, table, mask } => {
                 kv.write(layer, table, *start, &k, &v)?;
                 self.attend(&q, kv, layer, table, *start, *mask)?
             }
             AttnRows::Decode(rows) if kv.is_cpu_f32() => {
-                let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
-                let (qd, kd, vd) = (f32_data(&q)?, f32_data(&k)?, f32_data(&v)?);
+                let (kd, vd) = (f32_data(&k.contiguous()?)?, f32_data(&v.contiguous()?)?);
                 kv.write_decode_rows(layer, rows, &kd, &vd)?;
-                let mut out = vec![0f32; n * h * hd];
-                kv.with_layer(layer, |kc, vc| {
-                    decode_attention(
-                        kc,
-                        vc,
-                        kv.geometry(),
-                        h,
-                        &qd,
-                        rows,
-                        self.scale as f32,
-                        &mut out,
-                    )
-                })?;
-                Tensor::from_vec(out, (n, h * hd), x.device())?
+                self.on_cache_memory(&q, kv, layer, |kc, vc, geo, qd, out| {
+                    decode_attention(kc, vc, geo, h, qd, rows, self.scale as f32, out)
+                })?
             }
             AttnRows::Decode(rows) => {
                 let mut outs = Vec::with_capacity(n);
@@ -188,6 +163,22 @@ impl Attention {
         };
         // 3. (n, hidden)
         self.o_proj.forward(&y)
+    }
+
+    /// Runs an attention kernel on the layer's cache memory: `f(k_cache, v_cache, geometry,
+    /// q, out)` with q (n, H, hd) and out (n, H*hd) as f32 slices; returns out as a tensor.
+    fn on_cache_memory(
+        &self,
+        q: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        f: impl FnOnce(&[f32], &[f32], CacheGeometry, &[f32], &mut [f32]),
+    ) -> Result<Tensor> {
+        let (n, h, hd) = q.dims3()?;
+        let qd = f32_data(q)?;
+        let mut out = vec![0f32; n * h * hd];
+        kv.with_layer(layer, |kc, vc| f(kc, vc, kv.geometry(), &qd, &mut out))?;
+        Ok(Tensor::from_vec(out, (n, h * hd), q.device())?)
     }
 
     /// q: (n, H, hd) of tokens at cache indices [start, start+n) of one sequence, whose K/V

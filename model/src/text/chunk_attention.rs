@@ -35,11 +35,7 @@ pub(crate) fn chunk_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    let CacheGeometry {
-        kv_heads,
-        block_len,
-        head_dim: hd,
-    } = geo;
+    let (kv_heads, hd) = (geo.kv_heads, geo.head_dim);
     let g = heads / kv_heads;
     let n = q.len() / (heads * hd);
     let total = start + n;
@@ -55,9 +51,7 @@ pub(crate) fn chunk_attention(
             vp.clear();
             vp.resize(vlen, 0);
             for t in 0..total {
-                let at = ((table[t / block_len] as usize * kv_heads + kvh) * block_len
-                    + t % block_len)
-                    * hd;
+                let at = geo.offset(table, kvh, t);
                 pack_column(kp, hd, t, &k_cache[at..at + hd]);
                 pack_inner_row(vp, total, t, &v_cache[at..at + hd]);
             }

@@ -17,6 +17,15 @@ pub(crate) struct CacheGeometry {
     pub head_dim: usize,
 }
 
+impl CacheGeometry {
+    /// Offset of the head_dim values of kv head `kvh` at cache index `t` of a sequence.
+    #[inline]
+    pub fn offset(&self, table: &[u32], kvh: usize, t: usize) -> usize {
+        let block = table[t / self.block_len] as usize;
+        ((block * self.kv_heads + kvh) * self.block_len + t % self.block_len) * self.head_dim
+    }
+}
+
 /// q: (n, heads, hd); rows[r] = Some((ctx, table)) attends to cache indices 0..=ctx of the
 /// sequence with block table `table`; `None` rows are padding (their output is zero).
 /// out: (n, heads * hd).
@@ -31,11 +40,7 @@ pub(crate) fn decode_attention(
     scale: f32,
     out: &mut [f32],
 ) {
-    let CacheGeometry {
-        kv_heads,
-        block_len,
-        head_dim: hd,
-    } = geo;
+    let (kv_heads, hd) = (geo.kv_heads, geo.head_dim);
     let g = heads / kv_heads;
     // out as (n * kv_heads) chunks of (g, hd): chunk r * kv_heads + kvh.
     out.par_chunks_mut(g * hd).enumerate().for_each(|(idx, o)| {
@@ -45,9 +50,7 @@ pub(crate) fn decode_attention(
             return;
         };
         let total = ctx + 1;
-        let at = |t: usize| {
-            ((table[t / block_len] as usize * kv_heads + kvh) * block_len + t % block_len) * hd
-        };
+        let at = |t: usize| geo.offset(table, kvh, t);
         let qs = &q[(r * heads + kvh * g) * hd..(r * heads + (kvh + 1) * g) * hd];
         let mut p = vec![0f32; g * total];
         for t in 0..total {

@@ -315,32 +315,12 @@ fn attention(
     };
     let d = heads * hd;
     let (q_tile, k_tile) = attn_tiles();
-    let mut tasks = Vec::new();
-    for span in spans {
-        for head in 0..heads {
-            let mut q0 = span.q.start;
-            while q0 < span.q.end {
-                let q1 = (q0 + q_tile).min(span.q.end);
-                tasks.push((head, q0, q1, span.k.clone()));
-                q0 = q1;
-            }
-        }
-    }
+    let tasks = attention_tasks(spans, heads, q_tile);
     let out_ptr = SendPtr(out.as_mut_ptr());
     tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
         let bq = q1 - q0;
         let base = head * rows * hd;
-        SCORES.with(|s| {
-            let mut s = s.borrow_mut();
-            let need = bq * k_tile + 3 * bq;
-            if s.len() < need {
-                s.resize(need, 0.0);
-            }
-            let (scores, stats) = s.split_at_mut(bq * k_tile);
-            let (m, rest) = stats.split_at_mut(bq);
-            let (l, corr) = rest.split_at_mut(bq);
-            m[..bq].fill(f32::NEG_INFINITY);
-            l[..bq].fill(0.0);
+        with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
             // SAFETY (all raw accesses below): q, k, v hold (H, rows, hd) and the ranges lie
             // inside; each task writes only its own block (rows q0..q1, columns head*hd..+hd)
             // of `out`, which has row stride d.
@@ -373,11 +353,8 @@ fn attention(
                     online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
                 }
                 if !first {
-                    for (i, &c) in corr[..bq].iter().enumerate() {
-                        // SAFETY: row i of this task's output block.
-                        let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
-                        orow.iter_mut().for_each(|v| *v *= c);
-                    }
+                    // SAFETY: this task's output block, bq rows of hd at stride d.
+                    unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
                 }
                 unsafe {
                     // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
@@ -401,14 +378,63 @@ fn attention(
                 first = false;
                 k0 += kl;
             }
-            for (i, &li) in l[..bq].iter().enumerate() {
-                let inv = 1.0 / li;
-                // SAFETY: row i of this task's output block.
-                let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
-                orow.iter_mut().for_each(|v| *v *= inv);
-            }
+            // SAFETY: this task's output block, bq rows of hd at stride d.
+            unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
         });
     });
+}
+
+/// One attention task per (span, head, tile of `q_tile` query rows): (head, q0, q1, keys).
+fn attention_tasks(
+    spans: &[Span],
+    heads: usize,
+    q_tile: usize,
+) -> Vec<(usize, usize, usize, std::ops::Range<usize>)> {
+    let mut tasks = Vec::new();
+    for span in spans {
+        for head in 0..heads {
+            let mut q0 = span.q.start;
+            while q0 < span.q.end {
+                let q1 = (q0 + q_tile).min(span.q.end);
+                tasks.push((head, q0, q1, span.k.clone()));
+                q0 = q1;
+            }
+        }
+    }
+    tasks
+}
+
+/// Runs `f` on this thread's scores tile (bq x k_tile) and the online-softmax state of bq
+/// rows: running max (set to -inf), running sum (set to 0) and the correction factors.
+fn with_softmax_scratch(
+    bq: usize,
+    k_tile: usize,
+    f: impl FnOnce(&mut [f32], &mut [f32], &mut [f32], &mut [f32]),
+) {
+    SCORES.with(|s| {
+        let mut s = s.borrow_mut();
+        let need = bq * k_tile + 3 * bq;
+        if s.len() < need {
+            s.resize(need, 0.0);
+        }
+        let (scores, stats) = s.split_at_mut(bq * k_tile);
+        let (m, rest) = stats.split_at_mut(bq);
+        let (l, corr) = rest.split_at_mut(bq);
+        m[..bq].fill(f32::NEG_INFINITY);
+        l[..bq].fill(0.0);
+        f(scores, &mut m[..bq], &mut l[..bq], &mut corr[..bq])
+    })
+}
+
+/// Row i of the block at `o` (rows of `hd` values at stride `d`) *= factors[i].
+///
+/// # Safety
+/// `o` must be valid for as many rows as `factors` yields, and no one else may touch them.
+unsafe fn scale_rows(o: *mut f32, d: usize, hd: usize, factors: impl Iterator<Item = f32>) {
+    for (i, c) in factors.enumerate() {
+        let row = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
+        row.iter_mut().for_each(|v| *v *= c);
+    }
 }
 
 /// Keys and values of one layer, (H, rows, hd) f32, or per head packed for the bf16 kernel
@@ -453,17 +479,7 @@ fn attention_bf16(
     let d = heads * hd;
     let (q_tile, k_tile) = attn_tiles();
     let k_tile = (k_tile / NR).max(1) * NR;
-    let mut tasks = Vec::new();
-    for span in spans {
-        for head in 0..heads {
-            let mut q0 = span.q.start;
-            while q0 < span.q.end {
-                let q1 = (q0 + q_tile).min(span.q.end);
-                tasks.push((head, q0, q1, span.k.clone()));
-                q0 = q1;
-            }
-        }
-    }
+    let tasks = attention_tasks(spans, heads, q_tile);
     let out_ptr = SendPtr(out.as_mut_ptr());
     let slot = 2 * rows * hd;
     tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
@@ -471,17 +487,7 @@ fn attention_bf16(
         let kview = BView::new(&k16[head * slot..(head + 1) * slot], rows, hd);
         let vview = BView::new(&v16[head * slot..(head + 1) * slot], hd, rows);
         let q = &ws_q[head * rows * hd + q0 * hd..];
-        SCORES.with(|s| {
-            let mut s = s.borrow_mut();
-            let need = bq * k_tile + 3 * bq;
-            if s.len() < need {
-                s.resize(need, 0.0);
-            }
-            let (scores, stats) = s.split_at_mut(bq * k_tile);
-            let (m, rest) = stats.split_at_mut(bq);
-            let (l, corr) = rest.split_at_mut(bq);
-            m[..bq].fill(f32::NEG_INFINITY);
-            l[..bq].fill(0.0);
+        with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
             // SAFETY (raw accesses below): each task writes only its own block (rows q0..q1,
             // columns head*hd..+hd) of `out`, which has row stride d; q holds bq rows of hd.
             let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
@@ -517,10 +523,8 @@ fn attention_bf16(
                     row[hi..].fill(0.0);
                 }
                 if !first {
-                    for (i, &c) in corr[..bq].iter().enumerate() {
-                        let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
-                        orow.iter_mut().for_each(|v| *v *= c);
-                    }
+                    // SAFETY: this task's output block, bq rows of hd at stride d.
+                    unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
                 }
                 unsafe {
                     gemm(
@@ -538,11 +542,8 @@ fn attention_bf16(
                 first = false;
                 t0 += w;
             }
-            for (i, &li) in l[..bq].iter().enumerate() {
-                let inv = 1.0 / li;
-                let orow = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
-                orow.iter_mut().for_each(|v| *v *= inv);
-            }
+            // SAFETY: this task's output block, bq rows of hd at stride d.
+            unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
         });
     });
 }
