@@ -3,6 +3,7 @@
 pub mod bf16_gemm;
 mod candle_op;
 pub mod packed;
+pub mod softmax;
 pub mod vec;
 
 pub use bf16_gemm::{available as bf16_dot_available, BView};

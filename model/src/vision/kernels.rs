@@ -1,31 +1,14 @@
-//! f32 kernels on slices for the CPU bucket path: exp, GELU (tanh and erf forms), LayerNorm,
-//! softmax, and a gemm wrapper. Elementwise loops are branch-free so that LLVM vectorises them;
+//! f32 kernels on slices for the CPU bucket path: GELU (tanh and erf forms), LayerNorm, bias,
+//! and a gemm wrapper. Elementwise loops are branch-free so that LLVM vectorises them;
 //! on x86-64 they are compiled again with AVX-512 and with AVX2+FMA and picked at run time.
+//!
+//! `exp_approx` and the online softmax live in `crate::cpu::softmax` (the decoder uses them
+//! too) and are re-exported here.
 //!
 //! Accuracy: `exp` ~2e-7 relative (Cephes expf polynomial), `erf` ~1.5e-7 absolute
 //! (Abramowitz-Stegun 7.1.26); far inside the 1e-5 the bucketed path is held to.
 
-/// exp(x) for x in [-87.3, 88.7] (clamped outside), Cephes' expf polynomial.
-#[inline(always)]
-pub fn exp_approx(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const C1: f32 = 0.693_359_4;
-    const C2: f32 = -2.121_944_4e-4;
-    let x = x.clamp(-87.3, 88.7);
-    let fx = (x * LOG2E + 0.5).floor();
-    let r = x - fx * C1 - fx * C2;
-    let r2 = r * r;
-    let mut y = 1.987_569_1e-4f32;
-    y = y * r + 1.398_199_9e-3;
-    y = y * r + 8.333_452e-3;
-    y = y * r + 4.166_579_6e-2;
-    y = y * r + 1.666_666_5e-1;
-    y = y * r + 0.5;
-    let y = y * r2 + r + 1.0;
-    // 2^fx through the exponent bits; fx is in [-126, 128] after the clamp.
-    let scale = f32::from_bits((((fx as i32).wrapping_add(127)).clamp(1, 254) as u32) << 23);
-    y * scale
-}
+pub use crate::cpu::softmax::{exp_approx, online_softmax_tile};
 
 /// `gelu_pytorch_tanh`: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
 /// the identical x * sigmoid(2u), which is stable at both tails.
@@ -102,166 +85,6 @@ multiversion! {
                 *v = gelu_erf(*v + *b);
             }
         }
-    }
-}
-
-multiversion! {
-    /// In place over one row of scores: softmax(x). (The engine uses the tiled form below.)
-    #[allow(dead_code)]
-    pub fn softmax_row(x: &mut [f32]) {
-        let mut m = [f32::NEG_INFINITY; 8];
-        let mut chunks = x.chunks_exact(8);
-        for c in &mut chunks {
-            for i in 0..8 {
-                m[i] = m[i].max(c[i]);
-            }
-        }
-        let mut max = m.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        for &v in chunks.remainder() {
-            max = max.max(v);
-        }
-        let mut s = [0f32; 8];
-        let mut chunks = x.chunks_exact_mut(8);
-        for c in &mut chunks {
-            for i in 0..8 {
-                c[i] = exp_approx(c[i] - max);
-                s[i] += c[i];
-            }
-        }
-        let mut sum: f32 = s.iter().sum();
-        for v in chunks.into_remainder() {
-            *v = exp_approx(*v - max);
-            sum += *v;
-        }
-        let inv = 1.0 / sum;
-        for v in x.iter_mut() {
-            *v *= inv;
-        }
-    }
-}
-
-multiversion! {
-    /// One key tile of an online softmax row (flash-attention style): with the row's running max
-    /// `m` and sum `l` over earlier tiles, replaces `x` by exp(x - m_new), updates `m` and `l`,
-    /// and sets `corr` = exp(m_old - m_new), the factor earlier partial outputs must be scaled
-    /// by. Start a row with m = -inf, l = 0 (corr is then 0).
-    pub fn online_softmax_tile_auto(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
-        let mut mx = [f32::NEG_INFINITY; 8];
-        let mut chunks = x.chunks_exact(8);
-        for c in &mut chunks {
-            for i in 0..8 {
-                mx[i] = mx[i].max(c[i]);
-            }
-        }
-        let mut tile_max = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        for &v in chunks.remainder() {
-            tile_max = tile_max.max(v);
-        }
-        let m_new = m.max(tile_max);
-        let mut s = [0f32; 8];
-        let mut chunks = x.chunks_exact_mut(8);
-        for c in &mut chunks {
-            for i in 0..8 {
-                c[i] = exp_approx(c[i] - m_new);
-                s[i] += c[i];
-            }
-        }
-        let mut sum: f32 = s.iter().sum();
-        for v in chunks.into_remainder() {
-            *v = exp_approx(*v - m_new);
-            sum += *v;
-        }
-        *corr = if *m == f32::NEG_INFINITY { 0.0 } else { exp_approx(*m - m_new) };
-        *l = *l * *corr + sum;
-        *m = m_new;
-    }
-}
-
-/// [`online_softmax_tile_auto`], with AVX-512 intrinsics where the CPU has them (the
-/// compiler's vectorisation of the portable form runs ~4 cycles a score; this ~1).
-pub fn online_softmax_tile(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: the feature was detected on this CPU.
-        return unsafe { avx512::online_softmax_tile(x, m, l, corr) };
-    }
-    online_softmax_tile_auto(x, m, l, corr)
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    /// [`super::exp_approx`] on 16 lanes (same clamp and polynomial; 2^fx by `vscalefps`).
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn exp16(x: __m512) -> __m512 {
-        let x = _mm512_min_ps(
-            _mm512_max_ps(x, _mm512_set1_ps(-87.3)),
-            _mm512_set1_ps(88.7),
-        );
-        let fx =
-            _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(_mm512_fmadd_ps(
-                x,
-                _mm512_set1_ps(std::f32::consts::LOG2_E),
-                _mm512_set1_ps(0.5),
-            ));
-        let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693_359_4), x);
-        let r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.121_944_4e-4), r);
-        let r2 = _mm512_mul_ps(r, r);
-        let mut y = _mm512_set1_ps(1.987_569_1e-4);
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.398_199_9e-3));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.333_452e-3));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.166_579_6e-2));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.666_666_5e-1));
-        y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(0.5));
-        let y = _mm512_add_ps(_mm512_fmadd_ps(y, r2, r), _mm512_set1_ps(1.0));
-        _mm512_scalef_ps(y, fx)
-    }
-
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn online_softmax_tile(
-        x: &mut [f32],
-        m: &mut f32,
-        l: &mut f32,
-        corr: &mut f32,
-    ) {
-        let n = x.len();
-        let p = x.as_mut_ptr();
-        let tail: __mmask16 = ((1u32 << (n % 16)) - 1) as u16;
-        let full = n / 16 * 16;
-        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
-        let mut i = 0;
-        while i < full {
-            mx = _mm512_max_ps(mx, _mm512_loadu_ps(p.add(i)));
-            i += 16;
-        }
-        if tail != 0 {
-            let v = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), tail, p.add(full));
-            mx = _mm512_max_ps(mx, v);
-        }
-        let m_new = m.max(_mm512_reduce_max_ps(mx));
-        let mv = _mm512_set1_ps(m_new);
-        let mut sum = _mm512_setzero_ps();
-        let mut i = 0;
-        while i < full {
-            let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
-            _mm512_storeu_ps(p.add(i), e);
-            sum = _mm512_add_ps(sum, e);
-            i += 16;
-        }
-        if tail != 0 {
-            let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, p.add(full)), mv));
-            _mm512_mask_storeu_ps(p.add(full), tail, e);
-            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
-        }
-        *corr = if *m == f32::NEG_INFINITY {
-            0.0
-        } else {
-            super::exp_approx(*m - m_new)
-        };
-        *l = *l * *corr + _mm512_reduce_add_ps(sum);
-        *m = m_new;
     }
 }
 
@@ -444,14 +267,20 @@ mod tests {
         r.copysign(z)
     }
 
+    fn softmax_f64(x: &[f32]) -> Vec<f64> {
+        let max = x.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+        let e: Vec<f64> = x.iter().map(|&v| (v as f64 - max).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|v| v / s).collect()
+    }
+
     #[test]
     fn online_softmax_equals_softmax() {
         let x: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.37).sin() * 7.0).collect();
-        let mut full = x.clone();
-        softmax_row(&mut full);
+        let full = softmax_f64(&x);
         // Tiles of 300: accumulate sum p * value with rescaling, as the attention does.
         let vals: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.11).cos()).collect();
-        let want: f32 = full.iter().zip(&vals).map(|(p, v)| p * v).sum();
+        let want: f32 = full.iter().zip(&vals).map(|(p, v)| *p as f32 * v).sum();
         let (mut m, mut l, mut acc) = (f32::NEG_INFINITY, 0f32, 0f32);
         for (xs, vs) in x.chunks(300).zip(vals.chunks(300)) {
             let mut t = xs.to_vec();
@@ -465,11 +294,11 @@ mod tests {
     #[test]
     fn softmax_and_layer_norm() {
         let mut x: Vec<f32> = (0..37).map(|i| (i as f32 * 0.7).sin() * 5.0).collect();
-        let e: Vec<f64> = x.iter().map(|&v| (v as f64).exp()).collect();
-        let s: f64 = e.iter().sum();
-        softmax_row(&mut x);
-        for (a, b) in x.iter().zip(&e) {
-            assert!((*a as f64 - b / s).abs() < 1e-6);
+        let want = softmax_f64(&x);
+        let (mut m, mut l, mut corr) = (f32::NEG_INFINITY, 0f32, 0f32);
+        online_softmax_tile(&mut x, &mut m, &mut l, &mut corr);
+        for (a, b) in x.iter().zip(&want) {
+            assert!((*a as f64 / l as f64 - b).abs() < 1e-6);
         }
         let v: Vec<f32> = (0..19).map(|i| i as f32 * 0.3 - 2.0).collect();
         let w = vec![2.0f32; 19];
