@@ -1,8 +1,9 @@
-//! The CPU f32 bucket engine: the ViT written on preallocated slices with direct gemm calls,
+//! The CPU bucket engine: the ViT written on preallocated f32 slices with direct gemm calls,
 //! fused bias / activation / LayerNorm passes and blocked attention, so that a run at a bucket
 //! touches only the buffers sized for that bucket at load (plus its small per-run tables and the
 //! outputs). Same math as [`VisionModel::forward`](super::VisionModel::forward), which is its
-//! oracle.
+//! oracle. With a bf16 model on an AVX512-BF16 CPU the products (linears, q·kᵀ, p·v) run on
+//! [`crate::cpu::bf16_gemm`]; activations, norms and softmax stay f32.
 use super::attention::{spans_for, Span};
 use super::kernels::{
     add_bias, bias_gelu_erf, bias_gelu_tanh, gemm_f32, layer_norm_row, online_softmax_tile, Mat,
