@@ -8,6 +8,7 @@
 //! Sampling (greedy, temperature, top-k, top-p, seed), stop token ids, EOS and `max_tokens`
 //! are handled here. Stop *strings* are not: the gateway owns detokenization and ends the
 //! stream (by cancelling it) when one appears.
+pub mod coalesce;
 pub mod convert;
 pub mod embed_cache;
 pub mod engine;

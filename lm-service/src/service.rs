@@ -5,7 +5,6 @@ use futures::{Stream, StreamExt};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
-use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status};
 use tracing::Instrument;
 use vlm_proto as pb;
@@ -60,7 +59,7 @@ impl pb::lm_server::Lm for LmService {
                 tracing::info!(parent: &span, error = %e, kind = e.kind(), "generate refused");
                 Status::from(e)
             })?;
-        let stream = UnboundedReceiverStream::new(rx)
+        let stream = crate::coalesce::coalesced(rx)
             .map(|r| r.map(convert::token_event).map_err(Status::from));
         Ok(Response::new(Box::pin(stream)))
     }
