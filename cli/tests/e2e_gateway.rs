@@ -403,3 +403,80 @@ async fn sigterm_drains_the_gateway() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// An LM replica named through a DNS source (`dns:///localhost:PORT`) dies: requests fail while
+/// it is down (no other replica), and once it is back on the same address the gateway's health
+/// poll puts it back in rotation without a restart of the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recovered_lm_replica_is_put_back_in_rotation() {
+    let _g = serial();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let lm_args = || {
+        let mut a = service_args(true);
+        let i = a.iter().position(|x| x == "--listen").unwrap();
+        a[i + 1] = format!("127.0.0.1:{port}");
+        a
+    };
+    let vision = Proc::spawn("vision", &bin("vision-service"), &service_args(true));
+    let mut lm = Proc::spawn("lm", &bin("lm-service"), &lm_args());
+    wait_serving(&vision.addr("grpc")).await;
+    wait_serving(&lm.addr("grpc")).await;
+    let args: Vec<String> = [
+        "--model",
+        &tiny_model().display().to_string(),
+        "--config",
+        &config_file().display().to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+        "--vision",
+        &vision.addr("grpc"),
+        "--lm",
+        &format!("dns:///localhost:{port}"),
+        "--poll-ms",
+        "100",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let gw = Proc::spawn("gateway", &bin("gateway"), &args);
+    wait_serving(&gw.addr("grpc")).await;
+    let addr = gw.addr("grpc");
+    generate(&addr, grpc_request(&[], "before", 3))
+        .await
+        .expect("served through the DNS-named replica");
+
+    lm.kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let err = loop {
+        match generate(&addr, grpc_request(&[], "while down", 3)).await {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(100)).await
+            }
+            Ok(_) => panic!("still served 30 s after the only LM replica was killed"),
+        }
+    };
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+
+    let lm2 = Proc::spawn("lm-again", &bin("lm-service"), &lm_args());
+    wait_serving(&lm2.addr("grpc")).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match generate(&addr, grpc_request(&[], "after", 3)).await {
+            Ok(out) => {
+                assert!(!out.tokens.is_empty());
+                break;
+            }
+            Err(e) if Instant::now() < deadline => {
+                assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the recovered replica was not put back within 30 s: {e:?}"),
+        }
+    }
+}

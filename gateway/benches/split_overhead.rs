@@ -102,9 +102,7 @@ fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
         p.generate_greedy_batch(&reqs, batch, 1, &[]).unwrap();
         let first_only = t1.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let out = p
-            .generate_greedy_batch(&reqs, batch, tokens, &[])
-            .unwrap();
+        let out = p.generate_greedy_batch(&reqs, batch, tokens, &[]).unwrap();
         let decode = (t1.elapsed().as_secs_f64() - first_only).max(1e-9);
         let n: usize = out.iter().map(|o| o.tokens.len().saturating_sub(1)).sum();
         if r > 0 {
