@@ -545,4 +545,23 @@ mod tests {
         r.mark_lm_failed("127.0.0.1:1");
         assert!(r.pick_lm(&[]).is_err());
     }
+
+    #[tokio::test]
+    async fn reconcile_keeps_known_replicas_adds_new_drops_gone_and_ignores_empty_lookups() {
+        let addrs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut set: Vec<Replica<LmLoad>> = Vec::new();
+        reconcile(&mut set, addrs(&["10.0.0.1:5", "10.0.0.2:5"]));
+        assert_eq!(set.len(), 2);
+        set[1].load.healthy = true; // state learned by polls
+                                    // A re-resolution: .1 is gone, .3 is new, .2 keeps its state; order follows the lookup.
+        reconcile(&mut set, addrs(&["10.0.0.3:5", "10.0.0.2:5"]));
+        let got: Vec<(&str, bool)> = set
+            .iter()
+            .map(|r| (r.addr.as_str(), r.load.healthy))
+            .collect();
+        assert_eq!(got, vec![("10.0.0.3:5", false), ("10.0.0.2:5", true)]);
+        // A failed lookup (no addresses) leaves the set as it was.
+        reconcile(&mut set, Vec::new());
+        assert_eq!(set.len(), 2);
+    }
 }
