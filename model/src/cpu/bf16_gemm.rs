@@ -423,6 +423,7 @@ mod tests {
     #[test]
     fn windows_select_columns_and_inner_ranges() {
         if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
             return;
         }
         let (n, k) = (96, 40);
@@ -456,6 +457,7 @@ mod tests {
     #[test]
     fn a_row_alone_equals_the_same_row_in_a_batch() {
         if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
             return;
         }
         let (n, k) = (64, 300);

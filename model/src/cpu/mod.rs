@@ -2,6 +2,7 @@
 //! weight layout it reads.
 pub mod bf16_gemm;
 mod candle_op;
+pub(crate) mod f32_view;
 pub mod packed;
 pub mod softmax;
 pub mod vec;

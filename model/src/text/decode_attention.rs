@@ -9,6 +9,11 @@
 use crate::cpu::vec::{axpy, dot};
 use rayon::prelude::*;
 
+thread_local! {
+    /// One task's scores, (g, ctx + 1): reused, not allocated per row, head and layer.
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Geometry of one layer's cache: (blocks, kv_heads, block_len, head_dim) f32.
 #[derive(Clone, Copy)]
 pub(crate) struct CacheGeometry {
@@ -52,28 +57,32 @@ pub(crate) fn decode_attention(
         let total = ctx + 1;
         let at = |t: usize| geo.offset(table, kvh, t);
         let qs = &q[(r * heads + kvh * g) * hd..(r * heads + (kvh + 1) * g) * hd];
-        let mut p = vec![0f32; g * total];
-        for t in 0..total {
-            let key = &k_cache[at(t)..at(t) + hd];
-            for j in 0..g {
-                p[j * total + t] = dot(&qs[j * hd..(j + 1) * hd], key) * scale;
+        SCORES.with(|p| {
+            let mut p = p.borrow_mut();
+            p.clear();
+            p.resize(g * total, 0.0);
+            for t in 0..total {
+                let key = &k_cache[at(t)..at(t) + hd];
+                for j in 0..g {
+                    p[j * total + t] = dot(&qs[j * hd..(j + 1) * hd], key) * scale;
+                }
             }
-        }
-        for row in p.chunks_exact_mut(total) {
-            let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let mut sum = 0.0;
-            for x in row.iter_mut() {
-                *x = (*x - max).exp();
-                sum += *x;
+            for row in p.chunks_exact_mut(total) {
+                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let mut sum = 0.0;
+                for x in row.iter_mut() {
+                    *x = (*x - max).exp();
+                    sum += *x;
+                }
+                let inv = 1.0 / sum;
+                row.iter_mut().for_each(|x| *x *= inv);
             }
-            let inv = 1.0 / sum;
-            row.iter_mut().for_each(|x| *x *= inv);
-        }
-        for t in 0..total {
-            let value = &v_cache[at(t)..at(t) + hd];
-            for j in 0..g {
-                axpy(&mut o[j * hd..(j + 1) * hd], p[j * total + t], value);
+            for t in 0..total {
+                let value = &v_cache[at(t)..at(t) + hd];
+                for j in 0..g {
+                    axpy(&mut o[j * hd..(j + 1) * hd], p[j * total + t], value);
+                }
             }
-        }
+        });
     });
 }

@@ -12,6 +12,7 @@
 //! pool a service reserves is really held from start-up, as the memory plan says.
 use super::decode_attention::CacheGeometry;
 use crate::config::TextConfig;
+use crate::cpu::f32_view::CpuF32;
 use crate::error::{ModelError, Result};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 
@@ -248,20 +249,9 @@ impl PagedKvCache {
         layer: usize,
         f: impl FnOnce(&[f32], &[f32]) -> R,
     ) -> Result<R> {
-        use candle_core::{CpuStorage, Storage};
-        let (kg, kl) = self.k[layer].storage_and_layout();
-        let (vg, vl) = self.v[layer].storage_and_layout();
-        match (&*kg, &*vg, kl.contiguous_offsets(), vl.contiguous_offsets()) {
-            (
-                Storage::Cpu(CpuStorage::F32(k)),
-                Storage::Cpu(CpuStorage::F32(v)),
-                Some((ka, kb)),
-                Some((va, vb)),
-            ) => Ok(f(&k[ka..kb], &v[va..vb])),
-            _ => Err(ModelError::KvCache(
-                "the cache is not f32 on the CPU".into(),
-            )),
-        }
+        let k = CpuF32::new(&self.k[layer], "K cache")?;
+        let v = CpuF32::new(&self.v[layer], "V cache")?;
+        Ok(f(k.slice(), v.slice()))
     }
 
     /// The cached K and V of tokens [0, len) of a sequence, as per-block strided views

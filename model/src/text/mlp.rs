@@ -50,19 +50,11 @@ impl Mlp {
 
 /// y: (n, 2 * inter) = [gate | up] -> (n, inter) = silu(gate) * up, one pass.
 fn silu_mul(y: &Tensor, inter: usize) -> Result<Tensor> {
-    use candle_core::{CpuStorage, Storage};
     use rayon::prelude::*;
     let n = y.dim(0)?;
     let y = y.contiguous()?;
-    let (guard, layout) = y.storage_and_layout();
-    let data = match (&*guard, layout.contiguous_offsets()) {
-        (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => &v[a..b],
-        _ => {
-            return Err(crate::error::ModelError::invalid(
-                "fused gate/up output must be f32 on the CPU",
-            ))
-        }
-    };
+    let view = crate::cpu::f32_view::CpuF32::new(&y, "fused gate/up output")?;
+    let data = view.slice();
     let mut out = vec![0f32; n * inter];
     out.par_chunks_mut(inter)
         .zip(data.par_chunks(2 * inter))
@@ -72,6 +64,6 @@ fn silu_mul(y: &Tensor, inter: usize) -> Result<Tensor> {
                 *o = g / (1.0 + (-g).exp()) * u;
             }
         });
-    drop(guard);
+    drop(view);
     Ok(Tensor::from_vec(out, (n, inter), y.device())?)
 }

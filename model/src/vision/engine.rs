@@ -13,10 +13,11 @@ use super::linear::{LayerNorm, Linear};
 use super::merger::PatchMerger;
 use super::model::VisionModel;
 use crate::config::VisionConfig;
+use crate::cpu::f32_view::CpuF32;
 use crate::cpu::packed::{pack_column, pack_inner_row};
 use crate::cpu::PackedB;
 use crate::error::{ModelError, Result};
-use candle_core::{CpuStorage, Storage, StorageRef, Tensor};
+use candle_core::Tensor;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -88,32 +89,6 @@ fn big_width(cfg: &VisionConfig) -> usize {
     cfg.intermediate_size
         .max(3 * cfg.hidden_size)
         .max(cfg.hidden_size)
-}
-
-/// A tensor's f32 CPU data, borrowed.
-struct CpuF32<'a> {
-    guard: StorageRef<'a>,
-    start: usize,
-    end: usize,
-}
-
-impl<'a> CpuF32<'a> {
-    fn new(t: &'a Tensor, what: &str) -> Result<Self> {
-        let (guard, layout) = t.storage_and_layout();
-        let (start, end) = layout
-            .contiguous_offsets()
-            .ok_or_else(|| ModelError::Weights(format!("{what}: not contiguous")))?;
-        if !matches!(&*guard, Storage::Cpu(CpuStorage::F32(_))) {
-            return Err(ModelError::Weights(format!("{what}: not f32 on the CPU")));
-        }
-        Ok(CpuF32 { guard, start, end })
-    }
-    fn slice(&self) -> &[f32] {
-        match &*self.guard {
-            Storage::Cpu(CpuStorage::F32(v)) => &v[self.start..self.end],
-            _ => &[],
-        }
-    }
 }
 
 /// dst (rows, out) [+]= x (rows, in) . W^T for a Linear's weight (out, in); no bias.
