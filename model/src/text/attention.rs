@@ -7,6 +7,7 @@ use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::MRope;
 use crate::config::TextConfig;
+use crate::cpu::f32_view::CpuF32;
 use crate::error::{ModelError, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::VarBuilder;
@@ -129,8 +130,9 @@ impl Attention {
                 self.attend(&q, kv, layer, table, *start, *mask)?
             }
             AttnRows::Decode(rows) if kv.is_cpu_f32() => {
-                let (kd, vd) = (f32_data(&k.contiguous()?)?, f32_data(&v.contiguous()?)?);
-                kv.write_decode_rows(layer, rows, &kd, &vd)?;
+                let (k, v) = (k.contiguous()?, v.contiguous()?);
+                let (kd, vd) = (CpuF32::new(&k, "k")?, CpuF32::new(&v, "v")?);
+                kv.write_decode_rows(layer, rows, kd.slice(), vd.slice())?;
                 self.on_cache_memory(&q, kv, layer, |kc, vc, geo, qd, out| {
                     decode_attention(kc, vc, geo, h, qd, rows, self.scale as f32, out)
                 })?
@@ -175,9 +177,12 @@ impl Attention {
         f: impl FnOnce(&[f32], &[f32], CacheGeometry, &[f32], &mut [f32]),
     ) -> Result<Tensor> {
         let (n, h, hd) = q.dims3()?;
-        let qd = f32_data(q)?;
+        let q = q.contiguous()?;
+        let qd = CpuF32::new(&q, "q")?;
         let mut out = vec![0f32; n * h * hd];
-        kv.with_layer(layer, |kc, vc| f(kc, vc, kv.geometry(), &qd, &mut out))?;
+        kv.with_layer(layer, |kc, vc| {
+            f(kc, vc, kv.geometry(), qd.slice(), &mut out)
+        })?;
         Ok(Tensor::from_vec(out, (n, h * hd), q.device())?)
     }
 
@@ -244,11 +249,6 @@ impl Attention {
             .permute((2, 0, 1, 3))?
             .reshape((n, h * hd))?)
     }
-}
-
-/// A small f32 tensor's values (q, k, v of one decode step), copied out.
-fn f32_data(t: &Tensor) -> Result<Vec<f32>> {
-    Ok(t.flatten_all()?.to_dtype(DType::F32)?.to_vec1::<f32>()?)
 }
 
 /// (n, start+n) additive mask: query i (cache index start+i) sees keys j <= start+i.
