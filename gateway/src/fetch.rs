@@ -1,18 +1,27 @@
-//! Fetching `image_url` images over http:// from allow-listed hosts (`--allow-image-host`).
+//! Fetching `image_url` images over http:// and https:// from allow-listed hosts
+//! (`--allow-image-host`).
 //!
-//! One connection per image (hyper's HTTP/1 client over a tokio `TcpStream`), no redirects, a
-//! total deadline (`--image-fetch-timeout-ms`) and a byte limit (`--image-fetch-max-bytes`)
-//! enforced while the body streams in: a `Content-Length` over the limit is refused before
-//! reading, and a body without one stops being read as soon as it crosses the limit.
+//! One connection per image (hyper's HTTP/1 client over a tokio `TcpStream`, wrapped in TLS for
+//! https://), no redirects, a total deadline (`--image-fetch-timeout-ms`, TLS handshake
+//! included) and a byte limit (`--image-fetch-max-bytes`) enforced while the body streams in: a
+//! `Content-Length` over the limit is refused before reading, and a body without one stops being
+//! read as soon as it crosses the limit.
 //!
-//! https:// is refused: this build carries no TLS stack (rustls would add a C/assembly crypto
-//! build, ring or aws-lc, to the gateway). Put an http:// mirror on an allow-listed host, or
-//! send the image as a `data:` URL.
+//! TLS is rustls on the ring provider (TLS 1.2 and 1.3, ALPN `http/1.1`). The server's
+//! certificate must chain to one of Mozilla's roots, compiled in (webpki-roots: nothing is read
+//! from the system at run time), or to a certificate of `--image-fetch-ca-file` (PEM, read once
+//! at start-up by [`read_ca_file`]) for private CAs, and be valid for the URL's host: a DNS name
+//! (also sent as SNI) or an IP address (checked against the certificate's IP SANs; no SNI). An
+//! untrusted certificate, a name mismatch or a failed handshake is refused like any other fetch
+//! failure: a validation error naming the URL and the cause.
 use crate::error::GatewayError;
 use axum::http::{header, Method, Request, StatusCode, Uri};
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,8 +35,11 @@ pub struct FetchOptions {
     pub allow_hosts: Vec<String>,
     /// Bytes of one fetched body.
     pub max_bytes: usize,
-    /// Connect, request, headers and body together.
+    /// Connect, TLS handshake, request, headers and body together.
     pub timeout: Duration,
+    /// CA certificates trusted for https:// besides the bundled Mozilla roots
+    /// (`--image-fetch-ca-file`, read by [`read_ca_file`]).
+    pub extra_roots: Vec<CertificateDer<'static>>,
 }
 
 impl FetchOptions {
@@ -37,8 +49,38 @@ impl FetchOptions {
             allow_hosts: Vec::new(),
             max_bytes: 20 << 20,
             timeout: DEFAULT_TIMEOUT,
+            extra_roots: Vec::new(),
         }
     }
+}
+
+/// Reads `--image-fetch-ca-file`: one or more PEM certificates (other PEM sections are
+/// skipped), each usable as a trust root. The error names the path and what is wrong with it:
+/// unreadable, not PEM, no certificate, or a certificate that cannot be a trust root.
+pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let shown = path.display();
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("--image-fetch-ca-file {shown}: cannot read it: {e}"))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("--image-fetch-ca-file {shown}: not valid PEM: {e}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "--image-fetch-ca-file {shown}: holds no certificate (expected one or more \
+             -----BEGIN CERTIFICATE----- blocks)"
+        ));
+    }
+    let mut store = rustls::RootCertStore::empty();
+    for (i, c) in certs.iter().enumerate() {
+        store.add(c.clone()).map_err(|e| {
+            format!(
+                "--image-fetch-ca-file {shown}: certificate {} of {} cannot be a trust root: {e}",
+                i + 1,
+                certs.len()
+            )
+        })?;
+    }
+    Ok(certs)
 }
 
 /// A fetched image: its bytes and the declared `Content-Type` when it is an `image/*` type
@@ -49,16 +91,19 @@ pub struct Fetched {
     pub mime_type: String,
 }
 
-/// An http URL that passed the scheme and allow-list checks.
+/// An http(s) URL that passed the scheme and allow-list checks.
 #[derive(Debug, Clone)]
 pub struct Target {
     uri: Uri,
+    /// https://: TLS over the connection.
+    tls: bool,
     /// `host[:port]` as written (no user info): the `Host` header.
     authority: String,
-    /// The host name alone, without IPv6 brackets: what is resolved.
+    /// The host name alone, without IPv6 brackets: what is resolved, and the name (or IP
+    /// address) the certificate must be valid for.
     name: String,
     port: u16,
-    /// `http://host[:port]/path`, for messages (no user info, no query).
+    /// `http(s)://host[:port]/path`, for messages (no user info, no query).
     shown: String,
 }
 
@@ -72,12 +117,15 @@ impl Target {
 #[derive(Debug, Clone)]
 pub struct ImageFetcher {
     opts: Arc<FetchOptions>,
+    tls: Arc<rustls::ClientConfig>,
 }
 
 impl ImageFetcher {
     pub fn new(opts: FetchOptions) -> Self {
+        let tls = client_config(&opts.extra_roots);
         ImageFetcher {
             opts: Arc::new(opts),
+            tls,
         }
     }
 
@@ -125,14 +173,9 @@ impl ImageFetcher {
         }
         let scheme = if https { "https" } else { "http" };
         let shown = format!("{scheme}://{authority}{}", truncate(uri.path(), 200));
-        if https {
-            return Err(GatewayError::validation(format!(
-                "image URL {shown}: this build fetches http:// image URLs only (no TLS stack in the gateway); \
-                 use an http:// URL on an allow-listed host, or send the image as a data: URL"
-            )));
-        }
         Ok(Target {
-            port: auth.port_u16().unwrap_or(80),
+            port: auth.port_u16().unwrap_or(if https { 443 } else { 80 }),
+            tls: https,
             uri,
             authority,
             name,
@@ -161,14 +204,32 @@ impl ImageFetcher {
         }
     }
 
-    /// The request itself; the error is the cause, without the URL.
+    /// Connects (and, for https://, completes the TLS handshake); the error is the cause,
+    /// without the URL.
     async fn get(&self, t: &Target) -> Result<Fetched, String> {
-        let max = self.opts.max_bytes;
         let tcp = tokio::net::TcpStream::connect((t.name.as_str(), t.port))
             .await
             .map_err(|e| format!("cannot connect to {}: {e}", t.authority))?;
         let _ = tcp.set_nodelay(true);
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        if !t.tls {
+            return self.exchange(t, TokioIo::new(tcp)).await;
+        }
+        let server_name = ServerName::try_from(t.name.clone())
+            .map_err(|e| format!("{:?} cannot be checked against a certificate: {e}", t.name))?;
+        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
+            .connect(server_name, tcp)
+            .await
+            .map_err(|e| tls_failure(&t.authority, &t.name, &e))?;
+        self.exchange(t, TokioIo::new(tls)).await
+    }
+
+    /// The HTTP/1 request and response over a connected stream.
+    async fn exchange<I>(&self, t: &Target, io: I) -> Result<Fetched, String>
+    where
+        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    {
+        let max = self.opts.max_bytes;
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
             .await
             .map_err(|e| format!("HTTP handshake with {} failed: {e}", t.authority))?;
         // The connection task dies with this call (limit crossed, deadline, error), which
@@ -256,6 +317,51 @@ impl ImageFetcher {
     }
 }
 
+/// The client side of TLS: Mozilla's roots plus `extra` (already checked by
+/// [`read_ca_file`]; one that still does not parse is skipped), ring, TLS 1.2 and 1.3.
+fn client_config(extra: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    roots.add_parsable_certificates(extra.iter().cloned());
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("the ring provider supports the default TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(cfg)
+}
+
+/// A failed TLS handshake as a cause: the certificate problems in words, anything else as
+/// rustls (or the socket) says it.
+fn tls_failure(authority: &str, name: &str, e: &std::io::Error) -> String {
+    use rustls::CertificateError as C;
+    let cause = match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(c)) => match c {
+            C::UnknownIssuer => "untrusted certificate: it does not chain to a bundled Mozilla \
+                                 root nor to a certificate of --image-fetch-ca-file"
+                .to_string(),
+            C::NotValidForNameContext { presented, .. } if !presented.is_empty() => format!(
+                "certificate name mismatch: the certificate is not valid for {name:?}, only for {}",
+                presented.join(", ")
+            ),
+            C::NotValidForName | C::NotValidForNameContext { .. } => {
+                format!("certificate name mismatch: the certificate is not valid for {name:?}")
+            }
+            other => format!("invalid certificate: {other}"),
+        },
+        Some(other) => other.to_string(),
+        None => e.to_string(),
+    };
+    format!("TLS handshake with {authority} failed: {cause}")
+}
+
 struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
 
 impl<T> Drop for AbortOnDrop<T> {
@@ -310,8 +416,19 @@ mod tests {
         assert!(f.check("http://127.0.0.1:8000/x").is_ok());
         let e = f.check("http://127.0.0.1:9000/x").unwrap_err();
         assert!(e.to_string().contains("not allowed"), "{e}");
-        let e = f.check("https://ok.example/a.png").unwrap_err();
-        assert!(e.to_string().contains("http:// image URLs only"), "{e}");
+        let t = f.check("https://ok.example/a.png").unwrap();
+        assert_eq!(
+            (t.tls, t.port, t.shown()),
+            (true, 443, "https://ok.example/a.png")
+        );
+        let t = f.check("https://ok.example:8443/a.png").unwrap();
+        assert_eq!((t.tls, t.port), (true, 8443));
+        assert!(!f.check("http://ok.example/a.png").unwrap().tls);
+        let e = f.check("https://evil.example/a.png").unwrap_err();
+        assert!(
+            e.to_string().contains("--allow-image-host evil.example"),
+            "{e}"
+        );
         assert!(f.check("ftp://ok.example/a").is_err());
         let ip6 = fetcher(&["::1"]).check("http://[::1]:8080/a").unwrap();
         assert_eq!((ip6.name.as_str(), ip6.port), ("::1", 8080));

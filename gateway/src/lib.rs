@@ -42,7 +42,7 @@ pub struct GatewayConfig {
     pub admission: AdmissionLimits,
     pub max_images: usize,
     pub max_body_bytes: usize,
-    /// Hosts, byte limit and deadline for http image URLs.
+    /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
 }

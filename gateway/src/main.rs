@@ -53,24 +53,29 @@ struct Args {
     /// Bytes of one request body.
     #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
-    /// Hosts http:// image URLs may be fetched from (repeatable or comma-separated); none by
-    /// default. https:// is refused: this build has no TLS stack.
+    /// Hosts http:// and https:// image URLs may be fetched from (repeatable or
+    /// comma-separated); none by default.
     #[arg(
         long = "allow-image-host",
         env = "VLM_GATEWAY_ALLOW_IMAGE_HOSTS",
         value_delimiter = ','
     )]
     allow_image_host: Vec<String>,
-    /// Bytes of one image fetched from an http URL; default: --max-body-bytes.
+    /// Bytes of one image fetched from an http(s) URL; default: --max-body-bytes.
     #[arg(long, env = "VLM_GATEWAY_IMAGE_FETCH_MAX_BYTES")]
     image_fetch_max_bytes: Option<usize>,
-    /// Deadline for fetching one image URL (connect, headers and body), in milliseconds.
+    /// Deadline for fetching one image URL (connect, TLS handshake, headers and body), in
+    /// milliseconds.
     #[arg(
         long,
         env = "VLM_GATEWAY_IMAGE_FETCH_TIMEOUT_MS",
         default_value_t = 10_000
     )]
     image_fetch_timeout_ms: u64,
+    /// PEM file of CA certificates (one or more) trusted for https:// image URLs besides the
+    /// bundled Mozilla roots: for hosts whose certificates a private CA signs.
+    #[arg(long, env = "VLM_GATEWAY_IMAGE_FETCH_CA_FILE")]
+    image_fetch_ca_file: Option<PathBuf>,
     /// How often replicas are polled for health and load, in milliseconds.
     #[arg(long, env = "VLM_GATEWAY_POLL_MS", default_value_t = 500)]
     poll_ms: u64,
@@ -85,6 +90,10 @@ fn main() -> anyhow::Result<()> {
     if a.image_fetch_max_bytes == Some(0) || a.image_fetch_timeout_ms == 0 {
         anyhow::bail!("--image-fetch-max-bytes and --image-fetch-timeout-ms must be at least 1");
     }
+    let extra_roots = match &a.image_fetch_ca_file {
+        Some(path) => vlm_gateway::fetch::read_ca_file(path).map_err(anyhow::Error::msg)?,
+        None => Vec::new(),
+    };
     let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref())
         .map_err(anyhow::Error::msg)?;
     let api_keys = ApiKeys::load(a.api_key_file.as_deref(), std::env::var("VLM_API_KEY").ok())
@@ -108,6 +117,7 @@ fn main() -> anyhow::Result<()> {
             allow_hosts: a.allow_image_host,
             max_bytes: a.image_fetch_max_bytes.unwrap_or(a.max_body_bytes),
             timeout: Duration::from_millis(a.image_fetch_timeout_ms),
+            extra_roots,
         },
         routing: RoutingOptions {
             poll_interval: Duration::from_millis(a.poll_ms.max(10)),

@@ -1,5 +1,5 @@
 //! The OpenAI-compatible HTTP surface: `POST /v1/chat/completions` (text and `image_url` parts
-//! as `data:` URLs, or http:// URLs on `--allow-image-host` hosts, fetched by [`crate::fetch`];
+//! as `data:` URLs, or http(s):// URLs on `--allow-image-host` hosts, fetched by [`crate::fetch`];
 //! `stream: true` as SSE chunks ending with `data: [DONE]`), `GET /v1/models`,
 //! `GET /health`, `GET /metrics`.
 use crate::auth::ApiKeys;
@@ -26,7 +26,7 @@ pub struct HttpState {
     pub keys: ApiKeys,
     pub ready: watch::Receiver<bool>,
     pub metrics: metrics_exporter_prometheus::PrometheusHandle,
-    /// Fetches allow-listed http image URLs.
+    /// Fetches allow-listed http(s) image URLs.
     pub images: ImageFetcher,
 }
 
@@ -169,7 +169,7 @@ pub fn image_from_data_url(url: &str) -> Result<InputPart, GatewayError> {
 pub enum ImageSource {
     /// A `data:` URL, already decoded.
     Inline(InputPart),
-    /// An http URL on an allow-listed host, not fetched yet.
+    /// An http(s) URL on an allow-listed host, not fetched yet.
     Remote(Target),
 }
 
@@ -538,6 +538,10 @@ mod tests {
         });
         assert!(matches!(
             image_source("http://ok.example/a.png", &ok),
+            Ok(ImageSource::Remote(_))
+        ));
+        assert!(matches!(
+            image_source("https://ok.example/a.png", &ok),
             Ok(ImageSource::Remote(_))
         ));
         let e = image_source("data:image/png,abc", &deny).unwrap_err();
