@@ -10,7 +10,11 @@
 //! leaves each service one core, which measures the core split, not the service split; the
 //! in-process ViT then runs each image on one thread, as a vision-service device does).
 //! Reported: the fixed milliseconds per request the split adds (TTFT split - TTFT in-process
-//! at concurrency 1), and both throughputs.
+//! at concurrency 1), and both decode throughputs: in-process, the batch decode of all the
+//! requests after their prefills; split, the tokens/s while every request is decoding (from the
+//! last first token to the first finished request: the images are all encoded by then, so both
+//! sides run the same decode steps on the same cores). Ask for enough tokens that the requests
+//! overlap (at 8 concurrent 2B requests, VLM_BENCH_TOKENS=512).
 use candle_core::{DType, Device};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -45,7 +49,8 @@ const PROMPT: &str = "Describe the image in detail.";
 struct Stat {
     /// Mean time to first token, ms.
     ttft_ms: f64,
-    /// Output tokens per second over all requests together (after each one's first token).
+    /// Output tokens per second over all requests together while all of them decode (split:
+    /// [`steady_rate`]; in-process: the batch decode after every prefill).
     tok_s: f64,
 }
 
@@ -266,7 +271,8 @@ fn write_config(dir: &Path) -> PathBuf {
     p
 }
 
-async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, f64, usize) {
+/// One streamed request: (time to first token in s, every token message as (arrival, tokens)).
+async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, Vec<(Instant, usize)>) {
     use pb::content_part::Part;
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -299,17 +305,41 @@ async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, f64, us
     let t0 = Instant::now();
     let mut s = c.generate(req).await.unwrap().into_inner();
     let mut first = None;
-    let mut n = 0;
+    let mut events = Vec::new();
     while let Some(m) = s.message().await.unwrap() {
         if first.is_none() && !m.token_ids.is_empty() {
             first = Some(t0.elapsed());
-            n += m.token_ids.len().saturating_sub(1);
-        } else {
-            n += m.token_ids.len();
+        }
+        if !m.token_ids.is_empty() {
+            events.push((Instant::now(), m.token_ids.len()));
         }
     }
-    let first = first.unwrap_or_default();
-    (first.as_secs_f64(), (t0.elapsed() - first).as_secs_f64(), n)
+    (first.unwrap_or_default().as_secs_f64(), events)
+}
+
+/// Output tokens/s while every request was decoding: the tokens that arrived after the last
+/// request's first token and up to the first request's last one, over that window. Then every
+/// image is encoded and each LM step decodes all the requests: the split's steady state, what
+/// the in-process batch decode measures. `None` when the window is empty (the first request
+/// finished before the last one started: ask for more tokens).
+fn steady_rate(streams: &[Vec<(Instant, usize)>]) -> Option<f64> {
+    let start = streams
+        .iter()
+        .map(|s| s.first().map(|e| e.0))
+        .collect::<Option<Vec<_>>>()?;
+    let end = streams
+        .iter()
+        .map(|s| s.last().map(|e| e.0))
+        .collect::<Option<Vec<_>>>()?;
+    let (start, end) = (*start.iter().max()?, *end.iter().min()?);
+    let n: usize = streams
+        .iter()
+        .flatten()
+        .filter(|(t, _)| *t > start && *t <= end)
+        .map(|(_, k)| k)
+        .sum();
+    let secs = end.checked_duration_since(start)?.as_secs_f64();
+    (secs > 0.0 && n > 0).then(|| n as f64 / secs)
 }
 
 /// The same request sent straight to `Lm.Generate` (prompt built with the gateway's own
@@ -401,7 +431,6 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
     wait_serving(&gw.1).await;
     let mut acc = Vec::new();
     for r in 0..rounds + 1 {
-        let t0 = Instant::now();
         let hs: Vec<_> = (0..conc)
             .map(|i| {
                 tokio::spawn(one_request(
@@ -412,18 +441,20 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
             })
             .collect();
         let mut ttft = 0.0;
-        let mut n = 0;
+        let mut streams = Vec::new();
         for h in hs {
-            let (f, _, k) = h.await.unwrap();
+            let (f, events) = h.await.unwrap();
             ttft += f;
-            n += k;
+            streams.push(events);
         }
-        let wall = t0.elapsed().as_secs_f64();
         let ttft = ttft / conc as f64;
         if r > 0 {
+            let rate = steady_rate(&streams).unwrap_or_else(|| {
+                panic!("no moment when all {conc} requests were decoding: raise VLM_BENCH_TOKENS")
+            });
             acc.push(Stat {
                 ttft_ms: ttft * 1e3,
-                tok_s: n as f64 / (wall - ttft).max(1e-9),
+                tok_s: rate,
             });
         }
     }

@@ -3,7 +3,8 @@
 //! 1, 4 and 8 concurrent streams.
 //!
 //! `cargo bench -p vlm-lm-service --bench decode_buckets` (model: $VLM_BENCH_MODEL, else the
-//! tiny golden checkpoint; weight dtype: $VLM_BENCH_DTYPE, f32 (default) or bf16). A context over the checkpoint's max_position_embeddings is still
+//! tiny golden checkpoint; weight dtype: $VLM_BENCH_DTYPE, f32 (default) or bf16; tables:
+//! $VLM_BENCH_TABLES, `decode`, `throughput` or both; tokens per stream: $VLM_BENCH_NEW_TOKENS). A context over the checkpoint's max_position_embeddings is still
 //! timed (positions have no hard limit here) and marked as such.
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
@@ -117,12 +118,19 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
         cores: Vec::new(),
     })
     .expect("start engine");
-    let (prompt_len, new_tokens) = (64usize, 128usize);
+    let prompt_len = 64usize;
+    let new_tokens: usize = std::env::var("VLM_BENCH_NEW_TOKENS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128);
     println!(
         "\n## engine output tokens/s (prompt {prompt_len}, {new_tokens} new tokens per stream, buckets [1,2,4,8])\n"
     );
-    println!("| streams | wall s | output tokens | tokens/s | TTFT avg ms |");
-    println!("|---:|---:|---:|---:|---:|");
+    // "tokens/s" counts the whole run, prefills included; "decode tokens/s" counts the tokens
+    // emitted while every stream was decoding (from the last first token to the first finish),
+    // which is what the batch-size scaling of a decode step shows.
+    println!("| streams | wall s | output tokens | tokens/s | decode tokens/s | TTFT avg ms |");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for streams in [1usize, 4, 8] {
         let t0 = Instant::now();
         let mut rxs = Vec::new();
@@ -155,6 +163,9 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
         let mut ttft = 0.0;
         let mut first = vec![true; streams];
         let mut open = streams;
+        // (time, tokens so far) when the last stream got its first token / the first finished.
+        let mut all_running: Option<(f64, usize)> = None;
+        let mut first_done: Option<(f64, usize)> = None;
         while open > 0 {
             let mut idle = true;
             for (i, rx) in rxs.iter_mut().enumerate() {
@@ -166,7 +177,14 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
                         first[i] = false;
                     }
                     total += ev.tokens.len();
+                    if all_running.is_none() && first.iter().all(|f| !f) {
+                        all_running = Some((t0.elapsed().as_secs_f64(), total));
+                    }
                     if ev.finish.is_some() {
+                        if first_done.is_none() {
+                            // The finishing event's tokens were produced before this moment.
+                            first_done = Some((t0.elapsed().as_secs_f64(), total));
+                        }
                         open -= 1;
                     }
                 }
@@ -176,8 +194,14 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
             }
         }
         let wall = t0.elapsed().as_secs_f64();
+        let decode_rate = match (all_running, first_done) {
+            (Some((ta, na)), Some((tb, nb))) if tb > ta && nb > na => {
+                format!("{:.1}", (nb - na) as f64 / (tb - ta))
+            }
+            _ => "-".to_string(),
+        };
         println!(
-            "| {streams} | {wall:.3} | {total} | {:.1} | {:.1} |",
+            "| {streams} | {wall:.3} | {total} | {:.1} | {decode_rate} | {:.1} |",
             total as f64 / wall,
             ttft / streams as f64 * 1e3
         );
@@ -198,6 +222,12 @@ fn main() {
         if bf16() { "bf16" } else { "f32" },
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
     );
-    decode_table(&dir, &cfg);
-    throughput_table(&dir, &cfg);
+    // $VLM_BENCH_TABLES: "decode", "throughput" or both (default).
+    let tables = std::env::var("VLM_BENCH_TABLES").unwrap_or_default();
+    if tables.is_empty() || tables.contains("decode") {
+        decode_table(&dir, &cfg);
+    }
+    if tables.is_empty() || tables.contains("throughput") {
+        throughput_table(&dir, &cfg);
+    }
 }

@@ -141,11 +141,7 @@ impl EngineHandle {
     /// once, then returns. Blocks until the engine is ready (or failed).
     pub fn start(opts: EngineOptions) -> Result<(EngineHandle, JoinHandle<()>), LmError> {
         let model_cfg = Qwen3VlConfig::from_dir(&opts.model_dir)?;
-        let dtype = match opts.deploy.dtype {
-            vlm_config::Dtype::F32 => DType::F32,
-            vlm_config::Dtype::F16 => DType::F16,
-            vlm_config::Dtype::Bf16 => DType::BF16,
-        };
+        let dtype = crate::weight_dtype(opts.deploy.dtype);
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<EngineInfo, LmError>>(1);
         let (tx, rx) = mpsc::channel::<Command>();
         let load = Arc::new(Mutex::new(SchedulerLoad::default()));

@@ -85,6 +85,15 @@ fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
     Ok(vlm_config::plan::DeviceKind::h200())
 }
 
+/// The candle dtype the LM weights are stored as for a config `dtype`.
+pub fn weight_dtype(d: vlm_config::Dtype) -> candle_core::DType {
+    match d {
+        vlm_config::Dtype::F32 => candle_core::DType::F32,
+        vlm_config::Dtype::F16 => candle_core::DType::F16,
+        vlm_config::Dtype::Bf16 => candle_core::DType::BF16,
+    }
+}
+
 /// What the service would hold, without loading anything (`create_runtimes: false`).
 pub fn dry_run(cfg: &ServeConfig) -> Result<String, ServeError> {
     let model = vlm_model::Qwen3VlConfig::from_dir(&cfg.model_dir)
@@ -95,6 +104,7 @@ pub fn dry_run(cfg: &ServeConfig) -> Result<String, ServeError> {
         &model.text,
         blocks as usize,
         d.kvcache_partition_len as usize,
+        vlm_model::text::kv_dtype_for(weight_dtype(d.dtype)),
     );
     let weights: u64 = std::fs::read_dir(&cfg.model_dir)
         .map(|rd| {

@@ -33,7 +33,11 @@ fn main() {
         ("decode gate/up x1", 1, 2048, 6144),
         ("decode gate/up x8", 8, 2048, 6144),
         ("decode lm_head x1", 1, 2048, 151936),
+        ("decode lm_head x8", 8, 2048, 151936),
     ];
+    // $VLM_BENCH_SHAPES: only the shapes whose name contains this (e.g. "decode").
+    let only = std::env::var("VLM_BENCH_SHAPES").unwrap_or_default();
+    let shapes = shapes.into_iter().filter(|s| s.0.contains(only.as_str()));
     for (what, m, k, n) in shapes {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i % 251) as f32 - 125.0) / 300.0)

@@ -12,11 +12,13 @@
 //! * `VLM_BENCH_BATCHES` (default 1,2,4,8), `VLM_BENCH_STEPS` (timed decode steps, default 5),
 //!   `VLM_BENCH_CONTEXT` (default 256), `VLM_BENCH_CHUNK` (prefill chunk, default 128),
 //!   `VLM_BENCH_PREFILL_RUNS` (default 2, the best is reported; 0 skips prefill: decode then
-//!   attends to a zero cache, which costs the same).
+//!   attends to a zero cache, which costs the same), `VLM_BENCH_KV_DTYPES` (KV cache dtypes,
+//!   comma-separated, timed step by step in turn; default the model's own: bf16 for bf16
+//!   weights, else f32).
 use candle_core::{DType, Device};
 use std::path::PathBuf;
 use std::time::Instant;
-use vlm_model::text::{BatchInput, DecodeBatch, DecodeRow, PrefillChunk, TextModel};
+use vlm_model::text::{BatchInput, DecodeBatch, DecodeRow, PagedKvCache, PrefillChunk, TextModel};
 use vlm_model::Qwen3VlConfig;
 
 fn env_list(name: &str, default: &str) -> Vec<String> {
@@ -137,27 +139,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Blocks of `context` tokens: block 0 holds the prefilled context, shared by every
         // decode row; row r writes its token into its own block 1 + r.
         let max_b = batches.iter().copied().max().unwrap_or(1);
-        let mut kv = model.new_kv_cache(1 + max_b, context)?;
+        // One cache per KV dtype under test ($VLM_BENCH_KV_DTYPES, default the model's own).
+        let kv_dtypes: Vec<DType> = match std::env::var("VLM_BENCH_KV_DTYPES") {
+            Ok(list) => list.split(',').map(|d| parse_dtype(d.trim())).collect(),
+            Err(_) => vec![model.kv_dtype()],
+        };
+        let mut caches = Vec::new();
+        for &d in &kv_dtypes {
+            let cache = PagedKvCache::new(t, 1 + max_b, context, d, &Device::Cpu)?;
+            caches.push((d, cache));
+        }
 
         // Prefill `context` tokens in chunks; first one untimed warm-up pass.
         let mut prefill_s = f64::MAX;
         let runs = env_usize("VLM_BENCH_PREFILL_RUNS", 2);
-        for _ in 0..runs {
-            let t = Instant::now();
-            let mut start = 0;
-            while start < context {
-                let end = (start + chunk).min(context);
-                let c = PrefillChunk {
-                    tokens: ids[start..end].to_vec(),
-                    start,
-                    positions: positions[start..end].to_vec(),
-                    images: Vec::new(),
-                    block_table: vec![0],
-                };
-                model.forward(&BatchInput::Prefill(c), &mut kv)?;
-                start = end;
+        for (i, (_, kv)) in caches.iter_mut().enumerate() {
+            // Every cache gets the context once; the first is also timed `runs` times.
+            for _ in 0..if i == 0 { runs } else { runs.min(1) } {
+                let t = Instant::now();
+                let mut start = 0;
+                while start < context {
+                    let end = (start + chunk).min(context);
+                    let c = PrefillChunk {
+                        tokens: ids[start..end].to_vec(),
+                        start,
+                        positions: positions[start..end].to_vec(),
+                        images: Vec::new(),
+                        block_table: vec![0],
+                    };
+                    model.forward(&BatchInput::Prefill(c), kv)?;
+                    start = end;
+                }
+                if i == 0 {
+                    prefill_s = prefill_s.min(t.elapsed().as_secs_f64());
+                }
             }
-            prefill_s = prefill_s.min(t.elapsed().as_secs_f64());
         }
         if runs > 0 {
             println!(
@@ -178,23 +194,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let batch = BatchInput::Decode(DecodeBatch {
                 rows: rows.into_iter().map(Some).collect(),
             });
-            model.forward(&batch, &mut kv)?; // warm-up
-            let mut times = Vec::with_capacity(steps);
-            for _ in 0..steps {
-                let t = Instant::now();
-                model.forward(&batch, &mut kv)?;
-                times.push(t.elapsed().as_secs_f64());
+            // The caches' steps interleaved, so that each sees the same bandwidth phases.
+            let mut times = vec![Vec::with_capacity(steps); caches.len()];
+            for (_, kv) in caches.iter_mut() {
+                model.forward(&batch, kv)?; // warm-up
             }
-            times.sort_by(|a, b| a.total_cmp(b));
-            let med = times[times.len() / 2];
-            let gbs = read_bytes as f64 / med / 1e9;
-            println!(
-                "decode batch {b} at context {context}: {med:.4} s/step (min {:.4}), {:.1} tok/s, \
-                 weights streamed at {gbs:.1} GB/s = {:.0}% of measured bandwidth",
-                times[0],
-                b as f64 / med,
-                100.0 * gbs / bw
-            );
+            for _ in 0..steps {
+                for (i, (_, kv)) in caches.iter_mut().enumerate() {
+                    let t = Instant::now();
+                    model.forward(&batch, kv)?;
+                    times[i].push(t.elapsed().as_secs_f64());
+                }
+            }
+            for ((d, _), times) in caches.iter().zip(&mut times) {
+                times.sort_by(|a, b| a.total_cmp(b));
+                let med = times[times.len() / 2];
+                let gbs = read_bytes as f64 / med / 1e9;
+                println!(
+                    "decode batch {b} at context {context}, {d:?} cache: {med:.4} s/step (min {:.4}), \
+                     {:.1} tok/s, weights streamed at {gbs:.1} GB/s = {:.0}% of measured bandwidth",
+                    times[0],
+                    b as f64 / med,
+                    100.0 * gbs / bw
+                );
+            }
         }
     }
     Ok(())

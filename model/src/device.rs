@@ -40,17 +40,32 @@ pub fn zeros_resident_f32(n: usize) -> Vec<f32> {
     v
 }
 
-/// A zero tensor whose pages are resident on the CPU (see [`zeros_resident_f32`]); a plain
-/// zero tensor on other devices.
+/// A zero tensor of `dtype` (f32 or bf16 on the CPU) whose pages are resident on the CPU (see
+/// [`zeros_resident_f32`]); a plain zero tensor on other devices.
 pub fn zeros_resident(
     shape: impl Into<candle_core::Shape>,
+    dtype: DType,
     device: &Device,
 ) -> Result<candle_core::Tensor> {
     let shape: candle_core::Shape = shape.into();
-    if device.is_cpu() {
-        let data = zeros_resident_f32(shape.elem_count());
-        Ok(candle_core::Tensor::from_vec(data, shape, device)?)
-    } else {
-        Ok(candle_core::Tensor::zeros(shape, DType::F32, device)?)
+    if !device.is_cpu() {
+        return Ok(candle_core::Tensor::zeros(shape, dtype, device)?);
+    }
+    match dtype {
+        DType::F32 => Ok(candle_core::Tensor::from_vec(
+            zeros_resident_f32(shape.elem_count()),
+            shape,
+            device,
+        )?),
+        DType::BF16 => {
+            let mut v = vec![half::bf16::ZERO; shape.elem_count()];
+            for x in v.iter_mut().step_by(4096 / 2) {
+                *x = std::hint::black_box(half::bf16::ZERO);
+            }
+            Ok(candle_core::Tensor::from_vec(v, shape, device)?)
+        }
+        other => Err(ModelError::invalid(format!(
+            "a resident buffer of {other:?} is not supported (f32, bf16)"
+        ))),
     }
 }

@@ -102,3 +102,42 @@ fn sequences_decoded_together_in_a_padded_bucket_match_their_own_goldens() {
         assert!(d < 1e-5, "{}: batched vs single {d}", case.name);
     }
 }
+
+#[test]
+fn bf16_weights_decode_on_a_bf16_cache_close_to_the_reference() {
+    // bf16 weights get a bf16 KV cache (the reference keeps k/v in the model dtype): the decode
+    // steps read keys and values rounded to bf16, and their logits stay as close to the f32
+    // reference as the bf16 prefill's do (half_precision_weight_storage_... in text_golden).
+    let mut decode_steps = 0;
+    for case in cases() {
+        let text = TextModel::load(&case.ckpt, &Device::Cpu, DType::BF16).unwrap();
+        assert_eq!(text.kv_dtype(), DType::BF16);
+        let p = Pipeline::from_parts(case.cfg.clone(), None, text)
+            .with_prefill_chunk_size(64)
+            .with_block_len(32);
+        let want = case.generated_ids();
+        let out = p
+            .generate_greedy(&case.input_ids(), &case.images(), want.len(), &[])
+            .unwrap();
+        let golden = case.t("generate_step_logits");
+        let mut worst = 0f32;
+        // Step i's logits are comparable while the tokens fed so far are the reference's.
+        for (i, (got, want)) in out.tokens.iter().zip(&want).enumerate() {
+            let d = rel_diff(&out.step_logits.get(i).unwrap(), &golden.get(i).unwrap());
+            assert!(d < 1.5e-2, "{} bf16 step {i}: {d}", case.name);
+            worst = worst.max(d);
+            decode_steps += usize::from(i > 0);
+            if got != want {
+                break;
+            }
+        }
+        eprintln!(
+            "{}: bf16 weights + bf16 cache, per-step logits max rel diff {worst:.2e}",
+            case.name
+        );
+    }
+    assert!(
+        decode_steps >= 10,
+        "only {decode_steps} decode steps compared"
+    );
+}

@@ -30,8 +30,9 @@
 //!   its f32 bucket engine, which allocates every bucket's workspace at load — per graph, with
 //!   the engine's own sizes ([`vit_cpu_engine_bytes`]).
 //! * **KV cache**: `kvcache_num_blocks x block`, block = `kvcache_partition_len` tokens x
-//!   layers x 2 (K, V) x KV heads x head_dim x KV dtype bytes (16-bit on RBLN, f32 on our
-//!   backend, which also allocates one dummy block for padded decode rows).
+//!   layers x 2 (K, V) x KV heads x head_dim x KV dtype bytes (16-bit on RBLN; on our CPU
+//!   backend bf16 for bf16 weights, else f32), plus, on our backend, one dummy block for
+//!   padded decode rows.
 //! * **reserved**: the kind's per-device reservation.
 //!
 //! # What a service process holds on the CPU backend ([`service_bytes`], [`cpu_service_bytes`])
@@ -267,10 +268,16 @@ fn dtypes(kind: &DeviceKind, opts: &PlanOptions, config_dtype: Dtype) -> Dtypes 
             kv: d,
             f32_vectors: false,
         },
+        // Our CPU backend: f32 activations; the KV cache is bf16 for bf16 weights, else f32
+        // (model/src/text/model.rs `kv_dtype_for`).
         (None, None) => Dtypes {
             weights: config_dtype,
             activations: Dtype::F32,
-            kv: Dtype::F32,
+            kv: if config_dtype == Dtype::Bf16 {
+                Dtype::Bf16
+            } else {
+                Dtype::F32
+            },
             f32_vectors: true,
         },
     }

@@ -159,21 +159,21 @@ pub fn pack_rows_into<T: PackElem>(dst: &mut [u16], rows: &[T], n: usize, k: usi
 /// Writes column `j` of B (row j of the (n, k) original: a key row of K) into a packing of
 /// (n, k).
 #[inline]
-pub fn pack_column(dst: &mut [u16], k: usize, j: usize, values: &[f32]) {
+pub fn pack_column<T: PackElem>(dst: &mut [u16], k: usize, j: usize, values: &[T]) {
     let panel = &mut dst[(j / NR) * PackedB::kp(k) * NR..];
     let c = j % NR;
     for (i, &v) in values[..k].iter().enumerate() {
-        panel[((i / 2) * NR + c) * 2 + (i & 1)] = bf16_bits(v);
+        panel[((i / 2) * NR + c) * 2 + (i & 1)] = v.bits();
     }
 }
 
 /// Writes one row `i` of B (the values of the inner index `i` for columns 0..n) into a packing
 /// of (n, k), as attention does for V (keys, head_dim): B(i, j) = V[i][j].
 #[inline]
-pub fn pack_inner_row(dst: &mut [u16], k: usize, i: usize, values: &[f32]) {
+pub fn pack_inner_row<T: PackElem>(dst: &mut [u16], k: usize, i: usize, values: &[T]) {
     let panel_len = PackedB::kp(k) * NR;
     for (j, &v) in values.iter().enumerate() {
-        dst[(j / NR) * panel_len + ((i / 2) * NR + j % NR) * 2 + (i & 1)] = bf16_bits(v);
+        dst[(j / NR) * panel_len + ((i / 2) * NR + j % NR) * 2 + (i & 1)] = v.bits();
     }
 }
 

@@ -76,6 +76,17 @@ pub fn online_softmax_tile(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f
     online_softmax_tile_auto(x, m, l, corr)
 }
 
+/// row = softmax(row * scale) in place, f32 ([`exp_approx`]: ~2e-7 relative).
+pub fn softmax_scaled(row: &mut [f32], scale: f32) {
+    if scale != 1.0 {
+        row.iter_mut().for_each(|x| *x *= scale);
+    }
+    let (mut m, mut l, mut corr) = (f32::NEG_INFINITY, 0.0, 0.0);
+    online_softmax_tile(row, &mut m, &mut l, &mut corr);
+    let inv = 1.0 / l;
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;

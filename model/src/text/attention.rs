@@ -2,7 +2,7 @@
 //! MRoPE, GQA, o projection.
 use super::chunk_attention::chunk_attention;
 use super::decode_attention::{decode_attention, CacheGeometry};
-use super::kv_cache::PagedKvCache;
+use super::kv_cache::{KvLayer, PagedKvCache};
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::MRope;
@@ -118,23 +118,31 @@ impl Attention {
 
         // 2. cache write, then attention over the cache.
         let y = match &step.rows {
-            AttnRows::Chunk { start, table, .. } if self.bf16 && kv.is_cpu_f32() => {
+            AttnRows::Chunk { start, table, .. } if self.bf16 && kv.is_cpu() => {
                 // bf16 model: the chunk's attention on the bf16 kernel too.
                 kv.write(layer, table, *start, &k, &v)?;
-                self.on_cache_memory(&q, kv, layer, |kc, vc, geo, qd, out| {
-                    chunk_attention(kc, vc, geo, h, qd, *start, table, self.scale as f32, out)
+                let scale = self.scale as f32;
+                self.on_cache_memory(&q, kv, layer, |cache, geo, qd, out| match cache {
+                    KvLayer::F32(kc, vc) => {
+                        chunk_attention(kc, vc, geo, h, qd, *start, table, scale, out)
+                    }
+                    KvLayer::Bf16(kc, vc) => {
+                        chunk_attention(kc, vc, geo, h, qd, *start, table, scale, out)
+                    }
                 })?
             }
             AttnRows::Chunk { start, table, mask } => {
                 kv.write(layer, table, *start, &k, &v)?;
                 self.attend(&q, kv, layer, table, *start, *mask)?
             }
-            AttnRows::Decode(rows) if kv.is_cpu_f32() => {
+            AttnRows::Decode(rows) if kv.is_cpu() => {
                 let (k, v) = (k.contiguous()?, v.contiguous()?);
                 let (kd, vd) = (CpuF32::new(&k, "k")?, CpuF32::new(&v, "v")?);
                 kv.write_decode_rows(layer, rows, kd.slice(), vd.slice())?;
-                self.on_cache_memory(&q, kv, layer, |kc, vc, geo, qd, out| {
-                    decode_attention(kc, vc, geo, h, qd, rows, self.scale as f32, out)
+                let scale = self.scale as f32;
+                self.on_cache_memory(&q, kv, layer, |cache, geo, qd, out| match cache {
+                    KvLayer::F32(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
+                    KvLayer::Bf16(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
                 })?
             }
             AttnRows::Decode(rows) => {
@@ -167,22 +175,20 @@ impl Attention {
         self.o_proj.forward(&y)
     }
 
-    /// Runs an attention kernel on the layer's cache memory: `f(k_cache, v_cache, geometry,
-    /// q, out)` with q (n, H, hd) and out (n, H*hd) as f32 slices; returns out as a tensor.
+    /// Runs an attention kernel on the layer's cache memory: `f(cache, geometry, q, out)` with
+    /// q (n, H, hd) and out (n, H*hd) as f32 slices; returns out as a tensor.
     fn on_cache_memory(
         &self,
         q: &Tensor,
         kv: &PagedKvCache,
         layer: usize,
-        f: impl FnOnce(&[f32], &[f32], CacheGeometry, &[f32], &mut [f32]),
+        f: impl FnOnce(KvLayer<'_>, CacheGeometry, &[f32], &mut [f32]),
     ) -> Result<Tensor> {
         let (n, h, hd) = q.dims3()?;
         let q = q.contiguous()?;
         let qd = CpuF32::new(&q, "q")?;
         let mut out = vec![0f32; n * h * hd];
-        kv.with_layer(layer, |kc, vc| {
-            f(kc, vc, kv.geometry(), qd.slice(), &mut out)
-        })?;
+        kv.with_layer(layer, |cache| f(cache, kv.geometry(), qd.slice(), &mut out))?;
         Ok(Tensor::from_vec(out, (n, h * hd), q.device())?)
     }
 

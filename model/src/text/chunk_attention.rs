@@ -8,8 +8,8 @@
 //! kernel's rate.
 use super::decode_attention::CacheGeometry;
 use crate::cpu::bf16_gemm::{gemm, BView};
-use crate::cpu::packed::{pack_column, pack_inner_row, PackedB};
-use crate::cpu::softmax::online_softmax_tile;
+use crate::cpu::packed::{pack_column, pack_inner_row, PackElem, PackedB};
+use crate::cpu::softmax::softmax_scaled;
 use rayon::prelude::*;
 use std::cell::RefCell;
 
@@ -23,11 +23,12 @@ thread_local! {
 }
 
 /// q: (n, heads, hd) of cache indices start..start+n of the sequence with block table `table`
-/// (whose K/V, these n included, are cached). out: (n, heads * hd).
+/// (whose K/V, these n included, are cached; f32 values are rounded to bf16 as they are packed,
+/// bf16 ones copied). out: (n, heads * hd).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn chunk_attention(
-    k_cache: &[f32],
-    v_cache: &[f32],
+pub(crate) fn chunk_attention<T: PackElem>(
+    k_cache: &[T],
+    v_cache: &[T],
     geo: CacheGeometry,
     heads: usize,
     q: &[f32],
@@ -82,7 +83,7 @@ pub(crate) fn chunk_attention(
                     }
                     for (i, row) in scores.chunks_exact_mut(keys).enumerate() {
                         let seen = start + r0 + i + 1;
-                        softmax_prefix(&mut row[..seen], scale);
+                        softmax_scaled(&mut row[..seen], scale);
                         row[seen..].fill(0.0);
                     }
                     unsafe {
@@ -103,13 +104,4 @@ pub(crate) fn chunk_attention(
             }
         });
     });
-}
-
-/// row = softmax(row * scale) in f32 (the AVX-512 exp of `cpu::softmax`, ~2e-7 relative).
-fn softmax_prefix(row: &mut [f32], scale: f32) {
-    row.iter_mut().for_each(|x| *x *= scale);
-    let (mut m, mut l, mut corr) = (f32::NEG_INFINITY, 0.0, 0.0);
-    online_softmax_tile(row, &mut m, &mut l, &mut corr);
-    let inv = 1.0 / l;
-    row.iter_mut().for_each(|x| *x *= inv);
 }

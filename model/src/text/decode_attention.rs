@@ -5,8 +5,11 @@
 //! block and layer, which dominated decode steps at batch 8).
 //!
 //! Same math as `Attention::attend` with n = 1: softmax(q·kᵀ · scale) v over cache indices
-//! [0, ctx], f32, exact `exp`.
-use crate::cpu::vec::{axpy, dot};
+//! [0, ctx], f32 (the AVX-512 `exp` of `cpu::softmax`, ~2e-7 relative); a bf16 cache's keys
+//! and values are widened exactly. Keys and values are read in runs of consecutive positions
+//! inside a block, four rows per pass (`cpu::vec::CacheElem`).
+use crate::cpu::softmax::softmax_scaled;
+use crate::cpu::vec::CacheElem;
 use rayon::prelude::*;
 
 thread_local! {
@@ -14,7 +17,7 @@ thread_local! {
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Geometry of one layer's cache: (blocks, kv_heads, block_len, head_dim) f32.
+/// Geometry of one layer's cache: (blocks, kv_heads, block_len, head_dim) values.
 #[derive(Clone, Copy)]
 pub(crate) struct CacheGeometry {
     pub kv_heads: usize,
@@ -35,9 +38,9 @@ impl CacheGeometry {
 /// sequence with block table `table`; `None` rows are padding (their output is zero).
 /// out: (n, heads * hd).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn decode_attention(
-    k_cache: &[f32],
-    v_cache: &[f32],
+pub(crate) fn decode_attention<T: CacheElem>(
+    k_cache: &[T],
+    v_cache: &[T],
     geo: CacheGeometry,
     heads: usize,
     q: &[f32],
@@ -55,32 +58,38 @@ pub(crate) fn decode_attention(
             return;
         };
         let total = ctx + 1;
-        let at = |t: usize| geo.offset(table, kvh, t);
         let qs = &q[(r * heads + kvh * g) * hd..(r * heads + (kvh + 1) * g) * hd];
+        // Runs of consecutive cache indices inside one block: contiguous (run, hd) memory.
+        let runs = || {
+            let mut t = 0;
+            std::iter::from_fn(move || {
+                (t < total).then(|| {
+                    let run = (geo.block_len - t % geo.block_len).min(total - t);
+                    let at = geo.offset(table, kvh, t);
+                    t += run;
+                    (t - run, run, at)
+                })
+            })
+        };
         SCORES.with(|p| {
             let mut p = p.borrow_mut();
             p.clear();
             p.resize(g * total, 0.0);
-            for t in 0..total {
-                let key = &k_cache[at(t)..at(t) + hd];
+            for (t, run, at) in runs() {
+                let keys = &k_cache[at..at + run * hd];
                 for j in 0..g {
-                    p[j * total + t] = dot(&qs[j * hd..(j + 1) * hd], key) * scale;
+                    let qj = &qs[j * hd..(j + 1) * hd];
+                    T::dots(qj, keys, &mut p[j * total + t..j * total + t + run]);
                 }
             }
             for row in p.chunks_exact_mut(total) {
-                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let mut sum = 0.0;
-                for x in row.iter_mut() {
-                    *x = (*x - max).exp();
-                    sum += *x;
-                }
-                let inv = 1.0 / sum;
-                row.iter_mut().for_each(|x| *x *= inv);
+                softmax_scaled(row, scale);
             }
-            for t in 0..total {
-                let value = &v_cache[at(t)..at(t) + hd];
+            for (t, run, at) in runs() {
+                let values = &v_cache[at..at + run * hd];
                 for j in 0..g {
-                    axpy(&mut o[j * hd..(j + 1) * hd], p[j * total + t], value);
+                    let pj = &p[j * total + t..j * total + t + run];
+                    T::weighted_sum(pj, values, &mut o[j * hd..(j + 1) * hd]);
                 }
             }
         });

@@ -1,7 +1,9 @@
 //! The paged KV cache: tensors only. Which blocks belong to which sequence is the caller's
 //! bookkeeping (the LM service's block manager); it hands a block table to each forward step.
 //!
-//! Layout per layer, K and V alike: `(num_blocks + 1, kv_heads, block_len, head_dim)`, f32.
+//! Layout per layer, K and V alike: `(num_blocks + 1, kv_heads, block_len, head_dim)`, in the
+//! cache dtype: bf16 for a model whose weights are bf16 (as the reference's cache holds its
+//! bf16 k/v states; half the bytes to read per decode step and to hold per token), else f32.
 //! * Block-major so that a block id from a block table addresses one contiguous slab.
 //! * Head before position: the keys of one kv head inside a block are one contiguous
 //!   (block_len, head_dim) matrix, so attention reads `(kv_heads, len, head_dim)` of a block as a
@@ -12,9 +14,16 @@
 //! pool a service reserves is really held from start-up, as the memory plan says.
 use super::decode_attention::CacheGeometry;
 use crate::config::TextConfig;
-use crate::cpu::f32_view::CpuF32;
+use crate::cpu::f32_view::CpuView;
 use crate::error::{ModelError, Result};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
+use half::bf16;
+
+/// One layer's K and V storage on the CPU, borrowed (see [`PagedKvCache::with_layer`]).
+pub(crate) enum KvLayer<'a> {
+    F32(&'a [f32], &'a [f32]),
+    Bf16(&'a [bf16], &'a [bf16]),
+}
 
 #[derive(Debug)]
 pub struct PagedKvCache {
@@ -29,11 +38,13 @@ pub struct PagedKvCache {
 }
 
 impl PagedKvCache {
-    /// A cache of `num_blocks` usable blocks of `block_len` tokens (plus the dummy block).
+    /// A cache of `num_blocks` usable blocks of `block_len` tokens (plus the dummy block),
+    /// holding `dtype` (f32 or bf16) values.
     pub fn new(
         cfg: &TextConfig,
         num_blocks: usize,
         block_len: usize,
+        dtype: DType,
         device: &Device,
     ) -> Result<Self> {
         if num_blocks == 0 || block_len == 0 {
@@ -42,7 +53,11 @@ impl PagedKvCache {
                  (got {num_blocks} blocks of {block_len})"
             )));
         }
-        let dtype = DType::F32;
+        if !matches!(dtype, DType::F32 | DType::BF16) {
+            return Err(ModelError::KvCache(format!(
+                "a KV cache of {dtype:?} is not supported (f32, bf16)"
+            )));
+        }
         let shape = (
             num_blocks + 1,
             cfg.num_key_value_heads,
@@ -52,8 +67,8 @@ impl PagedKvCache {
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
-            k.push(crate::device::zeros_resident(shape, device)?);
-            v.push(crate::device::zeros_resident(shape, device)?);
+            k.push(crate::device::zeros_resident(shape, dtype, device)?);
+            v.push(crate::device::zeros_resident(shape, dtype, device)?);
         }
         Ok(PagedKvCache {
             k,
@@ -66,9 +81,10 @@ impl PagedKvCache {
         })
     }
 
-    /// Bytes a cache of this geometry takes (K and V of every layer, dummy block included).
-    pub fn bytes_for(cfg: &TextConfig, num_blocks: usize, block_len: usize) -> usize {
-        (num_blocks + 1) * block_len * cfg.kv_bytes_per_token(DType::F32.size_in_bytes())
+    /// Bytes a cache of this geometry and dtype takes (K and V of every layer, dummy block
+    /// included).
+    pub fn bytes_for(cfg: &TextConfig, num_blocks: usize, block_len: usize, dtype: DType) -> usize {
+        (num_blocks + 1) * block_len * cfg.kv_bytes_per_token(dtype.size_in_bytes())
     }
 
     /// Bytes of all K and V tensors (dummy block included).
@@ -195,10 +211,10 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// Whether the raw-memory decode path ([`Self::write_decode_rows`], [`Self::with_layer`])
-    /// applies: an f32 cache on the CPU.
-    pub(crate) fn is_cpu_f32(&self) -> bool {
-        self.dtype == DType::F32 && self.k[0].device().is_cpu()
+    /// Whether the raw-memory paths ([`Self::write_decode_rows`], [`Self::with_layer`]) apply:
+    /// a cache on the CPU (f32 or bf16).
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.k[0].device().is_cpu()
     }
 
     /// The geometry of one layer's K (and V) storage.
@@ -210,8 +226,9 @@ impl PagedKvCache {
         }
     }
 
-    /// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data;
-    /// row r goes to cache index ctx of its table, a padding row to slot r of the dummy block.
+    /// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data
+    /// (rounded to nearest even into a bf16 cache, as candle's `to_dtype`); row r goes to cache
+    /// index ctx of its table, a padding row to slot r of the dummy block.
     pub(crate) fn write_decode_rows(
         &self,
         layer: usize,
@@ -243,19 +260,31 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// Runs `f` on one layer's K and V storage as f32 slices (CPU f32 caches only).
+    /// Runs `f` on one layer's K and V storage as slices (CPU caches only).
     pub(crate) fn with_layer<R>(
         &self,
         layer: usize,
-        f: impl FnOnce(&[f32], &[f32]) -> R,
+        f: impl FnOnce(KvLayer<'_>) -> R,
     ) -> Result<R> {
-        let k = CpuF32::new(&self.k[layer], "K cache")?;
-        let v = CpuF32::new(&self.v[layer], "V cache")?;
-        Ok(f(k.slice(), v.slice()))
+        let (k, v) = (&self.k[layer], &self.v[layer]);
+        if self.dtype == DType::BF16 {
+            let (k, v) = (
+                CpuView::<bf16>::new(k, "K cache")?,
+                CpuView::<bf16>::new(v, "V cache")?,
+            );
+            Ok(f(KvLayer::Bf16(k.slice(), v.slice())))
+        } else {
+            let (k, v) = (
+                CpuView::<f32>::new(k, "K cache")?,
+                CpuView::<f32>::new(v, "V cache")?,
+            );
+            Ok(f(KvLayer::F32(k.slice(), v.slice())))
+        }
     }
 
-    /// The cached K and V of tokens [0, len) of a sequence, as per-block strided views
-    /// `(kv_heads, n_i, head_dim)` (no copy), in order.
+    /// The cached K and V of tokens [0, len) of a sequence, as per-block f32 views
+    /// `(kv_heads, n_i, head_dim)` (strided, no copy, for an f32 cache; widened copies of a
+    /// bf16 one), in order.
     pub(crate) fn read(
         &self,
         layer: usize,
@@ -269,6 +298,11 @@ impl PagedKvCache {
             let n = (len - done).min(self.block_len);
             let k = self.k[layer].get(block)?.narrow(1, 0, n)?;
             let v = self.v[layer].get(block)?.narrow(1, 0, n)?;
+            let (k, v) = if self.dtype == DType::F32 {
+                (k, v)
+            } else {
+                (k.to_dtype(DType::F32)?, v.to_dtype(DType::F32)?)
+            };
             out.push((k, v));
             done += n;
         }
@@ -286,22 +320,33 @@ struct WriteRows<'a> {
     hd: usize,
 }
 
+impl WriteRows<'_> {
+    fn copy<T>(&self, cache: &mut [T], convert: impl Fn(f32) -> T) {
+        for (r, &dst) in self.dsts.iter().enumerate() {
+            let row = &self.src[r * self.row_len..(r + 1) * self.row_len];
+            for (h, head) in row.chunks_exact(self.hd).enumerate() {
+                let at = dst + h * self.head_stride;
+                for (c, &x) in cache[at..at + self.hd].iter_mut().zip(head) {
+                    *c = convert(x);
+                }
+            }
+        }
+    }
+}
+
 impl InplaceOp1 for WriteRows<'_> {
     fn name(&self) -> &'static str {
         "kv-write-rows"
     }
 
     fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let (CpuStorage::F32(cache), Some((a, b))) = (storage, layout.contiguous_offsets()) else {
-            candle_core::bail!("{}: the cache must be contiguous f32", self.name());
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("{}: the cache must be contiguous", self.name());
         };
-        let cache = &mut cache[a..b];
-        for (r, &dst) in self.dsts.iter().enumerate() {
-            let row = &self.src[r * self.row_len..(r + 1) * self.row_len];
-            for (h, head) in row.chunks_exact(self.hd).enumerate() {
-                let at = dst + h * self.head_stride;
-                cache[at..at + self.hd].copy_from_slice(head);
-            }
+        match storage {
+            CpuStorage::F32(cache) => self.copy(&mut cache[a..b], |x| x),
+            CpuStorage::BF16(cache) => self.copy(&mut cache[a..b], bf16::from_f32),
+            _ => candle_core::bail!("{}: the cache must be f32 or bf16", self.name()),
         }
         Ok(())
     }

@@ -30,6 +30,6 @@ pub use kv_cache::PagedKvCache;
 pub use layer::DecoderLayer;
 pub use linear::{Linear, SMALL_ROWS};
 pub use mlp::Mlp;
-pub use model::{Embedding, TextModel};
+pub use model::{kv_dtype_for, Embedding, TextModel};
 pub use norm::RmsNorm;
 pub use rope::{decode_position, get_rope_index, MRope, Position3};

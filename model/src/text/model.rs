@@ -62,6 +62,18 @@ impl Embedding {
     }
 }
 
+/// The KV cache dtype for weights stored as `weights`: bf16 for bf16 weights (the reference
+/// keeps its k/v states in the model dtype, so a bf16 run caches bf16 values; half the bytes
+/// per token to hold and to read per decode step), f32 otherwise (f32 stays the exact path; f16
+/// weights keep an f32 cache).
+pub fn kv_dtype_for(weights: DType) -> DType {
+    if weights == DType::BF16 {
+        DType::BF16
+    } else {
+        DType::F32
+    }
+}
+
 /// The Qwen3-VL language model (decoder + lm_head). Holds weights only: the KV cache is the
 /// caller's ([`PagedKvCache`]). Activations are f32 whatever the weight storage dtype.
 #[derive(Debug, Clone)]
@@ -193,9 +205,20 @@ impl TextModel {
             + 4 * t.hidden_size
     }
 
-    /// A paged KV cache shaped for this model, on its device.
+    /// A paged KV cache shaped for this model, on its device, of [`Self::kv_dtype`].
     pub fn new_kv_cache(&self, num_blocks: usize, block_len: usize) -> Result<PagedKvCache> {
-        PagedKvCache::new(&self.cfg, num_blocks, block_len, &self.device)
+        PagedKvCache::new(
+            &self.cfg,
+            num_blocks,
+            block_len,
+            self.kv_dtype(),
+            &self.device,
+        )
+    }
+
+    /// The KV cache dtype for this model: [`kv_dtype_for`] its weight dtype.
+    pub fn kv_dtype(&self) -> DType {
+        kv_dtype_for(self.weight_dtype)
     }
 
     /// Token embeddings, ids: n -> (n, hidden) f32 (no image rows).
