@@ -56,40 +56,58 @@ struct Stat {
 
 // ------------------------------------------------------------------ in-process
 
-fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
-    let p = Pipeline::load(dir, &Device::Cpu, bench_dtype()).expect("load pipeline");
-    let tok = ChatTokenizer::from_dir(dir).unwrap();
-    let pre = PreprocessConfig::default();
-    // With VLM_BENCH_SHARED_CORES the vision service runs each image on one compute thread
-    // (one core, its device): the in-process ViT gets the same, so the difference is the split.
-    let vit_pool = shared_cores().then(|| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .unwrap()
-    });
-    // The ViT in-process runs the same bucket engine as the vision service (the pipeline's own
-    // `encode_images` is the unbucketed oracle).
-    let vit = std::sync::Arc::new(VisionModel::load(dir, &Device::Cpu, bench_dtype()).unwrap());
-    let graphs = match &vit_pool {
-        Some(pool) => pool.install(|| VisionGraphs::new(vit, &[1024, 4096, 16384])),
-        None => VisionGraphs::new(vit, &[1024, 4096, 16384]),
+/// The same model in this process: the pipeline (LM), and the ViT on the bucket engine.
+struct Local {
+    p: Pipeline,
+    tok: ChatTokenizer,
+    graphs: VisionGraphs,
+    vit_pool: Option<rayon::ThreadPool>,
+}
+
+impl Local {
+    fn load(dir: &Path) -> Local {
+        let p = Pipeline::load(dir, &Device::Cpu, bench_dtype()).expect("load pipeline");
+        let tok = ChatTokenizer::from_dir(dir).unwrap();
+        // With VLM_BENCH_SHARED_CORES the vision service runs each image on one compute thread
+        // (one core, its device): the in-process ViT gets the same, so the difference is the
+        // split.
+        let vit_pool = shared_cores().then(|| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(1)
+                .build()
+                .unwrap()
+        });
+        // The ViT in-process runs the same bucket engine as the vision service (the pipeline's
+        // own `encode_images` is the unbucketed oracle).
+        let vit = std::sync::Arc::new(VisionModel::load(dir, &Device::Cpu, bench_dtype()).unwrap());
+        let graphs = match &vit_pool {
+            Some(pool) => pool.install(|| VisionGraphs::new(vit, &[1024, 4096, 16384])),
+            None => VisionGraphs::new(vit, &[1024, 4096, 16384]),
+        }
+        .unwrap();
+        Local {
+            p,
+            tok,
+            graphs,
+            vit_pool,
+        }
     }
-    .unwrap();
-    let mut acc = Vec::new();
-    for r in 0..rounds + 1 {
+
+    /// `conc` requests (images seeded from `seed`) encoded, prefilled, then decoded together.
+    fn round(&self, conc: usize, tokens: usize, seed: usize) -> Stat {
         let t0 = Instant::now();
+        let pre = PreprocessConfig::default();
         let mut reqs = Vec::new();
         for i in 0..conc {
-            let pix = preprocess_bytes(&png((r * 100 + i) as u32), &pre).unwrap();
-            let run = match &vit_pool {
-                Some(pool) => pool.install(|| graphs.encode(&pix)),
-                None => graphs.encode(&pix),
+            let pix = preprocess_bytes(&png((seed + i) as u32), &pre).unwrap();
+            let run = match &self.vit_pool {
+                Some(pool) => pool.install(|| self.graphs.encode(&pix)),
+                None => self.graphs.encode(&pix),
             }
             .unwrap();
             let emb = vec![run.embeds];
             let msg = ChatMessage::user(vec![ChatPart::Image, ChatPart::Text(PROMPT.into())]);
-            let ids = tok.encode_prompt(&[msg], &[emb[0].tokens()]).unwrap();
+            let ids = self.tok.encode_prompt(&[msg], &[emb[0].tokens()]).unwrap();
             reqs.push(GreedyRequest {
                 input_ids: ids,
                 images: emb,
@@ -97,27 +115,27 @@ fn in_process(dir: &Path, conc: usize, tokens: usize, rounds: usize) -> Stat {
         }
         // TTFT: encoding + the prefills (all first tokens ready).
         for q in &reqs {
-            p.prefill(&q.input_ids, &q.images).unwrap();
+            self.p.prefill(&q.input_ids, &q.images).unwrap();
         }
         let ttft = t0.elapsed().as_secs_f64();
         // The batch call prefills again, then decodes: its decode part is the time of the full
         // call less that of the same call stopped at the first token.
         let batch = conc.next_power_of_two();
         let t1 = Instant::now();
-        p.generate_greedy_batch(&reqs, batch, 1, &[]).unwrap();
+        self.p.generate_greedy_batch(&reqs, batch, 1, &[]).unwrap();
         let first_only = t1.elapsed().as_secs_f64();
         let t1 = Instant::now();
-        let out = p.generate_greedy_batch(&reqs, batch, tokens, &[]).unwrap();
+        let out = self
+            .p
+            .generate_greedy_batch(&reqs, batch, tokens, &[])
+            .unwrap();
         let decode = (t1.elapsed().as_secs_f64() - first_only).max(1e-9);
         let n: usize = out.iter().map(|o| o.tokens.len().saturating_sub(1)).sum();
-        if r > 0 {
-            acc.push(Stat {
-                ttft_ms: ttft * 1e3,
-                tok_s: n as f64 / decode,
-            });
+        Stat {
+            ttft_ms: ttft * 1e3,
+            tok_s: n as f64 / decode,
         }
     }
-    mean(&acc)
 }
 
 fn mean(v: &[Stat]) -> Stat {
@@ -390,52 +408,76 @@ async fn one_direct(
     first.unwrap_or_default().as_secs_f64()
 }
 
-async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path) -> (Stat, f64) {
-    let bins = bin_dir();
-    let cfg = write_config(tmp);
-    let common = |extra: &[&str]| {
-        let mut a = vec![
-            "--model".to_string(),
-            dir.display().to_string(),
-            "--config".into(),
-            cfg.display().to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-        ];
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a
-    };
-    let vision = spawn(
-        &bins.join("vision-service"),
-        &common(&["--metrics-listen", "127.0.0.1:0"]),
-    );
-    let lm = spawn(
-        &bins.join("lm-service"),
-        &common(&["--metrics-listen", "127.0.0.1:0"]),
-    );
-    wait_serving(&vision.1).await;
-    wait_serving(&lm.1).await;
-    let gw = spawn(
-        &bins.join("gateway"),
-        &common(&[
-            "--http-listen",
-            "127.0.0.1:0",
-            "--vision",
-            &vision.1,
-            "--lm",
-            &lm.1,
-            "--poll-ms",
-            "200",
-        ]),
-    );
-    wait_serving(&gw.1).await;
-    let mut acc = Vec::new();
-    for r in 0..rounds + 1 {
+/// The three services on loopback, started once per model.
+struct Split {
+    vision: Proc,
+    lm: Proc,
+    gw: Proc,
+    validator: vlm_gateway::validation::Validator,
+}
+
+impl Split {
+    async fn start(dir: &Path, tmp: &Path) -> Split {
+        let bins = bin_dir();
+        let cfg = write_config(tmp);
+        let common = |extra: &[&str]| {
+            let mut a = vec![
+                "--model".to_string(),
+                dir.display().to_string(),
+                "--config".into(),
+                cfg.display().to_string(),
+                "--listen".into(),
+                "127.0.0.1:0".into(),
+            ];
+            a.extend(extra.iter().map(|s| s.to_string()));
+            a
+        };
+        let vision = spawn(
+            &bins.join("vision-service"),
+            &common(&["--metrics-listen", "127.0.0.1:0"]),
+        );
+        let lm = spawn(
+            &bins.join("lm-service"),
+            &common(&["--metrics-listen", "127.0.0.1:0"]),
+        );
+        wait_serving(&vision.1).await;
+        wait_serving(&lm.1).await;
+        let gw = spawn(
+            &bins.join("gateway"),
+            &common(&[
+                "--http-listen",
+                "127.0.0.1:0",
+                "--vision",
+                &vision.1,
+                "--lm",
+                &lm.1,
+                "--poll-ms",
+                "200",
+            ]),
+        );
+        wait_serving(&gw.1).await;
+        let deploy = vlm_config::DeployConfig::from_path(&cfg).unwrap().config;
+        let validator = vlm_gateway::validation::Validator::new(
+            ChatTokenizer::from_dir(dir).unwrap(),
+            deploy.visual.clone(),
+            vlm_gateway::validation::Limits::from_config(&deploy, 8, 64 << 20),
+            "bench".into(),
+        );
+        Split {
+            vision,
+            lm,
+            gw,
+            validator,
+        }
+    }
+
+    /// `conc` requests through the gateway at once.
+    async fn round(&self, conc: usize, tokens: usize, seed: usize) -> Stat {
         let hs: Vec<_> = (0..conc)
             .map(|i| {
                 tokio::spawn(one_request(
-                    gw.1.clone(),
-                    png((1000 + r * 100 + i) as u32),
+                    self.gw.1.clone(),
+                    png((seed + i) as u32),
                     tokens as u32,
                 ))
             })
@@ -447,34 +489,24 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
             ttft += f;
             streams.push(events);
         }
-        let ttft = ttft / conc as f64;
-        if r > 0 {
-            let rate = steady_rate(&streams).unwrap_or_else(|| {
-                panic!("no moment when all {conc} requests were decoding: raise VLM_BENCH_TOKENS")
-            });
-            acc.push(Stat {
-                ttft_ms: ttft * 1e3,
-                tok_s: rate,
-            });
+        let rate = steady_rate(&streams).unwrap_or_else(|| {
+            panic!("no moment when all {conc} requests were decoding: raise VLM_BENCH_TOKENS")
+        });
+        Stat {
+            ttft_ms: ttft / conc as f64 * 1e3,
+            tok_s: rate,
         }
     }
-    // Straight to the LM, same work minus the gateway.
-    let deploy = vlm_config::DeployConfig::from_path(&cfg).unwrap().config;
-    let validator = vlm_gateway::validation::Validator::new(
-        ChatTokenizer::from_dir(dir).unwrap(),
-        deploy.visual.clone(),
-        vlm_gateway::validation::Limits::from_config(&deploy, 8, 64 << 20),
-        "bench".into(),
-    );
-    let mut direct = Vec::new();
-    for r in 0..rounds + 1 {
+
+    /// Mean TTFT (ms) of the same requests sent straight to the LM: the split less the gateway.
+    async fn direct_round(&self, conc: usize, tokens: usize, seed: usize) -> f64 {
         let hs: Vec<_> = (0..conc)
             .map(|i| {
                 tokio::spawn(one_direct(
-                    lm.1.clone(),
-                    vision.1.clone(),
-                    validator.clone(),
-                    png((5000 + r * 100 + i) as u32),
+                    self.lm.1.clone(),
+                    self.vision.1.clone(),
+                    self.validator.clone(),
+                    png((seed + i) as u32),
                     tokens as u32,
                 ))
             })
@@ -483,17 +515,8 @@ async fn split(dir: &Path, conc: usize, tokens: usize, rounds: usize, tmp: &Path
         for h in hs {
             t += h.await.unwrap();
         }
-        if r > 0 {
-            direct.push(t / conc as f64 * 1e3);
-        }
+        t / conc as f64 * 1e3
     }
-    drop(gw);
-    drop(lm);
-    drop(vision);
-    (
-        mean(&acc),
-        direct.iter().sum::<f64>() / direct.len().max(1) as f64,
-    )
 }
 
 fn main() {
@@ -525,20 +548,43 @@ fn main() {
         .unwrap();
     println!("split_overhead: {tokens} output tokens per request, one 512x512 image each, {rounds} rounds (+1 warm-up)");
     for (name, dir) in models {
+        let local = Local::load(&dir);
+        let split = rt.block_on(Split::start(&dir, &tmp));
         for conc in [1usize, 8] {
-            let local = in_process(&dir, conc, tokens, rounds);
-            let (remote, direct_ttft) = rt.block_on(split(&dir, conc, tokens, rounds, &tmp));
+            // In-process and split rounds alternate, so that both see the same phases of the
+            // machine (its memory bandwidth swings from minute to minute).
+            let (mut ls, mut ss, mut direct, mut ratios) = (vec![], vec![], vec![], vec![]);
+            for r in 0..rounds + 1 {
+                let seed = 1000 + r * 100;
+                let l = local.round(conc, tokens, seed);
+                let s = rt.block_on(split.round(conc, tokens, seed + 50));
+                let d = rt.block_on(split.direct_round(conc, tokens, seed + 70));
+                if r > 0 {
+                    ratios.push(s.tok_s / l.tok_s);
+                    ls.push(l);
+                    ss.push(s);
+                    direct.push(d);
+                }
+            }
+            let (l, s) = (mean(&ls), mean(&ss));
+            let d = direct.iter().sum::<f64>() / direct.len().max(1) as f64;
+            ratios.sort_by(f64::total_cmp);
             println!(
-                "{name:<16} conc={conc}  TTFT in-process {:>8.1} ms  split {:>8.1} ms ({:+.1} ms; gateway hop {:+.1} ms vs Lm.Generate direct {:.1} ms)  \
-                 tok/s in-process {:>8.1}  split {:>8.1}",
-                local.ttft_ms,
-                remote.ttft_ms,
-                remote.ttft_ms - local.ttft_ms,
-                remote.ttft_ms - direct_ttft,
-                direct_ttft,
-                local.tok_s,
-                remote.tok_s
+                "{name:<16} conc={conc}  TTFT in-process {:>8.1} ms  split {:>8.1} ms ({:+.1} ms; gateway hop {:+.1} ms vs Lm.Generate direct {d:.1} ms)  \
+                 tok/s in-process {:>8.1}  split {:>8.1} (split/in-process per round: {})",
+                l.ttft_ms,
+                s.ttft_ms,
+                s.ttft_ms - l.ttft_ms,
+                s.ttft_ms - d,
+                l.tok_s,
+                s.tok_s,
+                ratios
+                    .iter()
+                    .map(|r| format!("{r:.3}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
         }
+        drop(split);
     }
 }
