@@ -481,10 +481,15 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigterm_drains_running_streams_then_exits() {
-    let mut lm = start_lm(&batching_config());
+    // A long stream (the tiny model decodes a token in ~0.1 ms): it must still be running when
+    // the drain is observed.
+    let mut lm = start_lm(&json!({
+        "max_seq_len": 4096, "kvcache_partition_len": 256,
+        "batch_size": 8, "decoder_batch_sizes": [1, 2, 4, 8], "prefill_chunk_size": 64
+    }));
     let mut client = lm_client(&lm).await;
     let mut stream = client
-        .generate(request(text_prompt(50, 2), vec![], "", greedy(150)))
+        .generate(request(text_prompt(50, 2), vec![], "", greedy(4000)))
         .await
         .unwrap()
         .into_inner();
@@ -520,7 +525,7 @@ async fn sigterm_drains_running_streams_then_exits() {
         got += ev.token_ids.len();
         finish = ev.finish_reason;
     }
-    assert_eq!((got, finish), (150, FinishReason::Length as i32));
+    assert_eq!((got, finish), (4000, FinishReason::Length as i32));
     let t0 = Instant::now();
     let code = loop {
         if let Some(st) = lm.child.try_wait().unwrap() {
