@@ -30,7 +30,8 @@ pub struct DeviceKind {
     pub reserved: u64,
     /// The dtype weights, KV cache and activations take on this kind, unless `--dtype` says
     /// otherwise. `None` = our candle backend: weights in the config's `dtype` (f32 by
-    /// default), KV cache and activations in f32 (model/src/text/kv_cache.rs).
+    /// default), the KV cache in bf16 for bf16 weights and f32 otherwise
+    /// (model/src/text/model.rs `kv_dtype_for`), activations in f32.
     pub native_dtype: Option<Dtype>,
     pub buffers: BufferPolicy,
     /// Every device id is the same memory (CPU cores of one machine): all parts land in one

@@ -2,7 +2,7 @@
 //! weight layout it reads.
 pub mod bf16_gemm;
 mod candle_op;
-pub(crate) mod f32_view;
+pub(crate) mod cpu_view;
 pub mod packed;
 pub mod softmax;
 pub mod vec;

@@ -7,7 +7,7 @@ use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::MRope;
 use crate::config::TextConfig;
-use crate::cpu::f32_view::CpuF32;
+use crate::cpu::cpu_view::CpuF32;
 use crate::error::{ModelError, Result};
 use candle_core::{DType, Tensor, D};
 use candle_nn::VarBuilder;

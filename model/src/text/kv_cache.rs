@@ -14,7 +14,7 @@
 //! pool a service reserves is really held from start-up, as the memory plan says.
 use super::decode_attention::CacheGeometry;
 use crate::config::TextConfig;
-use crate::cpu::f32_view::CpuView;
+use crate::cpu::cpu_view::CpuView;
 use crate::error::{ModelError, Result};
 use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
 use half::bf16;

@@ -53,7 +53,7 @@ fn silu_mul(y: &Tensor, inter: usize) -> Result<Tensor> {
     use rayon::prelude::*;
     let n = y.dim(0)?;
     let y = y.contiguous()?;
-    let view = crate::cpu::f32_view::CpuF32::new(&y, "fused gate/up output")?;
+    let view = crate::cpu::cpu_view::CpuF32::new(&y, "fused gate/up output")?;
     let data = view.slice();
     let mut out = vec![0f32; n * inter];
     out.par_chunks_mut(inter)

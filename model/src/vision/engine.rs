@@ -13,7 +13,7 @@ use super::linear::{LayerNorm, Linear};
 use super::merger::PatchMerger;
 use super::model::VisionModel;
 use crate::config::VisionConfig;
-use crate::cpu::f32_view::CpuF32;
+use crate::cpu::cpu_view::CpuF32;
 use crate::cpu::packed::{pack_column, pack_inner_row};
 use crate::cpu::PackedB;
 use crate::error::{ModelError, Result};
