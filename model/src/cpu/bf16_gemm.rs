@@ -139,6 +139,52 @@ pub unsafe fn gemm(
     accumulate: bool,
     parallel: bool,
 ) {
+    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, accumulate, parallel) }
+}
+
+/// [`gemm`] with A already rounded to bf16 (bits, row stride `lda`, `b.k()` values per row
+/// rounded up to a pair, the pad zero): no conversion pass. Give A a row stride that is not a
+/// multiple of 512 bytes (e.g. the row plus one cache line) so that the rows a tile reads do not
+/// share an L1 set.
+///
+/// # Safety
+/// As [`gemm`], with `a` valid for `m` rows of `lda` u16 values.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_bf16_a(
+    m: usize,
+    a: *const u16,
+    lda: usize,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let k = 2 * b.pairs;
+    unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, accumulate, parallel) }
+}
+
+/// The left operand: f32 rows rounded per row block into a scratch, or bf16 rows as given.
+#[derive(Clone, Copy)]
+enum ASource {
+    F32(*const f32, usize),
+    Bf16(*const u16, usize),
+}
+// SAFETY: only read, under the callers' contracts.
+unsafe impl Send for ASource {}
+unsafe impl Sync for ASource {}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_any(
+    m: usize,
+    k: usize,
+    a_src: ASource,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
     assert!(available(), "bf16 gemm on a CPU without AVX512-BF16");
     assert!(
         k.div_ceil(2) == b.pairs,
@@ -160,7 +206,6 @@ pub unsafe fn gemm(
     let blocks = m.div_ceil(block_rows);
     let panels = b.n.div_ceil(NR);
     let runs = panels.div_ceil(PANELS_PER_TASK);
-    let a_addr = a as usize;
     let c_ptr = SyncPtr(c);
     let task = move |t: usize| {
         let (blk, run) = (t / runs, t % runs);
@@ -173,16 +218,21 @@ pub unsafe fn gemm(
         A_SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let rows = r1 - r0;
-            if s.len() < rows * lda_s {
-                s.resize(rows * lda_s, 0);
-            }
             // SAFETY: the caller's contract on `a`, `c`; this task's tile of C is its own.
             unsafe {
-                let a = a_addr as *const f32;
-                for r in 0..rows {
-                    let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), k);
-                    convert_row(src, &mut s[r * lda_s..r * lda_s + kp]);
-                }
+                let (a16, lda16) = match a_src {
+                    ASource::F32(a, lda) => {
+                        if s.len() < rows * lda_s {
+                            s.resize(rows * lda_s, 0);
+                        }
+                        for r in 0..rows {
+                            let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), k);
+                            convert_row(src, &mut s[r * lda_s..r * lda_s + kp]);
+                        }
+                        (s.as_ptr(), lda_s)
+                    }
+                    ASource::Bf16(a, lda) => (a.add(r0 * lda), lda),
+                };
                 for p in p0..p1 {
                     let cols = NR.min(b.n - p * NR);
                     let bp = b.data[p * b.panel_stride..].as_ptr();
@@ -193,8 +243,8 @@ pub unsafe fn gemm(
                         tile(
                             mr,
                             b.pairs,
-                            s[r * lda_s..].as_ptr(),
-                            lda_s,
+                            a16.add(r * lda16),
+                            lda16,
                             bp,
                             cp,
                             ldc,
@@ -491,5 +541,49 @@ mod tests {
             );
         }
         assert_eq!(&batch[3 * n..4 * n], &one[..]);
+    }
+
+    #[test]
+    fn a_given_in_bf16_equals_a_rounded_by_the_kernel() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        let (m, n, k) = (29, 70, 64);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 61) as f32).sin()).collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 71) as f32).cos()).collect();
+        let lda16 = k + 32;
+        let mut a16 = vec![0u16; m * lda16];
+        for r in 0..m {
+            for i in 0..k {
+                a16[r * lda16 + i] = bf16_bits(a[r * k + i]);
+            }
+        }
+        let (mut want, mut got) = (vec![0.5f32; m * n], vec![0.5f32; m * n]);
+        unsafe {
+            gemm(
+                m,
+                k,
+                a.as_ptr(),
+                k,
+                packed.view(),
+                want.as_mut_ptr(),
+                n,
+                true,
+                true,
+            );
+            gemm_bf16_a(
+                m,
+                a16.as_ptr(),
+                lda16,
+                packed.view(),
+                got.as_mut_ptr(),
+                n,
+                true,
+                true,
+            );
+        }
+        assert_eq!(got, want);
     }
 }

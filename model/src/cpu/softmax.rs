@@ -76,6 +76,31 @@ pub fn online_softmax_tile(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f
     online_softmax_tile_auto(x, m, l, corr)
 }
 
+/// [`online_softmax_tile`] that also writes exp(x - m_new) rounded to bf16 (to nearest even,
+/// as the bf16 kernel rounds its left operand) into `out`, for a p·v product that then needs no
+/// conversion pass; `l` sums the f32 values as before. `x` is scratch afterwards.
+pub fn online_softmax_tile_bf16(
+    x: &mut [f32],
+    out: &mut [u16],
+    m: &mut f32,
+    l: &mut f32,
+    corr: &mut f32,
+) {
+    assert!(out.len() >= x.len(), "online_softmax_tile_bf16: out");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the features were detected on this CPU (avx512bf16 implies avx512f).
+        return unsafe { avx512::online_softmax_tile_bf16(x, out, m, l, corr) };
+    }
+    online_softmax_tile(x, m, l, corr);
+    for (o, &v) in out.iter_mut().zip(x.iter()) {
+        *o = super::packed::bf16_bits(v);
+    }
+}
+
 /// row = softmax(row * scale) in place, f32 ([`exp_approx`]: ~2e-7 relative).
 pub fn softmax_scaled(row: &mut [f32], scale: f32) {
     if scale != 1.0 {
@@ -125,6 +150,41 @@ mod avx512 {
         l: &mut f32,
         corr: &mut f32,
     ) {
+        tile_impl(x, None, m, l, corr)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn online_softmax_tile_bf16(
+        x: &mut [f32],
+        out: &mut [u16],
+        m: &mut f32,
+        l: &mut f32,
+        corr: &mut f32,
+    ) {
+        tile_impl(x, Some(out), m, l, corr)
+    }
+
+    /// Stores e = exp(x - m_new) into x, or (rounded) into `out` when given.
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, bits: Option<*mut u16>, i: usize, e: __m512, mask: __mmask16) {
+        match bits {
+            None => _mm512_mask_storeu_ps(p.add(i), mask, e),
+            Some(o) => {
+                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(e));
+                _mm256_mask_storeu_epi16(o.add(i) as *mut i16, mask, h);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_impl(
+        x: &mut [f32],
+        out: Option<&mut [u16]>,
+        m: &mut f32,
+        l: &mut f32,
+        corr: &mut f32,
+    ) {
+        let bits = out.map(|o| o.as_mut_ptr());
         let n = x.len();
         let p = x.as_mut_ptr();
         let tail: __mmask16 = ((1u32 << (n % 16)) - 1) as u16;
@@ -145,13 +205,13 @@ mod avx512 {
         let mut i = 0;
         while i < full {
             let e = exp16(_mm512_sub_ps(_mm512_loadu_ps(p.add(i)), mv));
-            _mm512_storeu_ps(p.add(i), e);
+            store(p, bits, i, e, 0xffff);
             sum = _mm512_add_ps(sum, e);
             i += 16;
         }
         if tail != 0 {
             let e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, p.add(full)), mv));
-            _mm512_mask_storeu_ps(p.add(full), tail, e);
+            store(p, bits, full, e, tail);
             sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
         }
         *corr = if *m == f32::NEG_INFINITY {
@@ -161,5 +221,31 @@ mod avx512 {
         };
         *l = *l * *corr + _mm512_reduce_add_ps(sum);
         *m = m_new;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bf16_tile_is_the_f32_tile_rounded() {
+        for n in [5usize, 16, 37, 512] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 * 0.13).sin() * 6.0)
+                .collect();
+            let (mut a, mut b) = (x.clone(), x.clone());
+            let (mut m1, mut l1, mut c1) = (0.5, 2.0, 0.0);
+            let (mut m2, mut l2, mut c2) = (0.5, 2.0, 0.0);
+            online_softmax_tile(&mut a, &mut m1, &mut l1, &mut c1);
+            let mut bits = vec![0u16; n];
+            online_softmax_tile_bf16(&mut b, &mut bits, &mut m2, &mut l2, &mut c2);
+            assert_eq!((m1, l1, c1), (m2, l2, c2), "n {n}");
+            let want: Vec<u16> = a
+                .iter()
+                .map(|&v| crate::cpu::packed::bf16_bits(v))
+                .collect();
+            assert_eq!(bits, want, "n {n}");
+        }
     }
 }

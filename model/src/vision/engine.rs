@@ -268,6 +268,9 @@ impl Profile {
 
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// The bf16 path's probabilities, rounded as the softmax writes them (rows padded by one
+    /// cache line, see `bf16_gemm::gemm_bf16_a`).
+    static PROBS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Attention over the per-head q (roped, scaled), k (roped), v, each (H, rows, hd), into `out`
@@ -296,66 +299,73 @@ fn attention(
     tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
         let bq = q1 - q0;
         let base = head * rows * hd;
+        let ps = k_tile + 32;
         with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
-            // SAFETY (all raw accesses below): q, k, v hold (H, rows, hd) and the ranges lie
-            // inside; each task writes only its own block (rows q0..q1, columns head*hd..+hd)
-            // of `out`, which has row stride d.
-            let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
-            let mut k0 = keys.start;
-            let mut first = true;
-            while k0 < keys.end {
-                let kl = k_tile.min(keys.end - k0);
-                let tile = &mut scores[..bq * kl];
-                unsafe {
-                    // tile (bq, kl) = q (bq, hd) . k^T (hd, kl)
-                    gemm_f32(
-                        bq,
-                        kl,
-                        hd,
-                        tile.as_mut_ptr(),
-                        kl,
-                        false,
-                        Mat {
-                            ptr: ws_q.as_ptr().add(base + q0 * hd),
-                            row_stride: hd,
-                        },
-                        ws_k.as_ptr().add(base + k0 * hd),
-                        1,
-                        hd,
-                        1,
-                    );
+            PROBS.with(|probs| {
+                let mut probs = probs.borrow_mut();
+                if probs.len() < bq * ps {
+                    probs.resize(bq * ps, 0);
                 }
-                for (i, row) in tile.chunks_exact_mut(kl).enumerate() {
-                    online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
+                // SAFETY (all raw accesses below): q, k, v hold (H, rows, hd) and the ranges lie
+                // inside; each task writes only its own block (rows q0..q1, columns head*hd..+hd)
+                // of `out`, which has row stride d.
+                let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
+                let mut k0 = keys.start;
+                let mut first = true;
+                while k0 < keys.end {
+                    let kl = k_tile.min(keys.end - k0);
+                    let tile = &mut scores[..bq * kl];
+                    unsafe {
+                        // tile (bq, kl) = q (bq, hd) . k^T (hd, kl)
+                        gemm_f32(
+                            bq,
+                            kl,
+                            hd,
+                            tile.as_mut_ptr(),
+                            kl,
+                            false,
+                            Mat {
+                                ptr: ws_q.as_ptr().add(base + q0 * hd),
+                                row_stride: hd,
+                            },
+                            ws_k.as_ptr().add(base + k0 * hd),
+                            1,
+                            hd,
+                            1,
+                        );
+                    }
+                    for (i, row) in tile.chunks_exact_mut(kl).enumerate() {
+                        online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
+                    }
+                    if !first {
+                        // SAFETY: this task's output block, bq rows of hd at stride d.
+                        unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
+                    }
+                    unsafe {
+                        // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
+                        gemm_f32(
+                            bq,
+                            hd,
+                            kl,
+                            o,
+                            d,
+                            !first,
+                            Mat {
+                                ptr: tile.as_ptr(),
+                                row_stride: kl,
+                            },
+                            ws_v.as_ptr().add(base + k0 * hd),
+                            hd,
+                            1,
+                            1,
+                        );
+                    }
+                    first = false;
+                    k0 += kl;
                 }
-                if !first {
-                    // SAFETY: this task's output block, bq rows of hd at stride d.
-                    unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
-                }
-                unsafe {
-                    // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
-                    gemm_f32(
-                        bq,
-                        hd,
-                        kl,
-                        o,
-                        d,
-                        !first,
-                        Mat {
-                            ptr: tile.as_ptr(),
-                            row_stride: kl,
-                        },
-                        ws_v.as_ptr().add(base + k0 * hd),
-                        hd,
-                        1,
-                        1,
-                    );
-                }
-                first = false;
-                k0 += kl;
-            }
-            // SAFETY: this task's output block, bq rows of hd at stride d.
-            unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
+                // SAFETY: this task's output block, bq rows of hd at stride d.
+                unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
+            })
         });
     });
 }
@@ -450,8 +460,9 @@ fn attention_bf16(
     hd: usize,
     spans: &[Span],
 ) {
-    use crate::cpu::bf16_gemm::{gemm, BView};
+    use crate::cpu::bf16_gemm::{gemm, gemm_bf16_a, BView};
     use crate::cpu::packed::NR;
+    use crate::cpu::softmax::online_softmax_tile_bf16;
     let d = heads * hd;
     let (q_tile, k_tile) = attn_tiles();
     let k_tile = (k_tile / NR).max(1) * NR;
@@ -463,63 +474,72 @@ fn attention_bf16(
         let kview = BView::new(&k16[head * slot..(head + 1) * slot], rows, hd);
         let vview = BView::new(&v16[head * slot..(head + 1) * slot], hd, rows);
         let q = &ws_q[head * rows * hd + q0 * hd..];
+        let ps = k_tile + 32;
         with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
-            // SAFETY (raw accesses below): each task writes only its own block (rows q0..q1,
-            // columns head*hd..+hd) of `out`, which has row stride d; q holds bq rows of hd.
-            let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
-            let (ext_start, ext_end) = (
-                keys.start / NR * NR,
-                keys.end.next_multiple_of(NR).min(rows),
-            );
-            let mut t0 = ext_start;
-            let mut first = true;
-            while t0 < ext_end {
-                let w = k_tile.min(ext_end - t0);
-                let tile = &mut scores[..bq * w];
-                unsafe {
-                    gemm(
-                        bq,
-                        hd,
-                        q.as_ptr(),
-                        hd,
-                        kview.cols(t0, w),
-                        tile.as_mut_ptr(),
-                        w,
-                        false,
-                        false,
-                    )
-                };
-                let lo = keys.start.saturating_sub(t0).min(w);
-                let hi = (keys.end - t0).min(w);
-                for (i, row) in tile.chunks_exact_mut(w).enumerate() {
-                    row[..lo].fill(f32::NEG_INFINITY);
-                    row[hi..].fill(f32::NEG_INFINITY);
-                    online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
-                    row[..lo].fill(0.0);
-                    row[hi..].fill(0.0);
+            PROBS.with(|probs| {
+                let mut probs = probs.borrow_mut();
+                if probs.len() < bq * ps {
+                    probs.resize(bq * ps, 0);
                 }
-                if !first {
-                    // SAFETY: this task's output block, bq rows of hd at stride d.
-                    unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
+                // SAFETY (raw accesses below): each task writes only its own block (rows q0..q1,
+                // columns head*hd..+hd) of `out`, which has row stride d; q holds bq rows of hd.
+                let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
+                let (ext_start, ext_end) = (
+                    keys.start / NR * NR,
+                    keys.end.next_multiple_of(NR).min(rows),
+                );
+                let mut t0 = ext_start;
+                let mut first = true;
+                while t0 < ext_end {
+                    let w = k_tile.min(ext_end - t0);
+                    let tile = &mut scores[..bq * w];
+                    unsafe {
+                        gemm(
+                            bq,
+                            hd,
+                            q.as_ptr(),
+                            hd,
+                            kview.cols(t0, w),
+                            tile.as_mut_ptr(),
+                            w,
+                            false,
+                            false,
+                        )
+                    };
+                    let lo = keys.start.saturating_sub(t0).min(w);
+                    let hi = (keys.end - t0).min(w);
+                    // The softmax writes p already rounded to bf16 (what the p·v product would
+                    // round it to), so that product reads it as it is: no conversion pass.
+                    for (i, row) in tile.chunks_exact_mut(w).enumerate() {
+                        row[..lo].fill(f32::NEG_INFINITY);
+                        row[hi..].fill(f32::NEG_INFINITY);
+                        let p = &mut probs[i * ps..i * ps + w];
+                        online_softmax_tile_bf16(row, p, &mut m[i], &mut l[i], &mut corr[i]);
+                        p[..lo].fill(0);
+                        p[hi..].fill(0);
+                    }
+                    if !first {
+                        // SAFETY: this task's output block, bq rows of hd at stride d.
+                        unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
+                    }
+                    unsafe {
+                        gemm_bf16_a(
+                            bq,
+                            probs.as_ptr(),
+                            ps,
+                            vview.inner(t0, w),
+                            o,
+                            d,
+                            !first,
+                            false,
+                        )
+                    };
+                    first = false;
+                    t0 += w;
                 }
-                unsafe {
-                    gemm(
-                        bq,
-                        w,
-                        tile.as_ptr(),
-                        w,
-                        vview.inner(t0, w),
-                        o,
-                        d,
-                        !first,
-                        false,
-                    )
-                };
-                first = false;
-                t0 += w;
-            }
-            // SAFETY: this task's output block, bq rows of hd at stride d.
-            unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
+                // SAFETY: this task's output block, bq rows of hd at stride d.
+                unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
+            })
         });
     });
 }
