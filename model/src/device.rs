@@ -33,9 +33,15 @@ pub fn device_for(ordinal: usize) -> Result<Device> {
 /// fit fails at start-up instead of being killed for memory later, under load, and the memory
 /// plan (`vlm plan`) matches the process's resident memory.
 pub fn zeros_resident_f32(n: usize) -> Vec<f32> {
-    let mut v = vec![0f32; n];
-    for x in v.iter_mut().step_by(4096 / std::mem::size_of::<f32>()) {
-        *x = std::hint::black_box(0.0);
+    zeros_resident_vec(n, 0f32)
+}
+
+/// `n` copies of `zero` (an all-zero-bits value) with every page written once (see
+/// [`zeros_resident_f32`]).
+fn zeros_resident_vec<T: Copy>(n: usize, zero: T) -> Vec<T> {
+    let mut v = vec![zero; n];
+    for x in v.iter_mut().step_by(4096 / std::mem::size_of::<T>()) {
+        *x = std::hint::black_box(zero);
     }
     v
 }
@@ -57,13 +63,11 @@ pub fn zeros_resident(
             shape,
             device,
         )?),
-        DType::BF16 => {
-            let mut v = vec![half::bf16::ZERO; shape.elem_count()];
-            for x in v.iter_mut().step_by(4096 / 2) {
-                *x = std::hint::black_box(half::bf16::ZERO);
-            }
-            Ok(candle_core::Tensor::from_vec(v, shape, device)?)
-        }
+        DType::BF16 => Ok(candle_core::Tensor::from_vec(
+            zeros_resident_vec(shape.elem_count(), half::bf16::ZERO),
+            shape,
+            device,
+        )?),
         other => Err(ModelError::invalid(format!(
             "a resident buffer of {other:?} is not supported (f32, bf16)"
         ))),

@@ -299,73 +299,66 @@ fn attention(
     tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
         let bq = q1 - q0;
         let base = head * rows * hd;
-        let ps = k_tile + 32;
         with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
-            PROBS.with(|probs| {
-                let mut probs = probs.borrow_mut();
-                if probs.len() < bq * ps {
-                    probs.resize(bq * ps, 0);
+            // SAFETY (all raw accesses below): q, k, v hold (H, rows, hd) and the ranges lie
+            // inside; each task writes only its own block (rows q0..q1, columns head*hd..+hd)
+            // of `out`, which has row stride d.
+            let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
+            let mut k0 = keys.start;
+            let mut first = true;
+            while k0 < keys.end {
+                let kl = k_tile.min(keys.end - k0);
+                let tile = &mut scores[..bq * kl];
+                unsafe {
+                    // tile (bq, kl) = q (bq, hd) . k^T (hd, kl)
+                    gemm_f32(
+                        bq,
+                        kl,
+                        hd,
+                        tile.as_mut_ptr(),
+                        kl,
+                        false,
+                        Mat {
+                            ptr: ws_q.as_ptr().add(base + q0 * hd),
+                            row_stride: hd,
+                        },
+                        ws_k.as_ptr().add(base + k0 * hd),
+                        1,
+                        hd,
+                        1,
+                    );
                 }
-                // SAFETY (all raw accesses below): q, k, v hold (H, rows, hd) and the ranges lie
-                // inside; each task writes only its own block (rows q0..q1, columns head*hd..+hd)
-                // of `out`, which has row stride d.
-                let o = unsafe { out_ptr.get().add(q0 * d + head * hd) };
-                let mut k0 = keys.start;
-                let mut first = true;
-                while k0 < keys.end {
-                    let kl = k_tile.min(keys.end - k0);
-                    let tile = &mut scores[..bq * kl];
-                    unsafe {
-                        // tile (bq, kl) = q (bq, hd) . k^T (hd, kl)
-                        gemm_f32(
-                            bq,
-                            kl,
-                            hd,
-                            tile.as_mut_ptr(),
-                            kl,
-                            false,
-                            Mat {
-                                ptr: ws_q.as_ptr().add(base + q0 * hd),
-                                row_stride: hd,
-                            },
-                            ws_k.as_ptr().add(base + k0 * hd),
-                            1,
-                            hd,
-                            1,
-                        );
-                    }
-                    for (i, row) in tile.chunks_exact_mut(kl).enumerate() {
-                        online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
-                    }
-                    if !first {
-                        // SAFETY: this task's output block, bq rows of hd at stride d.
-                        unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
-                    }
-                    unsafe {
-                        // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
-                        gemm_f32(
-                            bq,
-                            hd,
-                            kl,
-                            o,
-                            d,
-                            !first,
-                            Mat {
-                                ptr: tile.as_ptr(),
-                                row_stride: kl,
-                            },
-                            ws_v.as_ptr().add(base + k0 * hd),
-                            hd,
-                            1,
-                            1,
-                        );
-                    }
-                    first = false;
-                    k0 += kl;
+                for (i, row) in tile.chunks_exact_mut(kl).enumerate() {
+                    online_softmax_tile(row, &mut m[i], &mut l[i], &mut corr[i]);
                 }
-                // SAFETY: this task's output block, bq rows of hd at stride d.
-                unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
-            })
+                if !first {
+                    // SAFETY: this task's output block, bq rows of hd at stride d.
+                    unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
+                }
+                unsafe {
+                    // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
+                    gemm_f32(
+                        bq,
+                        hd,
+                        kl,
+                        o,
+                        d,
+                        !first,
+                        Mat {
+                            ptr: tile.as_ptr(),
+                            row_stride: kl,
+                        },
+                        ws_v.as_ptr().add(base + k0 * hd),
+                        hd,
+                        1,
+                        1,
+                    );
+                }
+                first = false;
+                k0 += kl;
+            }
+            // SAFETY: this task's output block, bq rows of hd at stride d.
+            unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
         });
     });
 }
