@@ -1,7 +1,8 @@
-//! The AVX512-BF16 GEMM (`model/src/cpu/bf16_gemm.rs`) alone on the 2B model's shapes: GFLOP/s
-//! for prefill and ViT products (many rows), GB/s of weights streamed for decode (few rows).
+//! The bf16 GEMM (`model/src/cpu/bf16_gemm.rs`: AMX tiles where the CPU has them, else the
+//! AVX512-BF16 register tile) alone on the 2B model's shapes: GFLOP/s for prefill and ViT
+//! products (many rows), GB/s of weights streamed for decode (few rows).
 //!
-//!     cargo bench -p vlm-model --bench bf16_gemm
+//!     cargo bench -p vlm-model --bench bf16_gemm        (VLM_AMX=0: the AVX512 path)
 use std::time::Instant;
 use vlm_model::cpu::{bf16_dot_available, PackedB};
 
@@ -21,7 +22,15 @@ fn main() {
         println!("this CPU has no AVX512-BF16: nothing to measure");
         return;
     }
-    println!("{} threads", rayon::current_num_threads());
+    println!(
+        "{} threads, {}",
+        rayon::current_num_threads(),
+        if vlm_model::cpu::amx::available() {
+            "AMX tiles"
+        } else {
+            "AVX512-BF16 register tile"
+        }
+    );
     // (what, rows, in, out)
     let shapes = [
         ("prefill q/o_proj", 256, 2048, 2048),

@@ -11,6 +11,7 @@
 //! the rows of the block, so a panel is read from memory once per task and then from L1/L2.
 //! Each C element is a sum over the inner pairs in one fixed order whatever `m`, the task split or
 //! the thread count is: one sequence decoded alone or in a batch gets bit-identical results.
+use super::amx::{TILE_PAIRS, TILE_ROWS};
 use super::packed::{bf16_bits, PackedB, NR};
 use std::cell::RefCell;
 
@@ -22,6 +23,8 @@ const PANELS_PER_TASK: usize = 8;
 const A_BLOCK_BYTES: usize = 512 << 10;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
+/// Rows of A one AMX step covers (two 16-row tiles).
+const AMX_ROWS: usize = 2 * TILE_ROWS;
 
 /// Whether this CPU runs the kernel (AVX512-F + AVX512-BF16), unless `VLM_BF16_DOT=0`.
 pub fn available() -> bool {
@@ -198,11 +201,13 @@ unsafe fn gemm_any(
     // Scratch row stride: one cache line more than the row, so the 12 rows a tile reads do not
     // all fall in the same L1 set when k is a power of two.
     let lda_s = kp + 32;
+    let amx = amx_ready();
     // Rows per block: as many as fit the budget, then evened out over the blocks needed (a
     // multiple of the tile height), so that no block is a thin remainder.
-    let max_rows = (A_BLOCK_BYTES / (2 * lda_s)).max(MR) / MR * MR;
+    let height = if amx { AMX_ROWS } else { MR };
+    let max_rows = (A_BLOCK_BYTES / (2 * lda_s)).max(height) / height * height;
     let blocks = m.div_ceil(max_rows);
-    let block_rows = m.div_ceil(blocks).next_multiple_of(MR);
+    let block_rows = m.div_ceil(blocks).next_multiple_of(height);
     let blocks = m.div_ceil(block_rows);
     let panels = b.n.div_ceil(NR);
     let runs = panels.div_ceil(PANELS_PER_TASK);
@@ -218,12 +223,18 @@ unsafe fn gemm_any(
         A_SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
             let rows = r1 - r0;
+            // The AMX tiles read whole groups of 16 or 32 rows: the scratch holds that many.
+            let scratch_rows = if amx {
+                rows.next_multiple_of(AMX_ROWS)
+            } else {
+                rows
+            };
             // SAFETY: the caller's contract on `a`, `c`; this task's tile of C is its own.
             unsafe {
                 let (a16, lda16) = match a_src {
                     ASource::F32(a, lda) => {
-                        if s.len() < rows * lda_s {
-                            s.resize(rows * lda_s, 0);
+                        if s.len() < scratch_rows * lda_s {
+                            s.resize(scratch_rows * lda_s, 0);
                         }
                         for r in 0..rows {
                             let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), k);
@@ -231,27 +242,39 @@ unsafe fn gemm_any(
                         }
                         (s.as_ptr(), lda_s)
                     }
+                    // A partial last group is copied, as the tiles would read past A's rows.
+                    ASource::Bf16(a, lda) if amx && !rows.is_multiple_of(AMX_ROWS) => {
+                        if s.len() < scratch_rows * lda_s {
+                            s.resize(scratch_rows * lda_s, 0);
+                        }
+                        for r in 0..rows {
+                            let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), kp);
+                            s[r * lda_s..r * lda_s + kp].copy_from_slice(src);
+                        }
+                        (s.as_ptr(), lda_s)
+                    }
                     ASource::Bf16(a, lda) => (a.add(r0 * lda), lda),
                 };
+                let block = Block {
+                    rows,
+                    pairs: b.pairs,
+                    a: a16,
+                    lda: lda16,
+                    ldc,
+                    accumulate,
+                };
+                if amx {
+                    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                    super::amx::configure();
+                }
                 for p in p0..p1 {
                     let cols = NR.min(b.n - p * NR);
                     let bp = b.data[p * b.panel_stride..].as_ptr();
-                    let mut r = 0;
-                    while r < rows {
-                        let mr = MR.min(rows - r);
-                        let cp = c_ptr.0.add((r0 + r) * ldc + p * NR);
-                        tile(
-                            mr,
-                            b.pairs,
-                            a16.add(r * lda16),
-                            lda16,
-                            bp,
-                            cp,
-                            ldc,
-                            cols,
-                            accumulate,
-                        );
-                        r += mr;
+                    let cp = c_ptr.0.add(r0 * ldc + p * NR);
+                    if amx {
+                        block.panel_amx(bp, cp, cols);
+                    } else {
+                        block.panel_avx512(0, b.pairs, bp, cp, cols, accumulate);
                     }
                 }
             }
@@ -267,6 +290,112 @@ unsafe fn gemm_any(
         (0..tasks).into_par_iter().for_each(task);
     } else {
         (0..tasks).for_each(task);
+    }
+}
+
+/// Whether products run on AMX tiles ([`super::amx`]) rather than the AVX512 register tile.
+fn amx_ready() -> bool {
+    #[cfg(test)]
+    if tests::AVX512_ONLY.get() {
+        return false;
+    }
+    super::amx::available()
+}
+
+/// One task's rows of A, already bf16, against the panels of B it owns.
+struct Block {
+    rows: usize,
+    pairs: usize,
+    a: *const u16,
+    lda: usize,
+    ldc: usize,
+    accumulate: bool,
+}
+
+impl Block {
+    /// All rows against one panel with the AVX512 register tile, over the inner pairs
+    /// `first..first + pairs`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn panel_avx512(
+        &self,
+        first: usize,
+        pairs: usize,
+        bp: *const u16,
+        cp: *mut f32,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut r = 0;
+        while r < self.rows {
+            let mr = MR.min(self.rows - r);
+            // SAFETY: rows r..r + mr of A and C, pairs first..first + pairs of the panel.
+            unsafe {
+                tile(
+                    mr,
+                    pairs,
+                    self.a.add(r * self.lda + 2 * first),
+                    self.lda,
+                    bp.add(first * 2 * NR),
+                    cp.add(r * self.ldc),
+                    self.ldc,
+                    cols,
+                    accumulate,
+                )
+            };
+            r += mr;
+        }
+    }
+
+    /// All rows against one panel on AMX tiles, 32 rows at a time over the whole 16-pair
+    /// chunks; the register tile adds the pairs left over. A must be readable for whole groups
+    /// of 16 / 32 rows (the scratch is sized so).
+    unsafe fn panel_amx(&self, bp: *const u16, cp: *mut f32, cols: usize) {
+        let chunks = self.pairs / TILE_PAIRS;
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if chunks > 0 {
+            #[repr(align(64))]
+            struct Out([f32; AMX_ROWS * NR]);
+            let mut out = Out([0.0; AMX_ROWS * NR]);
+            let mut r = 0;
+            while r < self.rows {
+                let group = AMX_ROWS.min(self.rows - r);
+                // SAFETY: the tile configuration was loaded by this task; A rows r..r + 32 (or
+                // + 16) are readable, the panel holds `pairs` >= 16 * chunks pairs.
+                unsafe {
+                    let a = self.a.add(r * self.lda);
+                    if group > TILE_ROWS {
+                        super::amx::tiles_32(chunks, a, self.lda, bp, out.0.as_mut_ptr());
+                    } else {
+                        super::amx::tiles_16(chunks, a, self.lda, bp, out.0.as_mut_ptr());
+                    }
+                    x86::write_rows(
+                        out.0.as_ptr(),
+                        group,
+                        cp.add(r * self.ldc),
+                        self.ldc,
+                        cols,
+                        self.accumulate,
+                    );
+                }
+                r += group;
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        assert_eq!(chunks, 0, "AMX off this platform");
+        let done = chunks * TILE_PAIRS;
+        if done < self.pairs {
+            // SAFETY: as above.
+            unsafe {
+                self.panel_avx512(
+                    done,
+                    self.pairs - done,
+                    bp,
+                    cp,
+                    cols,
+                    self.accumulate || chunks > 0,
+                )
+            };
+        }
     }
 }
 
@@ -347,6 +476,46 @@ mod x86 {
         dst[src.len()..].fill(0);
     }
 
+    /// Lane masks of the two 16-column halves of a panel with `cols` columns in C.
+    fn col_masks(cols: usize) -> (__mmask16, __mmask16) {
+        let m0: __mmask16 = if cols >= 16 {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        };
+        let m1: __mmask16 = if cols >= 32 {
+            0xffff
+        } else if cols > 16 {
+            (1u16 << (cols - 16)) - 1
+        } else {
+            0
+        };
+        (m0, m1)
+    }
+
+    /// C rows (`cols` columns) [+]= the first `rows` rows of a 32-column f32 block.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn write_rows(
+        out: *const f32,
+        rows: usize,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let (m0, m1) = col_masks(cols);
+        for r in 0..rows {
+            let (o, cp) = (out.add(r * NR), c.add(r * ldc));
+            let (mut x0, mut x1) = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
+            if accumulate {
+                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
+                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+            }
+            _mm512_mask_storeu_ps(cp, m0, x0);
+            _mm512_mask_storeu_ps(cp.add(16), m1, x1);
+        }
+    }
+
     /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
     /// pairs of A. Columns past `cols` are neither read nor written in C.
     #[allow(clippy::too_many_arguments)]
@@ -374,18 +543,7 @@ mod x86 {
                 hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
             }
         }
-        let m0: __mmask16 = if cols >= 16 {
-            0xffff
-        } else {
-            (1u16 << cols) - 1
-        };
-        let m1: __mmask16 = if cols >= 32 {
-            0xffff
-        } else if cols > 16 {
-            (1u16 << (cols - 16)) - 1
-        } else {
-            0
-        };
+        let (m0, m1) = col_masks(cols);
         for r in 0..R {
             let cp = c.add(r * ldc);
             let (mut x0, mut x1) = (lo[r], hi[r]);
@@ -402,6 +560,12 @@ mod x86 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        /// Products started on this thread take the AVX512 register tile even where AMX is up.
+        pub(super) static AVX512_ONLY: Cell<bool> = const { Cell::new(false) };
+    }
 
     fn round(x: f32) -> f64 {
         f32::from_bits((bf16_bits(x) as u32) << 16) as f64
@@ -585,5 +749,79 @@ mod tests {
             );
         }
         assert_eq!(got, want);
+    }
+
+    /// The AMX tiles and the AVX512 register tile compute the same sums (up to f32 rounding:
+    /// the two add a pair's products in different orders), over whole 16-pair chunks, a tail,
+    /// partial 16- and 32-row groups and bf16 A given with a partial last group.
+    #[test]
+    fn amx_tiles_agree_with_the_register_tile() {
+        if !available() || !super::super::amx::available() {
+            eprintln!("skipped: no AMX-BF16 on this CPU (or VLM_AMX=0)");
+            return;
+        }
+        for &(m, n, k) in &[
+            (1, 64, 64),
+            (8, 96, 544),
+            (17, 33, 96),
+            (45, 70, 70),
+            (64, 32, 32),
+        ] {
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 29 % 83) as f32).sin()).collect();
+            let packed = PackedB::from_rows(&w, n, k, k);
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 11 % 67) as f32).cos()).collect();
+            let kp = k.next_multiple_of(2);
+            let a16: Vec<u16> = (0..m * kp)
+                .map(|i| {
+                    if i % kp < k {
+                        bf16_bits(a[i / kp * k + i % kp])
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let run = |avx512_only: bool, bf16_a: bool| {
+                AVX512_ONLY.set(avx512_only);
+                let mut c = vec![0.25f32; m * n];
+                unsafe {
+                    if bf16_a {
+                        gemm_bf16_a(
+                            m,
+                            a16.as_ptr(),
+                            kp,
+                            packed.view(),
+                            c.as_mut_ptr(),
+                            n,
+                            true,
+                            true,
+                        );
+                    } else {
+                        gemm(
+                            m,
+                            k,
+                            a.as_ptr(),
+                            k,
+                            packed.view(),
+                            c.as_mut_ptr(),
+                            n,
+                            true,
+                            true,
+                        );
+                    }
+                }
+                AVX512_ONLY.set(false);
+                c
+            };
+            let want = run(true, false);
+            for bf16_a in [false, true] {
+                let got = run(false, bf16_a);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                        "({m},{n},{k}) bf16 A {bf16_a} at {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
     }
 }

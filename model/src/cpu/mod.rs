@@ -1,5 +1,6 @@
 //! CPU kernels shared by the ViT and the decoder: the bf16 GEMM (AVX512-BF16) and the packed
 //! weight layout it reads.
+pub mod amx;
 pub mod bf16_gemm;
 mod candle_op;
 pub(crate) mod cpu_view;
