@@ -39,6 +39,8 @@ fn main() {
         ("vit qkv", 4096, 1024, 3072),
         ("vit fc1", 4096, 1024, 4096),
         ("vit fc2", 4096, 4096, 1024),
+        ("vit attn q.k tile", 256, 64, 512),
+        ("vit attn p.v tile", 256, 512, 64),
         ("decode gate/up x1", 1, 2048, 6144),
         ("decode gate/up x8", 8, 2048, 6144),
         ("decode lm_head x1", 1, 2048, 151936),

@@ -106,18 +106,19 @@ mod x86 {
         unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
     }
 
-    /// 32 rows x 32 columns: `out` (row stride 32 f32) = A[0..32] · B panel over `chunks` x 16
+    /// 32 rows x 32 columns: `out` (row stride `ldo` f32) = A[0..32] · B panel over `chunks` x 16
     /// inner pairs. A: bf16 rows `lda` u16 apart; B: a packed panel (see the module comment).
     ///
     /// # Safety
     /// [`configure`] ran on this thread; A valid for 32 rows of `chunks * 32` values, B for
-    /// `chunks * 16` pairs of a panel, `out` for 1024 f32.
+    /// `chunks * 16` pairs of a panel, `out` for 32 rows of 32 f32 at stride `ldo`.
     pub(crate) unsafe fn tiles_32(
         chunks: usize,
         a: *const u16,
         lda: usize,
         b: *const u16,
         out: *mut f32,
+        ldo: usize,
     ) {
         let lda_b = 2 * lda;
         let b_stride = 2 * 2 * NR; // bytes per inner pair of a panel
@@ -132,13 +133,15 @@ mod x86 {
             for c in 0..chunks {
                 let a0 = a.add(c * 2 * TILE_PAIRS);
                 let b0 = b.add(c * TILE_PAIRS * 2 * NR);
+                // Tiles are not renamed: a load waits for the products that read its tile.
+                // Interleaved, the next step's A0 and B0 loads overlap the last two products.
                 asm!(
                     "tileloadd tmm4, [{a0} + {lda}*1]",
                     "tileloadd tmm6, [{b0} + {bs}*1]",
-                    "tileloadd tmm7, [{b1} + {bs}*1]",
-                    "tileloadd tmm5, [{a1} + {lda}*1]",
                     "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {bs}*1]",
                     "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {lda}*1]",
                     "tdpbf16ps tmm2, tmm5, tmm6",
                     "tdpbf16ps tmm3, tmm5, tmm7",
                     a0 = in(reg) a0,
@@ -157,9 +160,9 @@ mod x86 {
                 "tilestored [{o3} + {s}*1], tmm3",
                 o0 = in(reg) out,
                 o1 = in(reg) out.add(16),
-                o2 = in(reg) out.add(16 * 32),
-                o3 = in(reg) out.add(16 * 32 + 16),
-                s = in(reg) 32usize * 4,
+                o2 = in(reg) out.add(16 * ldo),
+                o3 = in(reg) out.add(16 * ldo + 16),
+                s = in(reg) ldo * 4,
                 options(nostack)
             );
         }
@@ -175,6 +178,7 @@ mod x86 {
         lda: usize,
         b: *const u16,
         out: *mut f32,
+        ldo: usize,
     ) {
         let lda_b = 2 * lda;
         let b_stride = 2 * 2 * NR;
@@ -211,7 +215,7 @@ mod x86 {
                 "tilestored [{o1} + {s}*1], tmm1",
                 o0 = in(reg) out,
                 o1 = in(reg) out.add(16),
-                s = in(reg) 32usize * 4,
+                s = in(reg) ldo * 4,
                 options(nostack)
             );
         }

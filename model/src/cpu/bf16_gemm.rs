@@ -118,9 +118,22 @@ struct SyncPtr(*mut f32);
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
-thread_local! {
-    static A_SCRATCH: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+/// The bf16 rows of A a thread converted last: which call and row block they are, so that the
+/// next task of the same call on the same block (another run of panels) does not convert again.
+struct AScratch {
+    call: u64,
+    block: usize,
+    data: Vec<u16>,
 }
+
+thread_local! {
+    static A_SCRATCH: RefCell<AScratch> = const {
+        RefCell::new(AScratch { call: u64::MAX, block: 0, data: Vec::new() })
+    };
+}
+
+/// Numbers the GEMM calls (for [`AScratch`]).
+static NEXT_CALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// `C[r][j] (+)= sum_i A[r][i] * B(i, j)` for r < m, j < b.n(), i < b.k(): A is f32 with row
 /// stride `lda` and `b.k()` columns (an odd k is padded with a zero), C has row stride `ldc`.
@@ -212,6 +225,7 @@ unsafe fn gemm_any(
     let panels = b.n.div_ceil(NR);
     let runs = panels.div_ceil(PANELS_PER_TASK);
     let c_ptr = SyncPtr(c);
+    let call = NEXT_CALL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let task = move |t: usize| {
         let (blk, run) = (t / runs, t % runs);
         let (r0, r1) = (blk * block_rows, ((blk + 1) * block_rows).min(m));
@@ -231,12 +245,15 @@ unsafe fn gemm_any(
             };
             // SAFETY: the caller's contract on `a`, `c`; this task's tile of C is its own.
             unsafe {
+                let fresh = s.call != call || s.block != blk;
+                (s.call, s.block) = (call, blk);
+                let s = &mut s.data;
+                if s.len() < scratch_rows * lda_s {
+                    s.resize(scratch_rows * lda_s, 0);
+                }
                 let (a16, lda16) = match a_src {
                     ASource::F32(a, lda) => {
-                        if s.len() < scratch_rows * lda_s {
-                            s.resize(scratch_rows * lda_s, 0);
-                        }
-                        for r in 0..rows {
+                        for r in (0..rows).filter(|_| fresh) {
                             let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), k);
                             convert_row(src, &mut s[r * lda_s..r * lda_s + kp]);
                         }
@@ -244,10 +261,7 @@ unsafe fn gemm_any(
                     }
                     // A partial last group is copied, as the tiles would read past A's rows.
                     ASource::Bf16(a, lda) if amx && !rows.is_multiple_of(AMX_ROWS) => {
-                        if s.len() < scratch_rows * lda_s {
-                            s.resize(scratch_rows * lda_s, 0);
-                        }
-                        for r in 0..rows {
+                        for r in (0..rows).filter(|_| fresh) {
                             let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), kp);
                             s[r * lda_s..r * lda_s + kp].copy_from_slice(src);
                         }
@@ -363,19 +377,23 @@ impl Block {
                 // + 16) are readable, the panel holds `pairs` >= 16 * chunks pairs.
                 unsafe {
                     let a = self.a.add(r * self.lda);
-                    if group > TILE_ROWS {
-                        super::amx::tiles_32(chunks, a, self.lda, bp, out.0.as_mut_ptr());
+                    let c = cp.add(r * self.ldc);
+                    // A whole 32x32 block that overwrites C is stored by the tiles straight
+                    // into C; otherwise through `out` (the same sums, then [+]= into C).
+                    let direct = group == AMX_ROWS && cols == NR && !self.accumulate;
+                    let (o, ldo) = if direct {
+                        (c, self.ldc)
                     } else {
-                        super::amx::tiles_16(chunks, a, self.lda, bp, out.0.as_mut_ptr());
+                        (out.0.as_mut_ptr(), NR)
+                    };
+                    if group > TILE_ROWS {
+                        super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo);
+                    } else {
+                        super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
                     }
-                    x86::write_rows(
-                        out.0.as_ptr(),
-                        group,
-                        cp.add(r * self.ldc),
-                        self.ldc,
-                        cols,
-                        self.accumulate,
-                    );
+                    if !direct {
+                        x86::write_rows(out.0.as_ptr(), group, c, self.ldc, cols, self.accumulate);
+                    }
                 }
                 r += group;
             }
