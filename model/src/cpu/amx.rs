@@ -48,6 +48,10 @@ mod x86 {
     const SYS_ARCH_PRCTL: i64 = 158;
     /// How far ahead (in 16-pair chunks of 2 KiB per panel) [`tiles_16`] prefetches B.
     const PREFETCH_CHUNKS: usize = 8;
+    /// Bytes of one inner pair of a packed panel (the B tiles' row stride).
+    const B_PAIR_BYTES: usize = 2 * 2 * NR;
+    /// u16 values of a panel per tile step (16 pairs).
+    const B_CHUNK: usize = TILE_PAIRS * 2 * NR;
 
     #[allow(unused_unsafe)]
     pub(super) unsafe fn request_tiles() -> bool {
@@ -121,7 +125,6 @@ mod x86 {
         ldo: usize,
     ) {
         let lda_b = 2 * lda;
-        let b_stride = 2 * 2 * NR; // bytes per inner pair of a panel
         unsafe {
             asm!(
                 "tilezero tmm0",
@@ -132,7 +135,7 @@ mod x86 {
             );
             for c in 0..chunks {
                 let a0 = a.add(c * 2 * TILE_PAIRS);
-                let b0 = b.add(c * TILE_PAIRS * 2 * NR);
+                let b0 = b.add(c * B_CHUNK);
                 // Tiles are not renamed: a load waits for the products that read its tile.
                 // Interleaved, the next step's A0 and B0 loads overlap the last two products.
                 asm!(
@@ -149,7 +152,7 @@ mod x86 {
                     lda = in(reg) lda_b,
                     b0 = in(reg) b0,
                     b1 = in(reg) b0.add(NR),
-                    bs = in(reg) b_stride,
+                    bs = in(reg) B_PAIR_BYTES,
                     options(nostack, readonly)
                 );
             }
@@ -181,17 +184,16 @@ mod x86 {
         ldo: usize,
     ) {
         let lda_b = 2 * lda;
-        let b_stride = 2 * 2 * NR;
         unsafe {
             asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
             for c in 0..chunks {
                 let a0 = a.add(c * 2 * TILE_PAIRS);
-                let b0 = b.add(c * TILE_PAIRS * 2 * NR);
+                let b0 = b.add(c * B_CHUNK);
                 // Few rows: the product streams B from memory. Tile loads are not renamed, so
                 // each waits for the products that read the previous one; prefetching B
                 // `PREFETCH_CHUNKS` ahead keeps enough lines in flight.
-                let ahead = b0.add(PREFETCH_CHUNKS * TILE_PAIRS * 2 * NR) as *const i8;
-                for line in 0..TILE_PAIRS * 2 {
+                let ahead = b0.add(PREFETCH_CHUNKS * B_CHUNK) as *const i8;
+                for line in 0..B_CHUNK * 2 / 64 {
                     std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
                         ahead.add(64 * line),
                     );
@@ -206,7 +208,7 @@ mod x86 {
                     lda = in(reg) lda_b,
                     b0 = in(reg) b0,
                     b1 = in(reg) b0.add(NR),
-                    bs = in(reg) b_stride,
+                    bs = in(reg) B_PAIR_BYTES,
                     options(nostack, readonly)
                 );
             }

@@ -245,29 +245,33 @@ unsafe fn gemm_any(
             };
             // SAFETY: the caller's contract on `a`, `c`; this task's tile of C is its own.
             unsafe {
-                let fresh = s.call != call || s.block != blk;
-                (s.call, s.block) = (call, blk);
-                let s = &mut s.data;
-                if s.len() < scratch_rows * lda_s {
-                    s.resize(scratch_rows * lda_s, 0);
-                }
                 let (a16, lda16) = match a_src {
-                    ASource::F32(a, lda) => {
-                        for r in (0..rows).filter(|_| fresh) {
-                            let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), k);
-                            convert_row(src, &mut s[r * lda_s..r * lda_s + kp]);
-                        }
-                        (s.as_ptr(), lda_s)
+                    // bf16 rows are read where they are, unless the tiles would read past A's
+                    // last row (a partial last group): then they are copied like f32 rows.
+                    ASource::Bf16(a, lda) if !amx || rows.is_multiple_of(AMX_ROWS) => {
+                        (a.add(r0 * lda), lda)
                     }
-                    // A partial last group is copied, as the tiles would read past A's rows.
-                    ASource::Bf16(a, lda) if amx && !rows.is_multiple_of(AMX_ROWS) => {
-                        for r in (0..rows).filter(|_| fresh) {
-                            let src = std::slice::from_raw_parts(a.add((r0 + r) * lda), kp);
-                            s[r * lda_s..r * lda_s + kp].copy_from_slice(src);
+                    _ => {
+                        if s.call != call || s.block != blk {
+                            (s.call, s.block) = (call, blk);
+                            if s.data.len() < scratch_rows * lda_s {
+                                s.data.resize(scratch_rows * lda_s, 0);
+                            }
+                            for r in 0..rows {
+                                let dst = &mut s.data[r * lda_s..r * lda_s + kp];
+                                match a_src {
+                                    ASource::F32(a, lda) => convert_row(
+                                        std::slice::from_raw_parts(a.add((r0 + r) * lda), k),
+                                        dst,
+                                    ),
+                                    ASource::Bf16(a, lda) => dst.copy_from_slice(
+                                        std::slice::from_raw_parts(a.add((r0 + r) * lda), kp),
+                                    ),
+                                }
+                            }
                         }
-                        (s.as_ptr(), lda_s)
+                        (s.data.as_ptr(), lda_s)
                     }
-                    ASource::Bf16(a, lda) => (a.add(r0 * lda), lda),
                 };
                 let block = Block {
                     rows,
@@ -521,17 +525,29 @@ mod x86 {
         cols: usize,
         accumulate: bool,
     ) {
-        let (m0, m1) = col_masks(cols);
+        let masks = col_masks(cols);
         for r in 0..rows {
-            let (o, cp) = (out.add(r * NR), c.add(r * ldc));
-            let (mut x0, mut x1) = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
-            }
-            _mm512_mask_storeu_ps(cp, m0, x0);
-            _mm512_mask_storeu_ps(cp.add(16), m1, x1);
+            let o = out.add(r * NR);
+            let sums = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
+            store_row(c.add(r * ldc), sums, masks, accumulate);
         }
+    }
+
+    /// One C row's 32 columns (two halves, masked to the panel's columns) = or += `sums`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_row(
+        cp: *mut f32,
+        (mut x0, mut x1): (__m512, __m512),
+        (m0, m1): (__mmask16, __mmask16),
+        accumulate: bool,
+    ) {
+        if accumulate {
+            x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
+            x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+        }
+        _mm512_mask_storeu_ps(cp, m0, x0);
+        _mm512_mask_storeu_ps(cp.add(16), m1, x1);
     }
 
     /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
@@ -561,16 +577,9 @@ mod x86 {
                 hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
             }
         }
-        let (m0, m1) = col_masks(cols);
+        let masks = col_masks(cols);
         for r in 0..R {
-            let cp = c.add(r * ldc);
-            let (mut x0, mut x1) = (lo[r], hi[r]);
-            if accumulate {
-                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
-                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
-            }
-            _mm512_mask_storeu_ps(cp, m0, x0);
-            _mm512_mask_storeu_ps(cp.add(16), m1, x1);
+            store_row(c.add(r * ldc), (lo[r], hi[r]), masks, accumulate);
         }
     }
 }

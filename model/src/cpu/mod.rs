@@ -1,5 +1,5 @@
-//! CPU kernels shared by the ViT and the decoder: the bf16 GEMM (AVX512-BF16) and the packed
-//! weight layout it reads.
+//! CPU kernels shared by the ViT and the decoder: the bf16 GEMM (AMX tiles or AVX512-BF16) and
+//! the packed weight layout it reads.
 pub mod amx;
 pub mod bf16_gemm;
 mod candle_op;
