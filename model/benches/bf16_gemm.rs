@@ -3,6 +3,9 @@
 //! products (many rows), GB/s of weights streamed for decode (few rows).
 //!
 //!     cargo bench -p vlm-model --bench bf16_gemm        (VLM_AMX=0: the AVX512 path)
+//!
+//! With AMX tiles it also times the fused ViT attention task (`cpu/attention_amx.rs`): 256
+//! query rows of one 64-wide head against 4096 keys.
 use std::time::Instant;
 use vlm_model::cpu::{bf16_dot_available, PackedB};
 
@@ -48,7 +51,14 @@ fn main() {
     ];
     // $VLM_BENCH_SHAPES: only the shapes whose name contains this (e.g. "decode").
     let only = std::env::var("VLM_BENCH_SHAPES").unwrap_or_default();
-    let shapes = shapes.into_iter().filter(|s| s.0.contains(only.as_str()));
+    let shapes: Vec<_> = shapes
+        .into_iter()
+        .filter(|s| s.0.contains(only.as_str()))
+        .collect();
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if only.is_empty() || "vit attention fused".contains(only.as_str()) {
+        fused_attention();
+    }
     for (what, m, k, n) in shapes {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i % 251) as f32 - 125.0) / 300.0)
@@ -58,7 +68,13 @@ fn main() {
         let a: Vec<f32> = (0..m * k)
             .map(|i| ((i % 113) as f32 - 56.0) / 100.0)
             .collect();
-        let mut c = vec![0f32; m * n];
+        // $VLM_BENCH_LDC_PAD: C's row stride is n + this (e.g. 16: rows one cache line apart
+        // more than their width, as the attention's scores tile has).
+        let ldc = n + std::env::var("VLM_BENCH_LDC_PAD")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut c = vec![0f32; m * ldc];
         let s = time(|| unsafe {
             vlm_model::cpu::bf16_gemm::gemm(
                 m,
@@ -67,7 +83,7 @@ fn main() {
                 k,
                 packed.view(),
                 c.as_mut_ptr(),
-                n,
+                ldc,
                 false,
                 true,
             )
@@ -112,4 +128,34 @@ fn main() {
             );
         }
     }
+}
+
+/// One fused attention task of the 2B ViT at the 4096 bucket: 256 query rows, 4096 keys, hd 64.
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn fused_attention() {
+    use vlm_model::cpu::{attention_amx, BView};
+    let (rows, hd, bq) = (4096usize, 64usize, 256usize);
+    if !attention_amx::supported(rows, hd) {
+        return;
+    }
+    let val = |i: usize| (((i * 2654435761) % 1009) as f32 / 504.5 - 1.0) * 0.5;
+    let k: Vec<f32> = (0..rows * hd).map(val).collect();
+    let v: Vec<f32> = (0..rows * hd).map(|i| val(i + 7)).collect();
+    let kp = PackedB::from_rows(&k, rows, hd, hd);
+    let vt: Vec<f32> = (0..hd * rows)
+        .map(|i| v[(i % rows) * hd + i / rows])
+        .collect();
+    let vp = PackedB::from_rows(&vt, hd, rows, rows);
+    let q: Vec<f32> = (0..bq * hd).map(|i| val(i + 3)).collect();
+    let mut out = vec![0f32; bq * hd];
+    let (kv, vv): (BView, BView) = (kp.view(), vp.view());
+    let s = time(|| unsafe {
+        attention_amx::attend(&q, bq, hd, kv, vv, 0..rows, out.as_mut_ptr(), hd)
+    });
+    let flop = 4.0 * (bq * rows * hd) as f64;
+    println!(
+        "vit attention fused  {bq:5}x{rows:5} hd {hd}: {:8.3} ms  {:7.1} GFLOP/s (q.k, p.v; softmax between)",
+        s * 1e3,
+        flop / s / 1e9
+    );
 }

@@ -88,6 +88,12 @@ impl<'a> BView<'a> {
             ..self
         }
     }
+    /// The start of panel `p` (columns `p * NR..`), for kernels that walk the panels
+    /// themselves ([`super::attention_amx`]).
+    pub(crate) fn panel(&self, p: usize) -> *const u16 {
+        assert!(p * NR < self.n, "BView::panel {p} of {} columns", self.n);
+        self.data[p * self.panel_stride..].as_ptr()
+    }
     /// Inner indices `start..start + len` (the last pair may reach one past the end: its
     /// A value must then be zero); `start` must be even.
     pub fn inner(self, start: usize, len: usize) -> BView<'a> {
@@ -419,6 +425,13 @@ impl Block {
             };
         }
     }
+}
+
+/// f32 row -> bf16 bits (round to nearest even, as the products round A), zero-padding `dst`
+/// past the source. Panics if [`available`] is false.
+pub(crate) fn to_bf16(src: &[f32], dst: &mut [u16]) {
+    assert!(available() && dst.len() >= src.len(), "to_bf16");
+    convert_row(src, dst)
 }
 
 /// f32 row -> bf16 bits, zero-padding `dst` past the source.

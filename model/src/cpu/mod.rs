@@ -1,6 +1,8 @@
 //! CPU kernels shared by the ViT and the decoder: the bf16 GEMM (AMX tiles or AVX512-BF16) and
 //! the packed weight layout it reads.
 pub mod amx;
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub mod attention_amx;
 pub mod bf16_gemm;
 mod candle_op;
 pub(crate) mod cpu_view;

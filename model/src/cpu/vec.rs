@@ -65,8 +65,17 @@ fn axpy_portable<T: Widen>(y: &mut [f32], a: f32, x: &[T]) {
     }
 }
 
+/// `y = y * c + x` (an online softmax's running output, rescaled, plus the next partial sum).
+#[inline(always)]
+fn scale_add_portable(y: &mut [f32], c: f32, x: &[f32]) {
+    for (o, v) in y.iter_mut().zip(x) {
+        *o = *o * c + v;
+    }
+}
+
 dispatch!(dot, dot_portable, dot_avx512, (a: &[f32], b: &[f32]) -> f32);
 dispatch!(axpy, axpy_portable, axpy_avx512, (y: &mut [f32], a: f32, x: &[f32]) -> ());
+dispatch!(scale_add, scale_add_portable, scale_add_avx512, (y: &mut [f32], c: f32, x: &[f32]) -> ());
 
 /// `out[i] = q · rows[i]` for the `out.len()` consecutive rows of `q.len()` values in `rows`
 /// (a run of cached keys). Each row's sum is formed on its own (no dependence on the rows

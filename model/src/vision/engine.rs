@@ -3,7 +3,8 @@
 //! touches only the buffers sized for that bucket at load (plus its small per-run tables and the
 //! outputs). Same math as [`VisionModel::forward`](super::VisionModel::forward), which is its
 //! oracle. With a bf16 model on an AVX512-BF16 CPU the products (linears, q·kᵀ, p·v) run on
-//! [`crate::cpu::bf16_gemm`]; activations, norms and softmax stay f32.
+//! [`crate::cpu::bf16_gemm`]; activations, norms and softmax stay f32. With AMX tiles and a
+//! bucket of whole 32-row panels, attention runs fused instead ([`crate::cpu::attention_amx`]).
 use super::attention::{spans_for, Span};
 use super::kernels::{
     add_bias, bias_gelu_erf, bias_gelu_tanh, gemm_f32, layer_norm_row, online_softmax_tile, Mat,
@@ -289,6 +290,10 @@ fn attention(
     let (ws_k, ws_v) = match kv {
         KeysValues::F32 { k, v } => (k, v),
         KeysValues::Packed { k, v } => {
+            #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+            if crate::cpu::attention_amx::supported(rows, hd) {
+                return attention_amx(ws_q, k, v, out, rows, heads, hd, spans);
+            }
             return attention_bf16(ws_q, k, v, out, rows, heads, hd, spans);
         }
     };
@@ -534,6 +539,47 @@ fn attention_bf16(
                 unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
             })
         });
+    });
+}
+
+/// [`attention_bf16`] fused on AMX tiles ([`crate::cpu::attention_amx`]), one task per (span,
+/// head, block of query rows).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+#[allow(clippy::too_many_arguments)]
+fn attention_amx(
+    ws_q: &[f32],
+    k16: &[u16],
+    v16: &[u16],
+    out: &mut [f32],
+    rows: usize,
+    heads: usize,
+    hd: usize,
+    spans: &[Span],
+) {
+    use crate::cpu::BView;
+    let d = heads * hd;
+    let (q_tile, _) = attn_tiles();
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    let slot = 2 * rows * hd;
+    let tasks = attention_tasks(spans, heads, q_tile);
+    tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
+        let kview = BView::new(&k16[head * slot..(head + 1) * slot], rows, hd);
+        let vview = BView::new(&v16[head * slot..(head + 1) * slot], hd, rows);
+        let q = &ws_q[head * rows * hd + q0 * hd..head * rows * hd + q1 * hd];
+        // SAFETY: `supported` held; each task writes only its own block of `out` (rows
+        // q0..q1, columns head*hd..+hd; row stride d).
+        unsafe {
+            crate::cpu::attention_amx::attend(
+                q,
+                q1 - q0,
+                hd,
+                kview,
+                vview,
+                keys,
+                out_ptr.get().add(q0 * d + head * hd),
+                d,
+            )
+        };
     });
 }
 
