@@ -130,11 +130,19 @@ fn main() {
     }
 }
 
-/// One fused attention task of the 2B ViT at the 4096 bucket: 256 query rows, 4096 keys, hd 64.
+/// One fused attention task of the 2B ViT: 256 query rows, 4096 keys, hd 64 (the 4096 bucket);
+/// `VLM_BENCH_ATTN=ROWSxKEYS` for another (e.g. 512x16384).
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 fn fused_attention() {
     use vlm_model::cpu::{attention_amx, BView};
-    let (rows, hd, bq) = (4096usize, 64usize, 256usize);
+    let (bq, rows) = std::env::var("VLM_BENCH_ATTN")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once('x')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or((256usize, 4096usize));
+    let hd = 64usize;
     if !attention_amx::supported(rows, hd) {
         return;
     }
@@ -154,8 +162,9 @@ fn fused_attention() {
     });
     let flop = 4.0 * (bq * rows * hd) as f64;
     println!(
-        "vit attention fused  {bq:5}x{rows:5} hd {hd}: {:8.3} ms  {:7.1} GFLOP/s (q.k, p.v; softmax between)",
+        "vit attention fused  {bq:5}x{rows:5} hd {hd}: {:8.3} ms  {:7.1} GFLOP/s (q.k, p.v; softmax between), {:.2} us per query row",
         s * 1e3,
-        flop / s / 1e9
+        flop / s / 1e9,
+        s * 1e6 / bq as f64
     );
 }
