@@ -35,7 +35,7 @@ pub fn available() -> bool {
 }
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use x86::{configure, tiles_16, tiles_32};
+pub(crate) use x86::{configure, qk_32_hd64, tiles_16, tiles_32};
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod x86 {
@@ -168,6 +168,65 @@ mod x86 {
                 s = in(reg) ldo * 4,
                 options(nostack)
             );
+        }
+    }
+
+    /// Scores of 32 query rows against `panels` panels of packed keys, for a head width of 64
+    /// (two tile steps): `out` (row stride `ldo` f32) = Q · Kᵀ. Q's four tiles (2 row groups x 2
+    /// steps) are loaded once and stay; each 16-key column then costs two B loads, four
+    /// products and two stores (`tiles_32` reloads A for every 32 keys).
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread; `q` valid for 32 rows of 64 bf16 at stride `ldq`, `k`
+    /// for `panels` panels of 64 inner values at `panel_stride` u16 apart, `out` for 32 rows of
+    /// `32 * panels` f32 at stride `ldo`.
+    pub(crate) unsafe fn qk_32_hd64(
+        q: *const u16,
+        ldq: usize,
+        k: *const u16,
+        panel_stride: usize,
+        panels: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let ldq_b = 2 * ldq;
+        let lo_b = 4 * ldo;
+        unsafe {
+            asm!(
+                "tileloadd tmm4, [{q0} + {lq}*1]",
+                "tileloadd tmm5, [{q1} + {lq}*1]",
+                "tileloadd tmm6, [{q2} + {lq}*1]",
+                "tileloadd tmm7, [{q3} + {lq}*1]",
+                q0 = in(reg) q,
+                q1 = in(reg) q.add(2 * TILE_PAIRS),
+                q2 = in(reg) q.add(16 * ldq),
+                q3 = in(reg) q.add(16 * ldq + 2 * TILE_PAIRS),
+                lq = in(reg) ldq_b,
+                options(nostack, readonly)
+            );
+            for j in 0..2 * panels {
+                let b = k.add((j / 2) * panel_stride + (j % 2) * NR);
+                let o = out.add(j * 16);
+                asm!(
+                    "tileloadd tmm2, [{b0} + {bs}*1]",
+                    "tilezero tmm0",
+                    "tdpbf16ps tmm0, tmm4, tmm2",
+                    "tileloadd tmm3, [{b1} + {bs}*1]",
+                    "tilezero tmm1",
+                    "tdpbf16ps tmm1, tmm6, tmm2",
+                    "tdpbf16ps tmm0, tmm5, tmm3",
+                    "tdpbf16ps tmm1, tmm7, tmm3",
+                    "tilestored [{o0} + {lo}*1], tmm0",
+                    "tilestored [{o1} + {lo}*1], tmm1",
+                    b0 = in(reg) b,
+                    b1 = in(reg) b.add(B_CHUNK),
+                    bs = in(reg) B_PAIR_BYTES,
+                    o0 = in(reg) o,
+                    o1 = in(reg) o.add(16 * ldo),
+                    lo = in(reg) lo_b,
+                    options(nostack)
+                );
+            }
         }
     }
 

@@ -94,6 +94,10 @@ impl<'a> BView<'a> {
         assert!(p * NR < self.n, "BView::panel {p} of {} columns", self.n);
         self.data[p * self.panel_stride..].as_ptr()
     }
+    /// u16 values from one panel to the next.
+    pub(crate) fn panel_stride(&self) -> usize {
+        self.panel_stride
+    }
     /// Inner indices `start..start + len` (the last pair may reach one past the end: its
     /// A value must then be zero); `start` must be even.
     pub fn inner(self, start: usize, len: usize) -> BView<'a> {
