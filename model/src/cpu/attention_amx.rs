@@ -6,7 +6,7 @@
 //! back twice (softmax, then p as the left operand of p·v), and each 32x32 block of q·kᵀ
 //! (only hd / 32 tile steps deep) pays the GEMM's per-panel costs. Here the query block is
 //! taken 32 rows at a time against a chunk of keys: the 32 x `chunk` scores and their bf16
-//! probabilities stay in L1, the chunk's K and V stay in L2 while every 32-row group of the
+//! probabilities stay in L1/L2 next to the core, the chunk's K and V stay in L2 while every 32-row group of the
 //! block passes over them, and the p·v partial sums are folded into the running output with
 //! the softmax correction in one pass.
 //!
@@ -21,7 +21,9 @@ use std::ops::Range;
 
 /// Query rows per tile group (two 16-row tiles).
 const GROUP: usize = 2 * TILE_ROWS;
-/// Keys per chunk: the 32 x 256 f32 scores (32 KiB) and bf16 p (16 KiB) of a group stay in L1.
+/// Keys per chunk: a group's 32 x 512 f32 scores (66 KiB) and bf16 p (34 KiB) stay in L1/L2
+/// (256 keys fit L1 but measured slower: twice the per-row softmax reductions; 384 and 1024
+/// no better).
 const CHUNK: usize = 512;
 /// Row strides (in elements) of the scores and p buffers: one cache line past the row, so that
 /// the rows a tile stores or loads do not share an L1 set.
@@ -39,8 +41,8 @@ pub fn supported(rows: usize, hd: usize) -> bool {
         && rows.is_multiple_of(NR)
 }
 
-/// Per-thread buffers: q block as bf16, running output, softmax state, one group's scores,
-/// p and p·v partial sums.
+/// Per-thread buffers: q block as bf16, running output, softmax state (m, l per row; corr per
+/// group row), one group's scores, p and p·v partial sums.
 #[derive(Default)]
 struct Scratch {
     q: Vec<u16>,
@@ -163,7 +165,7 @@ pub unsafe fn attend(
                 for vp in 0..v_panels {
                     unsafe {
                         super::amx::tiles_32(
-                            w / GROUP,
+                            w / (2 * TILE_PAIRS),
                             s.p.as_ptr(),
                             LP,
                             v.panel(vp).add(t0 * NR),

@@ -445,6 +445,22 @@ fn packed_kv_fits(rows: usize, hd: usize) -> bool {
     PackedB::len_for(rows, hd) <= 2 * rows * hd && PackedB::len_for(hd, rows) <= 2 * rows * hd
 }
 
+/// Head `head`'s packed K (n = rows keys, k = hd) and V (n = hd, k = rows) in its slot.
+fn head_kv<'a>(
+    k16: &'a [u16],
+    v16: &'a [u16],
+    head: usize,
+    rows: usize,
+    hd: usize,
+) -> (crate::cpu::BView<'a>, crate::cpu::BView<'a>) {
+    use crate::cpu::BView;
+    let slot = head * 2 * rows * hd..(head + 1) * 2 * rows * hd;
+    (
+        BView::new(&k16[slot.clone()], rows, hd),
+        BView::new(&v16[slot], hd, rows),
+    )
+}
+
 /// [`attention`] with bf16 q·kᵀ and p·v (f32 accumulation, online softmax in f32). Key tiles
 /// are aligned to the packed panels; the columns of a tile outside the span's keys are masked.
 #[allow(clippy::too_many_arguments)]
@@ -458,7 +474,7 @@ fn attention_bf16(
     hd: usize,
     spans: &[Span],
 ) {
-    use crate::cpu::bf16_gemm::{gemm, gemm_bf16_a, BView};
+    use crate::cpu::bf16_gemm::{gemm, gemm_bf16_a};
     use crate::cpu::packed::NR;
     use crate::cpu::softmax::online_softmax_tile_bf16;
     let d = heads * hd;
@@ -466,11 +482,9 @@ fn attention_bf16(
     let k_tile = (k_tile / NR).max(1) * NR;
     let tasks = attention_tasks(spans, heads, q_tile);
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let slot = 2 * rows * hd;
     tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
         let bq = q1 - q0;
-        let kview = BView::new(&k16[head * slot..(head + 1) * slot], rows, hd);
-        let vview = BView::new(&v16[head * slot..(head + 1) * slot], hd, rows);
+        let (kview, vview) = head_kv(k16, v16, head, rows, hd);
         let q = &ws_q[head * rows * hd + q0 * hd..];
         let ps = k_tile + 32;
         with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
@@ -556,15 +570,12 @@ fn attention_amx(
     hd: usize,
     spans: &[Span],
 ) {
-    use crate::cpu::BView;
     let d = heads * hd;
     let (q_tile, _) = attn_tiles();
     let out_ptr = SendPtr(out.as_mut_ptr());
-    let slot = 2 * rows * hd;
     let tasks = attention_tasks(spans, heads, q_tile);
     tasks.into_par_iter().for_each(|(head, q0, q1, keys)| {
-        let kview = BView::new(&k16[head * slot..(head + 1) * slot], rows, hd);
-        let vview = BView::new(&v16[head * slot..(head + 1) * slot], hd, rows);
+        let (kview, vview) = head_kv(k16, v16, head, rows, hd);
         let q = &ws_q[head * rows * hd + q0 * hd..head * rows * hd + q1 * hd];
         // SAFETY: `supported` held; each task writes only its own block of `out` (rows
         // q0..q1, columns head*hd..+hd; row stride d).
