@@ -100,7 +100,9 @@ fn main() {
         (Service::Vision, "vision-service"),
         (Service::Lm, "lm-service"),
     ] {
-        let planned = plan::cpu_service_bytes(&cfg, &dims, service).unwrap();
+        let kind = plan::DeviceKind::cpu().unwrap();
+    let sizing = vlm_backends::sizing(&cfg, &kind, &plan::PlanOptions::default()).unwrap();
+    let planned = plan::cpu_service_bytes(&cfg, &dims, sizing.as_ref(), service).unwrap();
         let resident = planned.resident();
         println!(
             "{name}: planned resident {} ({resident} B) = baseline {} + weights {} + held buffers {} + kv cache {}; \

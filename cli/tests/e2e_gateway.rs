@@ -54,21 +54,18 @@ async fn two_images_greedy_matches_in_process_and_http() {
 
     // In-process oracle.
     let dir = tiny_model();
-    let tok = vlm_model::tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
-    let pipeline = vlm_model::pipeline::Pipeline::load(
-        &dir,
-        &candle_core::Device::Cpu,
-        candle_core::DType::F32,
-    )
-    .unwrap()
-    .with_block_len(256);
-    let pre = vlm_model::preprocess::PreprocessConfig::default();
+    let tok = vlm_tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
+    let kernels = vlm_backend_cpu::CpuKernels::new(vlm_backend_cpu::CpuOptions::detect());
+    let pipeline = vlm_model::oracle::Oracle::load(&kernels, &dir, vlm_model::DType::F32)
+        .unwrap()
+        .with_block_len(256);
+    let pre = vlm_preprocess::PreprocessConfig::default();
     let pixels: Vec<_> = images
         .iter()
-        .map(|b| vlm_model::preprocess::preprocess_bytes(b, &pre).unwrap())
+        .map(|b| vlm_preprocess::preprocess_bytes(b, &pre).unwrap())
         .collect();
     let embeds = pipeline.encode_images(&pixels).unwrap();
-    use vlm_model::tokenizer::{ChatMessage, ChatPart};
+    use vlm_tokenizer::{ChatMessage, ChatPart};
     let msg = ChatMessage::user(vec![
         ChatPart::Image,
         ChatPart::Image,

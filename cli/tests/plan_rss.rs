@@ -4,7 +4,7 @@
 //! baseline + weights in the compute dtype + the ViT engine's bucket workspaces + the KV pool).
 //!
 //! The plan counts reservations as resident, and the services pre-fault what they reserve at
-//! start (the KV pool and the ViT workspaces: `vlm_model::device::zeros_resident`), so a layout
+//! start (the KV pool and the ViT workspaces: `vlm_model::resident::zeros_resident`), so a layout
 //! that does not fit fails at start-up rather than under load (see the module documentation of
 //! `config/src/plan/memory.rs`). The children run with the environment they would have.
 //! The 2B checkpoint is measured by `cargo bench -p vlm-cli --bench plan_rss`.
@@ -42,7 +42,9 @@ async fn check(service: Service) {
     let config = write_config("plan-rss.yaml", CONFIG);
     let cfg = vlm_config::DeployConfig::from_path(&config).unwrap().config;
     let dims = ModelDims::from_dir(&model).unwrap();
-    let planned = plan::cpu_service_bytes(&cfg, &dims, service).unwrap();
+    let kind = plan::DeviceKind::cpu().unwrap();
+    let sizing = vlm_backends::sizing(&cfg, &kind, &plan::PlanOptions::default()).unwrap();
+    let planned = plan::cpu_service_bytes(&cfg, &dims, sizing.as_ref(), service).unwrap();
     let name = match service {
         Service::Vision => "vision-service",
         Service::Lm => "lm-service",

@@ -171,10 +171,11 @@ fn memory_bounds_the_choice() {
         .config;
     let dims = ModelDims::qwen3_vl_2b();
     let kind = DeviceKind::atom().with_capacity(1946 << 20);
+    let rbln = vlm_config::plan::RblnSizing::for_kind(&kind, &PlanOptions::default());
     let fits = |set: &[u64]| {
         let mut c = cfg.clone();
         c.visual.max_seq_len = set.iter().map(|&b| b as u32).collect();
-        vlm_config::plan::plan_only(&c, &dims, &kind, &PlanOptions::default())
+        vlm_config::plan::plan_only(&c, &dims, &kind, &rbln, &PlanOptions::default())
             .part_fits(Part::Visual)
     };
     assert!(!fits(&[4096, 16384]));
@@ -182,7 +183,7 @@ fn memory_bounds_the_choice() {
     let got = choose(&s, 3, None, &vit(), &fits).unwrap();
     assert_eq!(got.buckets, vec![1024, 16384]);
     // The LM device (1.9 GiB, 3.2 GiB of weights) does not fit, and does not matter here.
-    assert!(!vlm_config::plan::plan_only(&cfg, &dims, &kind, &PlanOptions::default()).fits);
+    assert!(!vlm_config::plan::plan_only(&cfg, &dims, &kind, &rbln, &PlanOptions::default()).fits);
 }
 
 #[test]

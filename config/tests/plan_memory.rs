@@ -1,7 +1,7 @@
 //! The memory plan: parameter counts, the accounting per device, automatic KV blocks, the CPU
 //! figures and the checked suggestions.
 use vlm_config::plan::{
-    self, BufferPolicy, DeviceKind, ModelDims, PlanError, PlanOptions, Service, GIB, MIB,
+    self, BufferPolicy, DeviceKind, ModelDims, PlanError, PlanOptions, RblnSizing, GIB, MIB,
 };
 use vlm_config::{DeployConfig, Dtype};
 
@@ -11,6 +11,17 @@ fn cfg(json: &str) -> DeployConfig {
 
 fn dims() -> ModelDims {
     ModelDims::qwen3_vl_2b()
+}
+
+// The RBLN kinds' runtime, as the planner models it (the other kinds' sizes come from the
+// backends: backends/tests/plan.rs).
+fn plan_on(c: &DeployConfig, d: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> plan::Plan {
+    plan::plan(c, d, kind, &RblnSizing::for_kind(kind, opts), opts)
+}
+
+fn resolve_on(c: &DeployConfig, d: &ModelDims, kind: &DeviceKind) -> Result<u32, PlanError> {
+    let opts = PlanOptions::default();
+    plan::resolve_kv_blocks(c, d, kind, &RblnSizing::for_kind(kind, &opts))
 }
 
 /// A Qwen3-VL-2B-Instruct config.json, trimmed, with keys this crate ignores.
@@ -91,7 +102,7 @@ fn parts_split_over_their_devices() {
         "kvcache_num_blocks": 32, "batch_size": 4, "decoder_batch_sizes": [2, 4]
     }"#);
     let kind = DeviceKind::atom();
-    let p = plan::plan(&c, &dims(), &kind, &PlanOptions::default());
+    let p = plan_on(&c, &dims(), &kind, &PlanOptions::default());
     assert!(p.fits);
     assert_eq!(p.devices.len(), 6);
     let pc = dims().params();
@@ -131,8 +142,8 @@ fn parts_split_over_their_devices() {
 #[test]
 fn a_dtype_override_changes_weights_kv_and_activations() {
     let c = cfg(r#"{"max_seq_len": 8192, "kvcache_partition_len": 1024, "kvcache_num_blocks": 8}"#);
-    let bf16 = plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
-    let f32 = plan::plan(
+    let bf16 = plan_on(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
+    let f32 = plan_on(
         &c,
         &dims(),
         &DeviceKind::atom(),
@@ -157,36 +168,36 @@ fn automatic_blocks_fill_what_is_left_and_the_vit_takes_its_share() {
     }"#);
     let mut apart = shared.clone();
     apart.visual.device = vec![2, 3];
-    let bs = plan::resolve_kv_blocks(&shared, &dims(), &kind).unwrap();
-    let ba = plan::resolve_kv_blocks(&apart, &dims(), &kind).unwrap();
+    let bs = resolve_on(&shared, &dims(), &kind).unwrap();
+    let ba = resolve_on(&apart, &dims(), &kind).unwrap();
     assert!(bs < ba, "shared {bs} vs apart {ba}");
     // The resolved count is the largest that fits: one more block does not.
     for c in [&shared, &apart] {
-        let b = plan::resolve_kv_blocks(c, &dims(), &kind).unwrap();
+        let b = resolve_on(c, &dims(), &kind).unwrap();
         let mut fixed = c.clone();
         fixed.kvcache_num_blocks = b;
-        assert!(plan::plan(&fixed, &dims(), &kind, &PlanOptions::default()).fits);
+        assert!(plan_on(&fixed, &dims(), &kind, &PlanOptions::default()).fits);
         fixed.kvcache_num_blocks = b + 1;
-        assert!(!plan::plan(&fixed, &dims(), &kind, &PlanOptions::default()).fits);
+        assert!(!plan_on(&fixed, &dims(), &kind, &PlanOptions::default()).fits);
         // The plan of the automatic config places exactly that many.
-        let p = plan::plan(c, &dims(), &kind, &PlanOptions::default());
+        let p = plan_on(c, &dims(), &kind, &PlanOptions::default());
         assert_eq!(p.kv.blocks, b);
         assert!(p.kv.automatic);
     }
     // An explicit count is returned as is.
     let mut fixed = shared.clone();
     fixed.kvcache_num_blocks = 20;
-    assert_eq!(plan::resolve_kv_blocks(&fixed, &dims(), &kind).unwrap(), 20);
+    assert_eq!(resolve_on(&fixed, &dims(), &kind).unwrap(), 20);
 }
 
 #[test]
 fn automatic_blocks_are_capped_at_a_full_batch() {
     let c = cfg(r#"{"max_seq_len": 4096, "kvcache_partition_len": 1024, "batch_size": 2}"#);
     assert_eq!(
-        plan::resolve_kv_blocks(&c, &dims(), &DeviceKind::rebel()).unwrap(),
+        resolve_on(&c, &dims(), &DeviceKind::rebel()).unwrap(),
         8
     );
-    let p = plan::plan(&c, &dims(), &DeviceKind::rebel(), &PlanOptions::default());
+    let p = plan_on(&c, &dims(), &DeviceKind::rebel(), &PlanOptions::default());
     assert!(p.fits && p.full_batch);
 }
 
@@ -194,7 +205,7 @@ fn automatic_blocks_are_capped_at_a_full_batch() {
 fn fewer_blocks_than_one_sequence_is_an_error_that_says_so() {
     // One ATOM cannot hold 262,144 tokens (28 GiB) of KV.
     let c = cfg(r#"{"max_seq_len": 262144, "kvcache_partition_len": 16384}"#);
-    let err = plan::resolve_kv_blocks(&c, &dims(), &DeviceKind::atom()).unwrap_err();
+    let err = resolve_on(&c, &dims(), &DeviceKind::atom()).unwrap_err();
     match &err {
         PlanError::KvTooSmall {
             needed,
@@ -213,7 +224,7 @@ fn fewer_blocks_than_one_sequence_is_an_error_that_says_so() {
         msg.contains("one full-length sequence") && msg.contains("16 blocks"),
         "{msg}"
     );
-    let p = plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
+    let p = plan_on(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
     assert!(!p.fits);
     assert!(p.problems[0].contains("one full-length sequence"));
     assert!(p.problems.iter().any(|x| x.contains("short by")));
@@ -240,7 +251,7 @@ fn suggestions_apply_and_fit() {
         "kvcache_num_blocks": 16, "batch_size": 2
     }"#);
     let kind = DeviceKind::atom();
-    let p = plan::plan(&c, &dims(), &kind, &PlanOptions::default());
+    let p = plan_on(&c, &dims(), &kind, &PlanOptions::default());
     assert!(!p.fits);
     assert!(
         p.problems
@@ -266,7 +277,7 @@ fn suggestions_apply_and_fit() {
         }
         merge(&mut v, &s.patch);
         let fixed = DeployConfig::from_value(&v).unwrap().config;
-        let q = plan::plan(&fixed, &dims(), &kind, &PlanOptions::default());
+        let q = plan_on(&fixed, &dims(), &kind, &PlanOptions::default());
         assert!(q.fits, "{}: {:?}", s.change, q.problems);
     }
 }
@@ -282,87 +293,11 @@ fn merge(into: &mut serde_json::Value, patch: &serde_json::Value) {
 }
 
 #[test]
-fn the_cpu_backend_pools_everything() {
-    let c = cfg(r#"{
-        "visual": {"max_seq_len": [1024, 4096, 16384], "device": [0]},
-        "device": [1], "max_seq_len": 4096, "kvcache_partition_len": 256,
-        "kvcache_num_blocks": 64, "batch_size": 8, "decoder_batch_sizes": [1, 2, 4, 8]
-    }"#);
-    let kind = DeviceKind::cpu_with(64 * GIB);
-    let p = plan::plan(&c, &dims(), &kind, &PlanOptions::default());
-    assert_eq!(p.devices.len(), 1);
-    assert_eq!(p.devices[0].id, "host");
-    assert!(p.shared_devices.is_empty());
-    // f32 weights, norms and biases in f32 too.
-    let pc = dims().params();
-    assert_eq!(p.visual.weights, pc.visual * 4);
-    assert_eq!(p.lm.weights, pc.text * 4);
-    // The f32 ViT engine holds every bucket's workspace from load (engine sizes); the LM holds
-    // its largest run; f32 KV with the dummy block.
-    assert_eq!(p.visual.policy, BufferPolicy::PerGraph);
-    assert_eq!(
-        p.visual.buffers,
-        [1024, 4096, 16384]
-            .iter()
-            .map(|&b| plan::memory::vit_cpu_engine_bytes(&dims(), b))
-            .sum::<u64>()
-    );
-    assert_eq!(p.lm.policy, BufferPolicy::PerRun);
-    assert_eq!(
-        p.lm.buffers,
-        p.lm.graphs.iter().map(|g| g.bytes).max().unwrap()
-    );
-    assert_eq!(p.kv.bytes_per_token, 224 * 1024);
-    assert_eq!(p.lm.kv_cache, 65 * 256 * 224 * 1024);
-    assert!(p.fits);
-    // f16 weights in the config halve the matrices but not the f32 vectors.
-    let mut half = c.clone();
-    half.dtype = Dtype::F16;
-    let q = plan::plan(&half, &dims(), &kind, &PlanOptions::default());
-    assert_eq!(
-        q.lm.weights,
-        (pc.text - pc.text_vectors) * 2 + pc.text_vectors * 4
-    );
-    // A non-f32 ViT runs candle ops: its largest run.
-    let mut half = c.clone();
-    half.visual.dtype = Dtype::F16;
-    let q = plan::plan(&half, &dims(), &kind, &PlanOptions::default());
-    assert_eq!(q.visual.policy, BufferPolicy::PerRun);
-    assert_eq!(
-        q.visual.buffers,
-        q.visual.graphs.iter().map(|g| g.bytes).max().unwrap()
-    );
-}
-
-#[test]
-fn cpu_service_bytes_are_the_plans_parts() {
-    let c = cfg(r#"{
-        "visual": {"max_seq_len": [1024, 4096], "device": [0]},
-        "device": [1], "max_seq_len": 4096, "kvcache_partition_len": 256,
-        "kvcache_num_blocks": 16, "batch_size": 2
-    }"#);
-    let v = plan::cpu_service_bytes(&c, &dims(), Service::Vision).unwrap();
-    let l = plan::cpu_service_bytes(&c, &dims(), Service::Lm).unwrap();
-    assert_eq!(v.total, v.weights + v.buffers);
-    assert_eq!(l.total, l.weights + l.buffers + l.kv_cache);
-    assert_eq!(l.kv_cache, 17 * 256 * 224 * 1024);
-    let p = plan::plan(
-        &c,
-        &dims(),
-        &DeviceKind::cpu().unwrap(),
-        &PlanOptions::default(),
-    );
-    assert_eq!(p.visual.total, v.total);
-    assert_eq!(p.lm.total, l.total);
-    assert_eq!(p.devices[0].used, v.total + l.total);
-}
-
-#[test]
 fn the_report_names_devices_and_verdict() {
     let c = cfg(
         r#"{"visual": {"device": 0}, "device": 0, "max_seq_len": 262144, "kvcache_partition_len": 16384}"#,
     );
-    let p = plan::plan(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
+    let p = plan_on(&c, &dims(), &DeviceKind::atom(), &PlanOptions::default());
     let text = plan::report::render(&p, &dims());
     assert!(text.contains("device 0 (visual + lm)"), "{text}");
     assert!(text.contains("fits: NO"), "{text}");

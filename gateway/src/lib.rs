@@ -61,7 +61,7 @@ pub struct Bound {
 pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
     let _ = vlm_service_kit::metrics_http::recorder();
     crate::metrics::describe();
-    let tokenizer = vlm_model::tokenizer::ChatTokenizer::from_dir(&cfg.model_dir).map_err(|e| {
+    let tokenizer = vlm_tokenizer::ChatTokenizer::from_dir(&cfg.model_dir).map_err(|e| {
         ServeError::Tokenizer {
             dir: cfg.model_dir.display().to_string(),
             message: e.to_string(),

@@ -2,7 +2,7 @@
 //! character, and stop strings (generation ends before the first occurrence of any of them;
 //! text that might be the start of a stop string is held back until it is known not to be).
 use crate::error::GatewayError;
-use vlm_model::tokenizer::{ChatTokenizer, IncrementalDecoder};
+use vlm_tokenizer::{ChatTokenizer, IncrementalDecoder};
 
 /// Stop-string matching over a stream of text pieces.
 #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use crate::error::GatewayError;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use vlm_config::{DeployConfig, VisualConfig};
-use vlm_model::tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
+use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
 
 /// One part of a message as the edges (gRPC, HTTP) decode it.
 #[derive(Debug, Clone, PartialEq)]
@@ -314,7 +314,7 @@ impl Validator {
                 l.max_image_bytes
             )));
         }
-        let (width, height) = vlm_model::preprocess::read_image_size(&data).map_err(|e| {
+        let (width, height) = vlm_preprocess::read_image_size(&data).map_err(|e| {
             GatewayError::validation(format!(
                 "image {index} (in messages[{message}]): {}",
                 strip_prefix(&e.to_string())
@@ -355,9 +355,9 @@ pub(crate) mod tests {
         DIR.get_or_init(|| {
             let dir =
                 std::env::temp_dir().join(format!("vlm-gateway-test-tok-{}", std::process::id()));
-            let mut opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
+            let mut opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
             opts.weights = false;
-            vlm_model::make::make_model(&dir, &opts).expect("make tiny checkpoint metadata");
+            vlm_make_model::make_model(&dir, &opts).expect("make tiny checkpoint metadata");
             dir
         })
         .clone()

@@ -487,10 +487,10 @@ mod http_route {
 
     async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
-        let mut opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
+        let mut opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
         opts.weights = false;
-        vlm_model::make::make_model(dir.path(), &opts).unwrap();
-        let tok = vlm_model::tokenizer::ChatTokenizer::from_dir(dir.path()).unwrap();
+        vlm_make_model::make_model(dir.path(), &opts).unwrap();
+        let tok = vlm_tokenizer::ChatTokenizer::from_dir(dir.path()).unwrap();
         let mut cfg = vlm_config::DeployConfig::default_config();
         cfg.visual.max_seq_len = vec![1024, 4096];
         let limits = Limits::from_config(&cfg, 2, 1 << 20);

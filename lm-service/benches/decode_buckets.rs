@@ -6,15 +6,12 @@
 //! tiny golden checkpoint; weight dtype: $VLM_BENCH_DTYPE, f32 (default) or bf16; tables:
 //! $VLM_BENCH_TABLES, `decode`, `throughput` or both; tokens per stream: $VLM_BENCH_NEW_TOKENS). A context over the checkpoint's max_position_embeddings is still
 //! timed (positions have no hard limit here) and marked as such.
-use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
-use vlm_config::DeployConfig;
+use vlm_compute::{DecodeRow, PromptLayout, Qwen3VlConfig};
+use vlm_config::{DeployConfig, Dtype};
 use vlm_lm_service::engine::{EngineHandle, EngineOptions, SeqRequest};
-use vlm_lm_service::runner::Runner;
 use vlm_lm_service::sampler::SamplingConfig;
-use vlm_model::text::{DecodeRow, PromptLayout};
-use vlm_model::Qwen3VlConfig;
 
 const BATCH: usize = 8;
 const BLOCK_LEN: usize = 256;
@@ -73,13 +70,15 @@ fn decode_table(dir: &Path, cfg: &Qwen3VlConfig) {
             );
         }
         let per_seq = (context + 1).div_ceil(BLOCK_LEN);
-        let runner = Runner::load(
-            dir,
-            &Device::Cpu,
-            if bf16() { DType::BF16 } else { DType::F32 },
-            per_seq * BATCH,
-            BLOCK_LEN,
-        )
+        // The LM's backend as the service loads it (the config's default kernels).
+        let runner = vlm_backends::load_lm(&vlm_backends::LmLoad {
+            model_dir: dir,
+            dtype: if bf16() { Dtype::Bf16 } else { Dtype::F32 },
+            kernels: &vlm_config::KernelConfig::default(),
+            num_blocks: per_seq * BATCH,
+            block_len: BLOCK_LEN,
+            devices: &[0],
+        })
         .expect("load model");
         let rows_for = |n: usize| -> Vec<DecodeRow> {
             (0..n)
@@ -98,7 +97,7 @@ fn decode_table(dir: &Path, cfg: &Qwen3VlConfig) {
             let step = |graph: usize| {
                 runner
                     .borrow_mut()
-                    .decode(graph, rows_for(n))
+                    .decode(graph, &rows_for(n))
                     .expect("decode");
             };
             let (a, b) = time_pair(budget, || step(g), || step(8));

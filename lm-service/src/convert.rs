@@ -3,7 +3,7 @@
 use crate::engine::{EngineInfo, Finish, GenEvent};
 use crate::generate::{GenerateInput, ImageIn, SamplingIn};
 use crate::scheduler::SchedulerLoad;
-use candle_core::DType;
+use vlm_compute::HostDtype;
 use std::time::Instant;
 use vlm_proto as pb;
 
@@ -52,12 +52,11 @@ pub fn token_event(e: GenEvent) -> pb::TokenEvent {
     }
 }
 
-pub fn wire_dtype(d: DType) -> pb::DType {
+pub fn wire_dtype(d: HostDtype) -> pb::DType {
     match d {
-        DType::F32 => pb::DType::DtypeF32,
-        DType::F16 => pb::DType::DtypeF16,
-        DType::BF16 => pb::DType::DtypeBf16,
-        _ => pb::DType::DtypeUnspecified,
+        HostDtype::F32 => pb::DType::DtypeF32,
+        HostDtype::F16 => pb::DType::DtypeF16,
+        HostDtype::Bf16 => pb::DType::DtypeBf16,
     }
 }
 
@@ -75,6 +74,11 @@ pub fn info(i: &EngineInfo) -> pb::LmInfo {
         image_token_id: i.model.image_token_id,
         dtype: wire_dtype(i.dtype) as i32,
         device: i.deploy.device.clone(),
+        backend: Some(vlm_service_kit::backend_info::to_proto(
+            i.backend.backend,
+            &i.backend.device,
+            &i.backend.kernels,
+        )),
     }
 }
 

@@ -1,12 +1,11 @@
-//! Image embeddings by content hash: an LRU bounded in bytes. Values are shared tensors, so a
+//! Image embeddings by content hash: an LRU bounded in bytes. Values share their bytes, so a
 //! hit costs no copy.
 use std::collections::HashMap;
-use vlm_model::embeds::ImageEmbeds;
+use vlm_compute::ImageEmbeds;
 
 /// Bytes an entry takes: embeddings plus every deepstack level.
 pub fn embeds_bytes(e: &ImageEmbeds) -> usize {
-    let t = |x: &candle_core::Tensor| x.elem_count() * x.dtype().size_in_bytes();
-    t(&e.embeds) + e.deepstack.iter().map(t).sum::<usize>()
+    e.byte_len()
 }
 
 #[derive(Debug)]
@@ -116,10 +115,10 @@ impl EmbedCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device, Tensor};
+    use vlm_compute::HostTensor;
 
     fn embeds(rows: usize) -> ImageEmbeds {
-        let z = Tensor::zeros((rows, 4), DType::F32, &Device::Cpu).unwrap();
+        let z = HostTensor::from_f32(&vec![0.0; rows * 4], vec![rows, 4]).unwrap();
         ImageEmbeds {
             embeds: z.clone(),
             deepstack: vec![z],

@@ -1,13 +1,11 @@
 //! The step loop: one dedicated thread (pinned to the LM's cores) owns the scheduler, the
-//! runner and every sequence's tokens. Requests arrive as commands over a channel; each step
+//! compute backend and every sequence's tokens. Requests arrive as commands over a channel; each step
 //! the loop takes new commands, drops sequences whose caller went away, asks the scheduler for
 //! a plan, runs it, samples, and streams the tokens out.
 use crate::error::LmError;
 use crate::kv::SeqId;
-use crate::runner::{build_chunk, Runner};
 use crate::sampler::{Sampler, SamplingConfig};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
-use candle_core::DType;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,10 +15,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Span;
+use vlm_compute::{build_chunk, BackendInfo, DecodeRow, HostDtype, ImageEmbeds, LmBackend};
+use vlm_compute::{PromptLayout, Qwen3VlConfig};
 use vlm_config::DeployConfig;
-use vlm_model::embeds::ImageEmbeds;
-use vlm_model::text::{DecodeRow, PromptLayout};
-use vlm_model::Qwen3VlConfig;
 
 /// How to start the engine.
 #[derive(Debug, Clone)]
@@ -29,7 +26,8 @@ pub struct EngineOptions {
     pub deploy: DeployConfig,
     /// Blocks in the KV pool (already resolved from `kvcache_num_blocks`).
     pub num_blocks: u32,
-    /// Physical cores the engine thread is pinned to (empty: not pinned).
+    /// Physical cores the engine's compute threads are pinned to, one thread per core (empty:
+    /// the devices are not host cores; nothing is pinned).
     pub cores: Vec<usize>,
 }
 
@@ -40,11 +38,11 @@ pub struct EngineInfo {
     pub deploy: DeployConfig,
     pub num_blocks: u32,
     pub block_len: u32,
-    pub dtype: DType,
-    pub kv_bytes: usize,
-    pub weight_bytes: usize,
-    /// Where the model runs (image embeddings are put there).
-    pub device: candle_core::Device,
+    pub dtype: HostDtype,
+    pub kv_bytes: u64,
+    pub weight_bytes: u64,
+    /// The compute backend, its devices and kernels.
+    pub backend: BackendInfo,
 }
 
 impl EngineInfo {
@@ -136,12 +134,32 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// The rayon pool the backend computes on: one thread per core of the LM pool, each pinned to
+/// its core (so an LM pool of N cores runs N threads on exactly those cores); rayon's default
+/// pool when the devices are not host cores.
+fn compute_pool(cores: &[usize]) -> Result<rayon::ThreadPool, LmError> {
+    let cores = cores.to_vec();
+    let threads = cores.len().max(1);
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(if cores.is_empty() { 0 } else { threads })
+        .thread_name(|i| format!("lm-compute-{i}"))
+        .start_handler(move |i| {
+            if let Some(&c) = cores.get(i) {
+                if !vlm_service_kit::affinity::pin_current_thread(&[c]) {
+                    tracing::warn!(core = c, "could not pin an LM compute thread");
+                }
+            }
+        })
+        .build()
+        .map_err(|e| LmError::internal(format!("cannot build the LM compute pool: {e}")))
+}
+
 impl EngineHandle {
-    /// Starts the engine thread: pins it, loads the model, sizes the KV cache, runs every graph
-    /// once, then returns. Blocks until the engine is ready (or failed).
+    /// Starts the engine thread: pins it and its compute pool, loads the backend (weights and
+    /// KV pool), runs every graph once, then returns. Blocks until the engine is ready (or
+    /// failed).
     pub fn start(opts: EngineOptions) -> Result<(EngineHandle, JoinHandle<()>), LmError> {
         let model_cfg = Qwen3VlConfig::from_dir(&opts.model_dir)?;
-        let dtype = crate::weight_dtype(opts.deploy.dtype);
         let (ready_tx, ready_rx) = mpsc::sync_channel::<Result<EngineInfo, LmError>>(1);
         let (tx, rx) = mpsc::channel::<Command>();
         let load = Arc::new(Mutex::new(SchedulerLoad::default()));
@@ -157,37 +175,43 @@ impl EngineHandle {
                 {
                     tracing::warn!(cores = ?opts.cores, "could not pin the engine thread");
                 }
-                let block_len = opts.deploy.kvcache_partition_len;
-                let first = opts.deploy.device.first().copied().unwrap_or(0) as usize;
                 let started = (|| {
-                    let device = vlm_model::device::device_for(first)?;
-                    let mut runner = Runner::load(
-                        &opts.model_dir,
-                        &device,
-                        dtype,
-                        opts.num_blocks as usize,
-                        block_len as usize,
-                    )?;
-                    runner.warm_up(
-                        &opts.deploy.decoder_batch_sizes,
-                        opts.deploy.prefill_chunk_size as usize,
-                    )?;
+                    let pool = compute_pool(&opts.cores)?;
+                    let d = &opts.deploy;
+                    let image_token_id = model_cfg.image_token_id;
+                    let backend = pool.install(|| {
+                        let mut backend = vlm_backends::load_lm(&vlm_backends::LmLoad {
+                            model_dir: &opts.model_dir,
+                            dtype: d.dtype,
+                            kernels: &d.kernels,
+                            num_blocks: opts.num_blocks as usize,
+                            block_len: d.kvcache_partition_len as usize,
+                            devices: &d.device,
+                        })?;
+                        backend.warm_up(
+                            &d.decoder_batch_sizes,
+                            d.prefill_chunk_size as usize,
+                            image_token_id,
+                        )?;
+                        Ok::<_, LmError>(backend)
+                    })?;
+                    let memory = backend.memory();
                     let info = EngineInfo {
                         model: model_cfg,
                         deploy: opts.deploy.clone(),
                         num_blocks: opts.num_blocks,
-                        block_len,
-                        dtype,
-                        kv_bytes: runner.kv().bytes(),
-                        weight_bytes: runner.model().weight_bytes(),
-                        device: device.clone(),
+                        block_len: d.kvcache_partition_len,
+                        dtype: backend.info().dtype,
+                        kv_bytes: memory.kv_bytes(),
+                        weight_bytes: memory.weight_bytes,
+                        backend: backend.info().clone(),
                     };
-                    Ok::<_, LmError>((runner, info))
+                    Ok::<_, LmError>((backend, pool, info))
                 })();
-                let runner = match started {
-                    Ok((runner, info)) => {
+                let (backend, pool) = match started {
+                    Ok((backend, pool, info)) => {
                         let _ = ready_tx.send(Ok(info));
-                        runner
+                        (backend, pool)
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -196,14 +220,14 @@ impl EngineHandle {
                 };
                 let sched = Scheduler::new(SchedulerConfig::new(&opts.deploy, opts.num_blocks));
                 let mut engine = Engine {
-                    runner,
+                    backend,
                     sched,
                     seqs: HashMap::new(),
                     rx,
                     load: load2,
                 };
                 engine.publish();
-                engine.run();
+                pool.install(|| engine.run());
             })
             .map_err(|e| LmError::internal(format!("cannot spawn the engine thread: {e}")))?;
         let info = ready_rx
@@ -269,7 +293,7 @@ impl SeqState {
 }
 
 struct Engine {
-    runner: Runner,
+    backend: Box<dyn LmBackend>,
     sched: Scheduler,
     seqs: HashMap<SeqId, SeqState>,
     rx: mpsc::Receiver<Command>,
@@ -415,7 +439,9 @@ impl Engine {
                 }
             }
             decoded = Some(if rows.len() == d.rows.len() {
-                self.runner.decode(d.graph as usize, rows)
+                self.backend
+                    .decode(d.graph as usize, &rows)
+                    .map_err(LmError::from)
             } else {
                 Err(LmError::internal("a decode row's sequence is missing"))
             });
@@ -429,6 +455,7 @@ impl Engine {
             if let Some(s) = self.seqs.get(&p.seq) {
                 let span = tracing::info_span!(parent: &s.req.span, "prefill_chunk", start = p.start, len = p.len);
                 let _g = span.enter();
+                // A range the chunk builder refuses is a scheduler bug, not the caller's.
                 let r = build_chunk(
                     &s.req.layout,
                     &s.req.prompt,
@@ -438,7 +465,8 @@ impl Engine {
                     p.len,
                     p.block_table.clone(),
                 )
-                .and_then(|c| self.runner.prefill(c));
+                .map_err(|e| LmError::internal(e.to_string()))
+                .and_then(|c| self.backend.prefill(&c).map_err(LmError::from));
                 prefilled = Some(r);
             }
         }

@@ -43,18 +43,12 @@ impl LmError {
     }
 }
 
-impl From<vlm_model::ModelError> for LmError {
-    fn from(e: vlm_model::ModelError) -> Self {
+impl From<vlm_compute::ComputeError> for LmError {
+    fn from(e: vlm_compute::ComputeError) -> Self {
         match e {
-            vlm_model::ModelError::InvalidInput(m) => LmError::Validation(m),
+            vlm_compute::ComputeError::InvalidInput(m) => LmError::Validation(m),
             other => LmError::Internal(other.to_string()),
         }
-    }
-}
-
-impl From<candle_core::Error> for LmError {
-    fn from(e: candle_core::Error) -> Self {
-        LmError::Internal(format!("tensor: {e}"))
     }
 }
 

@@ -11,8 +11,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::Span;
-use vlm_model::embeds::ImageEmbeds;
-use vlm_model::text::PromptLayout;
+use vlm_compute::{ImageEmbeds, PromptLayout};
 use vlm_proto::ImageInput;
 
 /// A generate request in domain terms.

@@ -3,7 +3,8 @@
 //!
 //! Layers: [`service`] (tonic adapter) → [`generate`] (validation, embeddings) → [`engine`]
 //! (the step loop on its own thread) → [`scheduler`] (pure plan: admission, chunked prefill,
-//! decode bucket, preemption) over [`kv`] (block ids) → [`runner`] (model + KV tensors).
+//! decode bucket, preemption) over [`kv`] (block ids), running the plan's steps on the compute
+//! backend (`vlm_compute::LmBackend`, loaded by `vlm_backends`).
 //!
 //! Sampling (greedy, temperature, top-k, top-p, seed), stop token ids, EOS and `max_tokens`
 //! are handled here. Stop *strings* are not: the gateway owns detokenization and ends the
@@ -15,7 +16,6 @@ pub mod engine;
 pub mod error;
 pub mod generate;
 pub mod kv;
-pub mod runner;
 pub mod sampler;
 pub mod scheduler;
 pub mod service;
@@ -51,9 +51,9 @@ pub struct ServeConfig {
 }
 
 /// Blocks in the KV pool: `kvcache_num_blocks`, or when 0 the memory planner's answer
-/// ([`vlm_config::plan::resolve_kv_blocks`]: the largest count that fits this machine after the
-/// weights and graph buffers, capped at `batch_size` full-length sequences), so the plan
-/// (`vlm plan`) and the running service agree.
+/// ([`vlm_config::plan::resolve_kv_blocks`] with the sizes of the backend the LM runs on: the
+/// largest count that fits this machine after the weights and graph buffers, capped at
+/// `batch_size` full-length sequences), so the plan (`vlm plan`) and the running service agree.
 pub fn resolve_num_blocks(
     d: &DeployConfig,
     model_dir: &std::path::Path,
@@ -61,51 +61,34 @@ pub fn resolve_num_blocks(
     if d.kvcache_num_blocks != 0 {
         return Ok(d.kvcache_num_blocks);
     }
-    let dims = vlm_config::plan::ModelDims::from_dir(model_dir)
-        .map_err(|e| ServeError::Config(e.to_string()))?;
-    let kind = device_kind()?;
-    vlm_config::plan::resolve_kv_blocks(d, &dims, &kind)
-        .map_err(|e| ServeError::Config(e.to_string()))
-}
-
-#[cfg(not(feature = "cuda"))]
-fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
+    let config = |e: &dyn std::fmt::Display| ServeError::Config(e.to_string());
+    let dims = vlm_config::plan::ModelDims::from_dir(model_dir).map_err(|e| config(&e))?;
+    let backend = vlm_backends::Backend::resolve(&d.kernels, d.dtype, vlm_backends::Part::Lm)
+        .map_err(|e| config(&e))?;
     // MemAvailable (or the cgroup limit), not MemTotal: the pool is pre-faulted at start.
-    let kind = vlm_config::plan::DeviceKind::cpu_available()
-        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let kind = vlm_backends::device_kind(backend).map_err(|e| config(&e))?;
     tracing::info!(
         capacity_bytes = kind.capacity,
-        "sizing kvcache_num_blocks: 0 against available memory"
+        backend = backend.name(),
+        "sizing kvcache_num_blocks: 0 against the device's memory"
     );
-    Ok(kind)
-}
-
-#[cfg(feature = "cuda")]
-fn device_kind() -> Result<vlm_config::plan::DeviceKind, ServeError> {
-    Ok(vlm_config::plan::DeviceKind::h200())
-}
-
-/// The candle dtype the LM weights are stored as for a config `dtype`.
-pub fn weight_dtype(d: vlm_config::Dtype) -> candle_core::DType {
-    match d {
-        vlm_config::Dtype::F32 => candle_core::DType::F32,
-        vlm_config::Dtype::F16 => candle_core::DType::F16,
-        vlm_config::Dtype::Bf16 => candle_core::DType::BF16,
-    }
+    let sizing = vlm_backends::sizing(d, &kind, &vlm_config::plan::PlanOptions::default())
+        .map_err(|e| config(&e))?;
+    vlm_config::plan::resolve_kv_blocks(d, &dims, &kind, sizing.as_ref()).map_err(|e| config(&e))
 }
 
 /// What the service would hold, without loading anything (`create_runtimes: false`).
 pub fn dry_run(cfg: &ServeConfig) -> Result<String, ServeError> {
-    let model = vlm_model::Qwen3VlConfig::from_dir(&cfg.model_dir)
+    let model = vlm_compute::Qwen3VlConfig::from_dir(&cfg.model_dir)
         .map_err(|e| ServeError::Model(e.to_string()))?;
     let d = &cfg.deploy;
     let blocks = resolve_num_blocks(d, &cfg.model_dir)?;
-    let kv = vlm_model::text::PagedKvCache::bytes_for(
-        &model.text,
-        blocks as usize,
-        d.kvcache_partition_len as usize,
-        vlm_model::text::kv_dtype_for(weight_dtype(d.dtype)),
-    );
+    let dims = vlm_config::plan::ModelDims::from_dir(&cfg.model_dir)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let kind = vlm_config::plan::DeviceKind::cpu_with(0);
+    let sizing = vlm_backends::sizing(d, &kind, &vlm_config::plan::PlanOptions::default())
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let kv = vlm_config::plan::kv_pool_bytes(d, &dims, blocks, sizing.as_ref());
     let weights: u64 = std::fs::read_dir(&cfg.model_dir)
         .map(|rd| {
             rd.filter_map(Result::ok)
@@ -284,7 +267,7 @@ pub async fn run(
     let ctx = Arc::new(Context {
         engine: engine.clone(),
         cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
-        vision: vision_client::VisionClients::new(info.device.clone()),
+        vision: vision_client::VisionClients::new(),
         draining: AtomicBool::new(false),
     });
     let _ = cell.set(ctx);

@@ -106,7 +106,7 @@ impl Sampler {
 
 /// Index of the largest value, the first on ties (as `torch.argmax` and the in-process oracle).
 pub fn argmax(row: &[f32]) -> u32 {
-    vlm_model::pipeline::argmax(row)
+    vlm_compute::argmax(row)
 }
 
 #[cfg(test)]

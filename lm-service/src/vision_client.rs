@@ -2,13 +2,12 @@
 //! reassembles the streamed chunks into [`ImageEmbeds`], checking every chunk against the grid
 //! the request declared and the model's widths.
 use crate::error::LmError;
-use candle_core::{Device, Tensor};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
-use vlm_model::embeds::ImageEmbeds;
+use vlm_compute::{HostTensor, ImageEmbeds};
 use vlm_proto::vision_client::VisionClient;
 use vlm_proto::{DType as WireDType, EmbeddingChunk, EncodeRequest, ImageGrid, ImageInput};
 
@@ -42,15 +41,19 @@ pub struct EncodeItem {
 pub struct VisionClients {
     channels: Mutex<HashMap<String, Channel>>,
     connect_timeout: Duration,
-    device: Device,
+}
+
+impl Default for VisionClients {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl VisionClients {
-    pub fn new(device: Device) -> Self {
+    pub fn new() -> Self {
         VisionClients {
             channels: Mutex::new(HashMap::new()),
             connect_timeout: Duration::from_secs(5),
-            device,
         }
     }
 
@@ -142,7 +145,7 @@ impl VisionClients {
                 Err(s) => return Err(status_error(endpoint, s)),
             }
         }
-        asm.finish(&self.device)
+        asm.finish()
     }
 }
 
@@ -279,7 +282,8 @@ impl Assembler {
         Ok(())
     }
 
-    pub fn finish(self, device: &Device) -> Result<Vec<ImageEmbeds>, LmError> {
+    /// The whole images, as f32 host tensors (tokens, hidden).
+    pub fn finish(self) -> Result<Vec<ImageEmbeds>, LmError> {
         let hidden = self.shape.hidden;
         let mut out = Vec::with_capacity(self.images.len());
         for (k, p) in self.images.into_iter().enumerate() {
@@ -289,12 +293,12 @@ impl Assembler {
                     self.endpoint, p.filled_count, p.rows
                 )));
             }
-            let embeds = Tensor::from_vec(p.embeds, (p.rows, hidden), device)?;
+            let embeds = HostTensor::from_f32(&p.embeds, vec![p.rows, hidden])?;
             let deepstack = p
                 .deepstack
-                .into_iter()
-                .map(|d| Tensor::from_vec(d, (p.rows, hidden), device))
-                .collect::<candle_core::Result<Vec<_>>>()?;
+                .iter()
+                .map(|d| HostTensor::from_f32(d, vec![p.rows, hidden]))
+                .collect::<Result<Vec<_>, _>>()?;
             out.push(ImageEmbeds {
                 embeds,
                 deepstack,
@@ -393,8 +397,8 @@ mod tests {
         let mut a = Assembler::new("v", &[item([1, 4, 4])], SHAPE);
         a.add(&chunk(2..4, 4, 2, [1, 4, 4])).unwrap();
         a.add(&chunk(0..2, 4, 2, [1, 4, 4])).unwrap();
-        let out = a.finish(&Device::Cpu).unwrap();
-        let v: Vec<f32> = out[0].embeds.flatten_all().unwrap().to_vec1().unwrap();
+        let out = a.finish().unwrap();
+        let v: Vec<f32> = out[0].embeds.to_f32();
         assert_eq!(v, (0..8).map(|i| i as f32).collect::<Vec<_>>());
         assert_eq!(out[0].deepstack.len(), 1);
     }
@@ -414,13 +418,13 @@ mod tests {
         assert!(e.to_string().contains("hidden size is 2"), "{e}");
         // Incomplete stream.
         a.add(&chunk(0..2, 4, 2, [1, 4, 4])).unwrap();
-        let e = a.finish(&Device::Cpu).unwrap_err();
+        let e = a.finish().unwrap_err();
         assert!(e.to_string().contains("2 of 4"), "{e}");
     }
 
     #[tokio::test]
     async fn unreachable_endpoint_is_unavailable_and_named() {
-        let c = VisionClients::new(Device::Cpu);
+        let c = VisionClients::new();
         let e = c
             .encode("http://127.0.0.1:1", "r", vec![item([1, 4, 4])], SHAPE)
             .await

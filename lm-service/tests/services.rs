@@ -356,20 +356,19 @@ fn image_prompt(tokens: usize) -> Vec<u32> {
 }
 
 /// The in-process oracle for an image prompt: the image's grid, the prompt ids (placeholders
-/// expanded) and the greedy tokens of `vlm_model::pipeline` with the same chunk and block sizes.
+/// expanded) and the greedy tokens of `vlm_model::oracle` (on the CPU backend's kernels) with the
+/// same chunk and block sizes.
 fn image_oracle(
     bytes: &[u8],
     chunk: usize,
     block_len: usize,
     max_new: usize,
 ) -> ([usize; 3], Vec<u32>, Vec<u32>) {
-    use vlm_model::pipeline::Pipeline;
-    use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
-    let pipe = Pipeline::load(
-        &tiny_dir(),
-        &candle_core::Device::Cpu,
-        candle_core::DType::F32,
-    )
+    use vlm_backend_cpu::{CpuKernels, CpuOptions};
+    use vlm_model::oracle::Oracle;
+    use vlm_preprocess::{preprocess_bytes, PreprocessConfig};
+    let kernels = CpuKernels::new(CpuOptions::detect());
+    let pipe = Oracle::load(&kernels, &tiny_dir(), vlm_model::DType::F32)
     .unwrap()
     .with_prefill_chunk_size(chunk)
     .with_block_len(block_len);
@@ -569,7 +568,7 @@ fn dry_run_prints_what_it_would_hold_and_exits() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn preempted_image_prompts_recompute_to_identical_outputs() {
-    use vlm_model::preprocess::{preprocess_bytes, PreprocessConfig};
+    use vlm_preprocess::{preprocess_bytes, PreprocessConfig};
     let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
     let grid = preprocess_bytes(&bytes, &PreprocessConfig::default())
         .unwrap()

@@ -1,5 +1,7 @@
-//! The model crate's error type. Services map it to a gRPC status at their edge.
+//! The model crate's error type; backends hand it to the services as the seam's
+//! [`ComputeError`] (tensor-library errors become its `Backend` variant).
 use std::path::PathBuf;
+use vlm_compute::ComputeError;
 
 /// Everything that can go wrong in loading or running the model.
 #[derive(Debug, thiserror::Error)]
@@ -11,7 +13,7 @@ pub enum ModelError {
         #[source]
         source: std::io::Error,
     },
-    /// `config.json` (or another JSON file of the checkpoint) does not parse or is inconsistent.
+    /// A JSON file of the checkpoint does not parse or is inconsistent.
     #[error("checkpoint config {path}: {message}")]
     Config { path: PathBuf, message: String },
     /// A weight is missing or has the wrong shape (the message names it).
@@ -21,12 +23,12 @@ pub enum ModelError {
     /// image grids, ...). The message names the limit and the value.
     #[error("invalid input: {0}")]
     InvalidInput(String),
-    /// The tokenizer or chat template failed.
-    #[error("tokenizer: {0}")]
-    Tokenizer(String),
     /// The paged KV cache has no room (a scheduler bug if it happens: it must check first).
     #[error("kv cache: {0}")]
     KvCache(String),
+    /// From the seam's host-side code (config.json, rope index, host tensors).
+    #[error(transparent)]
+    Compute(#[from] ComputeError),
     /// A tensor operation failed.
     #[error("tensor: {0}")]
     Candle(#[from] candle_core::Error),
@@ -42,6 +44,20 @@ impl ModelError {
         ModelError::Io {
             path: path.into(),
             source,
+        }
+    }
+}
+
+impl From<ModelError> for ComputeError {
+    fn from(e: ModelError) -> Self {
+        match e {
+            ModelError::Io { path, source } => ComputeError::Io { path, source },
+            ModelError::Config { path, message } => ComputeError::Config { path, message },
+            ModelError::Weights(m) => ComputeError::Weights(m),
+            ModelError::InvalidInput(m) => ComputeError::InvalidInput(m),
+            ModelError::KvCache(m) => ComputeError::KvCache(m),
+            ModelError::Compute(c) => c,
+            ModelError::Candle(c) => ComputeError::Backend(c.to_string()),
         }
     }
 }

@@ -1,21 +1,22 @@
-//! Qwen3-VL numerics on candle: checkpoint loading, image preprocessing, the ViT run at fixed
-//! bucket shapes, and the Qwen3 decoder over a paged KV cache. No networking here.
+//! Qwen3-VL numerics on candle, written once: the checkpoint's weights tree and the forward of
+//! each tower, over the [`Kernels`] a backend plugs in (`backends/cpu`, `backends/candle`).
 //!
 //! The vision part and the LM part load independently ([`vision::VisionModel::load`],
 //! [`text::TextModel::load`]), so a vision replica never maps LM weights and vice versa.
-
-pub mod config;
-pub mod cpu;
-pub mod device;
-pub mod embeds;
+//! [`oracle::Oracle`] is the in-process test oracle. Services do not use this crate: they talk
+//! to the seam (`vlm-compute`), which [`lm_backend::TextBackend`] implements for any kernels.
+pub mod dtype;
 pub mod error;
-pub mod make;
-pub mod pipeline;
-pub mod preprocess;
+pub mod kernels;
+pub mod lm_backend;
+pub mod oracle;
+pub mod resident;
 pub mod text;
-pub mod tokenizer;
 pub mod vision;
 pub mod weights;
 
-pub use config::{Qwen3VlConfig, TextConfig, VisionConfig};
 pub use error::{ModelError, Result};
+pub use kernels::Kernels;
+
+/// The dtype of this crate's tensors and weights (candle's), for callers that name one.
+pub use candle_core::DType;

@@ -73,3 +73,19 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
     Ok(vb)
 }
+
+/// Bytes of a part's weights as this crate loads them with matrices of `matrix_bytes` bytes
+/// per value (a bf16 matrix packed by a backend takes the same bytes): 1-D norm weights and
+/// biases in f32, everything else counted as the planner counts it (`ModelDims::params`).
+pub fn held_bytes(
+    d: &vlm_config::plan::ModelDims,
+    part: vlm_config::plan::Part,
+    matrix_bytes: u64,
+) -> u64 {
+    let p = d.params();
+    let (all, vectors) = match part {
+        vlm_config::plan::Part::Visual => (p.visual, p.visual_vectors),
+        vlm_config::plan::Part::Lm => (p.text, p.text_vectors),
+    };
+    (all - vectors) * matrix_bytes + vectors * 4
+}

@@ -3,6 +3,7 @@
 //! device pool.
 
 pub mod affinity;
+pub mod backend_info;
 pub mod config;
 pub mod grpc;
 pub mod metrics_http;

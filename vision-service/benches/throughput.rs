@@ -183,8 +183,8 @@ async fn async_main() {
         Ok(dir) => PathBuf::from(dir),
         Err(_) => {
             let dir = tempfile::tempdir().expect("tempdir");
-            let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
-            vlm_model::make::make_model(dir.path(), &opts).expect("tiny checkpoint");
+            let opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
+            vlm_make_model::make_model(dir.path(), &opts).expect("tiny checkpoint");
             let p = dir.path().to_path_buf();
             _tmp = dir;
             p

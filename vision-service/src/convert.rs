@@ -104,6 +104,11 @@ pub fn info_to_proto(info: Info) -> pb::VisionInfo {
         queue_capacity: f.queue_capacity,
         queue_depth: info.queue_depth,
         images_in_flight: info.images_in_flight,
+        backend: Some(vlm_service_kit::backend_info::to_proto(
+            f.backend.backend,
+            &f.backend.device,
+            &f.backend.kernels,
+        )),
     }
 }
 

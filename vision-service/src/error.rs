@@ -88,14 +88,13 @@ pub enum ServeError {
     Config(String),
     #[error("device pool: {0}")]
     Device(#[from] vlm_service_kit::affinity::NoSuchCore),
+    /// Loading the weights or preparing the buckets on the compute backend.
     #[error("loading the vision model from {dir}: {source}")]
     Load {
         dir: PathBuf,
         #[source]
-        source: vlm_model::ModelError,
+        source: vlm_compute::ComputeError,
     },
-    #[error("preparing the ViT bucket graphs: {0}")]
-    Graphs(#[source] vlm_model::ModelError),
     #[error("cannot bind {what} on {addr}: {source}")]
     Bind {
         what: &'static str,

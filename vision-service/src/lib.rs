@@ -20,7 +20,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use tokio_stream::StreamExt;
 use vlm_config::VisualConfig;
-use vlm_model::vision::{VisionGraphs, VisionModel};
 
 /// The gRPC service name reported by `grpc.health.v1`.
 pub const SERVICE_NAME: &str = "vlm.v1.Vision";
@@ -56,7 +55,7 @@ impl Options {
             listen: SocketAddr::from(([0, 0, 0, 0], 50061)),
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9461)),
             queue_capacity: 16,
-            max_decode_pixels: vlm_model::preprocess::DEFAULT_MAX_DECODE_PIXELS,
+            max_decode_pixels: vlm_preprocess::DEFAULT_MAX_DECODE_PIXELS,
             max_chunk_bytes: encoder::chunk::MAX_CHUNK_BYTES,
             max_request_bytes: 64 << 20,
             drain_delay: std::time::Duration::ZERO,
@@ -93,14 +92,6 @@ impl Options {
             ));
         }
         Ok(())
-    }
-
-    fn compute_dtype(&self) -> candle_core::DType {
-        match self.visual.dtype {
-            vlm_config::Dtype::F32 => candle_core::DType::F32,
-            vlm_config::Dtype::F16 => candle_core::DType::F16,
-            vlm_config::Dtype::Bf16 => candle_core::DType::BF16,
-        }
     }
 }
 
@@ -172,10 +163,16 @@ pub async fn bind(opts: Options) -> Result<Bound, ServeError> {
     })
 }
 
-/// The core each device's compute thread is pinned to (CPU build), or None (CUDA build: the ids
-/// are GPU ordinals).
+/// The core each device's compute thread is pinned to when the ViT's backend runs on host
+/// cores, or None (accelerator ordinals).
 fn device_cores(opts: &Options) -> Result<Vec<Option<usize>>, ServeError> {
-    if cfg!(feature = "cuda") {
+    let backend = vlm_backends::Backend::resolve(
+        &opts.visual.kernels,
+        opts.visual.dtype,
+        vlm_backends::Part::Vision,
+    )
+    .map_err(|e| ServeError::Config(e.to_string()))?;
+    if !backend.devices_are_cores() {
         return Ok(opts.visual.device.iter().map(|_| None).collect());
     }
     let cores = vlm_service_kit::affinity::resolve(&opts.visual.device, "visual.device")?;
@@ -238,7 +235,13 @@ impl Bound {
                     queue_capacity: opts.queue_capacity,
                     max_chunk_bytes: opts.max_chunk_bytes,
                 };
-                let encoder = Encoder::start(devices, cfg, model_id)?;
+                let vcfg = vlm_compute::Qwen3VlConfig::from_dir(&opts.model_dir)
+                    .map_err(|source| ServeError::Load {
+                        dir: opts.model_dir.clone(),
+                        source,
+                    })?
+                    .vision;
+                let encoder = Encoder::start(devices, cfg, &vcfg, model_id)?;
                 let _ = slot.set(encoder.clone());
                 vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, true).await;
                 tracing::info!(
@@ -279,7 +282,7 @@ impl Bound {
 
 /// The checkpoint's model id (`_name_or_path` or the directory name).
 fn model_id(opts: &Options) -> String {
-    vlm_model::Qwen3VlConfig::from_dir(&opts.model_dir)
+    vlm_compute::Qwen3VlConfig::from_dir(&opts.model_dir)
         .map(|c| c.model_id)
         .unwrap_or_else(|_| opts.model_dir.display().to_string())
 }
@@ -298,7 +301,6 @@ fn prepare_blocking(
     opts: &Options,
     cores: &[Option<usize>],
 ) -> Result<Vec<DeviceSlot>, ServeError> {
-    let dtype = opts.compute_dtype();
     let buckets: Vec<usize> = opts
         .visual
         .max_seq_len
@@ -310,45 +312,40 @@ fn prepare_blocking(
         dir: opts.model_dir.clone(),
         source,
     };
-    // The graphs are sized for the one thread each compute thread runs them on.
-    let one_thread = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .map_err(|e| ServeError::Thread(format!("rayon pool: {e}")))?;
-    let mut slots = Vec::with_capacity(opts.visual.device.len());
-    let mut cpu_model: Option<Arc<VisionModel>> = None;
-    for (&id, &core) in opts.visual.device.iter().zip(cores) {
-        let device = vlm_model::device::device_for(id as usize).map_err(load_error)?;
-        // Weights are loaded once per distinct device: once for the whole CPU pool.
-        let model = match (&cpu_model, device.is_cpu()) {
-            (Some(m), true) => Arc::clone(m),
-            _ => {
-                let m = Arc::new(
-                    VisionModel::load(&opts.model_dir, &device, dtype).map_err(load_error)?,
-                );
-                if device.is_cpu() {
-                    cpu_model = Some(Arc::clone(&m));
-                }
-                m
-            }
-        };
-        // Each device gets its own bucket buffers, so devices never wait on each other.
-        let graphs = one_thread
-            .install(|| VisionGraphs::new(model, &buckets))
-            .map_err(ServeError::Graphs)?;
-        for b in graphs.buckets() {
-            let bytes = graphs.memory_bytes(b).unwrap_or(0);
+    let backends = vlm_backends::load_vision(&vlm_backends::VisionLoad {
+        model_dir: &opts.model_dir,
+        dtype: opts.visual.dtype,
+        kernels: &opts.visual.kernels,
+        buckets: &buckets,
+        devices: &opts.visual.device,
+    })
+    .map_err(load_error)?;
+    let mut slots = Vec::with_capacity(backends.len());
+    for ((&id, &core), backend) in opts.visual.device.iter().zip(cores).zip(backends) {
+        for b in backend.memory().buckets {
             tracing::info!(
                 device = id,
-                bucket = b,
-                memory_bytes = bytes,
-                "bucket {b} prepared on device {id}: holds {:.1} MiB",
-                bytes as f64 / (1 << 20) as f64
+                bucket = b.bucket,
+                memory_bytes = b.bytes,
+                held_bytes = b.held_bytes,
+                "bucket {} prepared on device {id}: holds {:.1} MiB",
+                b.bucket,
+                b.bytes as f64 / (1 << 20) as f64
             );
         }
-        slots.push(DeviceSlot { id, core, graphs });
+        slots.push(DeviceSlot { id, core, backend });
     }
-    tracing::info!(seconds = started.elapsed().as_secs_f64(), model = %opts.model_dir.display(), ?dtype, "ViT loaded");
+    if let Some(first) = slots.first() {
+        let info = first.backend.info();
+        tracing::info!(
+            seconds = started.elapsed().as_secs_f64(),
+            model = %opts.model_dir.display(),
+            backend = info.backend,
+            dtype = info.dtype.as_str(),
+            kernels = %info.kernels_line(),
+            "ViT loaded"
+        );
+    }
     Ok(slots)
 }
 
@@ -356,31 +353,34 @@ fn prepare_blocking(
 async fn dry_run(opts: &Options) -> Result<(), ServeError> {
     let cores = device_cores(opts)?;
     let devices = prepare(opts, &cores).await?;
-    let graphs = &devices[0].graphs;
     println!(
         "dry run (visual.create_runtimes = false): model {} prepared, nothing served",
         opts.model_dir.display()
     );
-    // The CPU engine allocates every bucket's buffers at load; candle ops allocate per run.
-    let held_at_once = graphs.backend() == vlm_model::vision::GraphBackend::CpuEngine;
+    // Buffers held from load (the CPU engine's) add up over the buckets; per-run ones (candle's)
+    // are one run at a time.
+    let memory = devices[0].backend.memory();
     let mut per_device = 0u64;
-    for b in graphs.buckets() {
-        let bytes = graphs.memory_bytes(b).unwrap_or(0);
-        per_device = if held_at_once {
-            per_device + bytes
+    for b in &memory.buckets {
+        per_device = if b.held_bytes > 0 {
+            per_device + b.bytes
         } else {
-            per_device.max(bytes)
+            per_device.max(b.bytes)
         };
         println!(
-            "bucket {b}: would hold {bytes} bytes ({:.1} MiB)",
-            bytes as f64 / (1 << 20) as f64
+            "bucket {}: would hold {} bytes ({:.1} MiB)",
+            b.bucket,
+            b.bytes,
+            b.bytes as f64 / (1 << 20) as f64
         );
     }
+    let info = devices[0].backend.info();
     println!(
-        "devices {:?} ({:?} graphs): {} compute thread(s), {per_device} bytes of ViT buffers per device, \
+        "devices {:?} ({} backend, {}): {} compute thread(s), {per_device} bytes of ViT buffers per device, \
          {} bytes in all; queue capacity {} images",
         opts.visual.device,
-        graphs.backend(),
+        info.backend,
+        info.kernels_line(),
         devices.len(),
         per_device * devices.len() as u64,
         opts.queue_capacity

@@ -37,7 +37,7 @@ struct Args {
     #[arg(long, env = "VLM_VISION_QUEUE_CAPACITY", default_value_t = 16)]
     queue_capacity: usize,
     /// Images whose header says more pixels than this are refused before decoding.
-    #[arg(long, env = "VLM_VISION_MAX_DECODE_PIXELS", default_value_t = vlm_model::preprocess::DEFAULT_MAX_DECODE_PIXELS)]
+    #[arg(long, env = "VLM_VISION_MAX_DECODE_PIXELS", default_value_t = vlm_preprocess::DEFAULT_MAX_DECODE_PIXELS)]
     max_decode_pixels: u64,
     /// Most raw value bytes per streamed chunk (at most 1 MiB).
     #[arg(long, env = "VLM_VISION_MAX_CHUNK_BYTES", default_value_t = 1 << 20)]

@@ -3,7 +3,7 @@
 //! Info, metrics, SIGTERM drain, dry run.
 mod support;
 
-use candle_core::DType;
+use vlm_compute::HostDtype as DType;
 use std::time::{Duration, Instant};
 use support::*;
 use tonic::Code;

@@ -7,11 +7,12 @@ use clap::Args;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
-use vlm_model::make::WeightDtype;
-use vlm_model::pipeline::Pipeline;
-use vlm_model::preprocess::{decode_image, preprocess_rgb, PixelValues, PreprocessConfig};
-use vlm_model::tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
-use vlm_model::Qwen3VlConfig;
+use vlm_backend_cpu::{CpuKernels, CpuOptions};
+use vlm_compute::{HostTensor, Qwen3VlConfig};
+use vlm_make_model::WeightDtype;
+use vlm_model::oracle::Oracle;
+use vlm_preprocess::{decode_image, preprocess_rgb, PixelValues, PreprocessConfig};
+use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "input_ids"])))]
@@ -116,7 +117,9 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
 
     // 3. model
     let start = Instant::now();
-    let pipeline = Pipeline::load(dir, &Device::Cpu, dtype).context("loading the model")?;
+    // The oracle on the CPU backend's kernels, as this machine detects them.
+    let kernels = CpuKernels::new(CpuOptions::detect());
+    let pipeline = Oracle::load(&kernels, dir, dtype).context("loading the model")?;
     println!("loaded in {:.2} s", start.elapsed().as_secs_f64());
 
     let start = Instant::now();
@@ -134,7 +137,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let (last_logits, generated, step_logits, positions, rope_delta) = if args.max_new_tokens == 0 {
         let logits = pipeline.prefill(&input_ids, &images)?;
         let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
-        let layout = vlm_model::text::PromptLayout::new(&input_ids, &grids, &config)?;
+        let layout = vlm_compute::PromptLayout::new(&input_ids, &grids, &config)?;
         (
             logits,
             Vec::new(),
@@ -172,9 +175,13 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             &cpu,
         )
     };
+    let host = |t: &HostTensor| Tensor::from_vec(t.to_f32(), t.shape(), &cpu);
     let mut out: HashMap<String, Tensor> = HashMap::new();
     if !pixels.is_empty() {
-        let values: Vec<Tensor> = pixels.iter().map(|p| p.values.clone()).collect();
+        let values: Vec<Tensor> = pixels
+            .iter()
+            .map(|p| Tensor::from_vec(p.values.clone(), (p.rows(), p.row_len()), &cpu))
+            .collect::<candle_core::Result<_>>()?;
         out.insert(
             "pixel_values".into(),
             Tensor::cat(&values, 0)?.to_dtype(DType::F32)?,
@@ -187,14 +194,20 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             "image_grid_thw".into(),
             Tensor::from_vec(grids, (pixels.len(), 3), &cpu)?,
         );
-        let embeds: Vec<Tensor> = images.iter().map(|i| i.embeds.clone()).collect();
+        let embeds: Vec<Tensor> = images
+            .iter()
+            .map(|i| host(&i.embeds))
+            .collect::<candle_core::Result<_>>()?;
         out.insert(
             "image_embeds".into(),
             Tensor::cat(&embeds, 0)?.to_dtype(DType::F32)?,
         );
         let levels = images.first().map_or(0, |i| i.deepstack.len());
         for k in 0..levels {
-            let level: Vec<Tensor> = images.iter().map(|i| i.deepstack[k].clone()).collect();
+            let level: Vec<Tensor> = images
+                .iter()
+                .map(|i| host(&i.deepstack[k]))
+                .collect::<candle_core::Result<_>>()?;
             out.insert(
                 format!("deepstack_{k}"),
                 Tensor::cat(&level, 0)?.to_dtype(DType::F32)?,

@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use std::path::PathBuf;
 use std::time::Instant;
-use vlm_model::make::{make_model, MakeOptions, Preset, WeightDtype};
+use vlm_make_model::{make_model, MakeOptions, Preset, WeightDtype};
 
 #[derive(Args, Debug)]
 pub struct MakeModelArgs {

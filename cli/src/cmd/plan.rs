@@ -176,7 +176,10 @@ fn run_memory(a: MemoryArgs) -> anyhow::Result<ExitCode> {
         bail!("give --device-kind atom|rebel|rebel-chiplet|h200|cpu or --device-memory BYTES")
     };
     let opts = options(&a.device, a.full_batch)?;
-    let p = plan::plan(&cfg, &dims, &kind, &opts);
+    // The sizes of the backends the services would run this config on (the same function they
+    // size `kvcache_num_blocks: 0` with).
+    let sizing = vlm_backends::sizing(&cfg, &kind, &opts)?;
+    let p = plan::plan(&cfg, &dims, &kind, sizing.as_ref(), &opts);
     if a.json {
         let mut v = serde_json::to_value(&p)?;
         v["params"] = serde_json::to_value(dims.params())?;
@@ -223,8 +226,10 @@ fn run_buckets(a: BucketsArgs) -> anyhow::Result<ExitCode> {
     let kind = device_kind(&a.device)?;
     let opts = options(&a.device, false)?;
     let fits_with = |c: &DeployConfig, part: Part| {
-        kind.as_ref()
-            .is_none_or(|k| plan::plan_only(c, &dims, k, &opts).part_fits(part))
+        kind.as_ref().is_none_or(|k| {
+            vlm_backends::sizing(c, k, &opts)
+                .is_ok_and(|s| plan::plan_only(c, &dims, k, s.as_ref(), &opts).part_fits(part))
+        })
     };
     let mut out = serde_json::Map::new();
 

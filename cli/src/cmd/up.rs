@@ -71,8 +71,8 @@ pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
         "making the tiny random checkpoint in {} (once)",
         dir.display()
     );
-    let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
-    vlm_model::make::make_model(dir, &opts)
+    let opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
+    vlm_make_model::make_model(dir, &opts)
         .with_context(|| format!("making the tiny checkpoint in {}", dir.display()))?;
     Ok(())
 }

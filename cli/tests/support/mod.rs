@@ -88,8 +88,8 @@ pub fn tiny_model() -> PathBuf {
             let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"))
                 .join(format!("e2e-tiny-s0.tmp-{}", std::process::id()));
             let _ = std::fs::remove_dir_all(&tmp);
-            let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
-            vlm_model::make::make_model(&tmp, &opts).expect("make the tiny checkpoint");
+            let opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
+            vlm_make_model::make_model(&tmp, &opts).expect("make the tiny checkpoint");
             std::fs::write(tmp.join(".complete"), b"").unwrap();
             if !done.is_file() {
                 // A leftover without `.complete` is an interrupted older run.

@@ -4,6 +4,7 @@
 use super::device::{human, DeviceKind};
 use super::dims::ModelDims;
 use super::memory::{plan_only, resolve_kv_blocks_with, Plan, PlanOptions, Suggestion};
+use super::sizing::Sizing;
 use crate::types::DeployConfig;
 use serde_json::json;
 
@@ -14,13 +15,14 @@ fn checked(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
     change: String,
     patch: serde_json::Value,
 ) -> Option<Suggestion> {
     let mut c = cfg.clone();
     crate::rules::apply(&mut c).ok()?;
-    let p = plan_only(&c, dims, kind, opts);
+    let p = plan_only(&c, dims, kind, sizing, opts);
     p.fits.then(|| Suggestion {
         change,
         patch,
@@ -45,6 +47,7 @@ pub(crate) fn suggest(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
     plan: &Plan,
 ) -> Vec<Suggestion> {
@@ -68,7 +71,7 @@ pub(crate) fn suggest(
             "max_seq_len: {} (the largest multiple of kvcache_partition_len {part} that fits)",
             c.max_seq_len
         );
-        if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
+        if let Some(s) = checked(&c, dims, kind, sizing, opts, change, patch) {
             out.push(s);
             break;
         }
@@ -81,7 +84,7 @@ pub(crate) fn suggest(
     };
     let mut auto = cfg.clone();
     auto.kvcache_num_blocks = 0;
-    if let Ok(blocks) = resolve_kv_blocks_with(&auto, dims, kind, &relaxed) {
+    if let Ok(blocks) = resolve_kv_blocks_with(&auto, dims, kind, sizing, &relaxed) {
         if blocks != cfg.kvcache_num_blocks || plan.options.require_full_batch {
             let mut c = cfg.clone();
             c.kvcache_num_blocks = blocks;
@@ -95,6 +98,7 @@ pub(crate) fn suggest(
                 &c,
                 dims,
                 kind,
+                sizing,
                 &relaxed,
                 change,
                 json!({ "kvcache_num_blocks": blocks }),
@@ -114,7 +118,7 @@ pub(crate) fn suggest(
                 );
                 let patch =
                     json!({ "batch_size": seqs, "decoder_batch_sizes": c.decoder_batch_sizes });
-                if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
+                if let Some(s) = checked(&c, dims, kind, sizing, opts, change, patch) {
                     out.push(s);
                 }
             }
@@ -131,7 +135,7 @@ pub(crate) fn suggest(
                 c.visual.device, c.visual.num_devices, c.visual.num_devices
             );
             let patch = json!({ "visual": { "device": c.visual.device } });
-            if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
+            if let Some(s) = checked(&c, dims, kind, sizing, opts, change, patch) {
                 out.push(s);
             }
         }
@@ -147,7 +151,7 @@ pub(crate) fn suggest(
                 n - cfg.num_devices
             );
             let patch = json!({ "num_devices": n, "device": c.device });
-            if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
+            if let Some(s) = checked(&c, dims, kind, sizing, opts, change, patch) {
                 out.push(s);
                 break;
             }
@@ -172,7 +176,7 @@ pub(crate) fn suggest(
                     n - cfg.visual.num_devices
                 );
                 let patch = json!({ "visual": { "num_devices": n, "device": c.visual.device } });
-                if let Some(s) = checked(&c, dims, kind, opts, change, patch) {
+                if let Some(s) = checked(&c, dims, kind, sizing, opts, change, patch) {
                     out.push(s);
                     break;
                 }
@@ -192,6 +196,7 @@ pub(crate) fn suggest(
             cfg,
             dims,
             &bigger,
+            sizing,
             opts,
             change,
             json!({ "device_memory": need }),

@@ -28,11 +28,11 @@ pub struct DeviceKind {
     pub capacity: u64,
     /// Bytes the runtime/driver keeps back on each device.
     pub reserved: u64,
-    /// The dtype weights, KV cache and activations take on this kind, unless `--dtype` says
-    /// otherwise. `None` = our candle backend: weights in the config's `dtype` (f32 by
-    /// default), the KV cache in bf16 for bf16 weights and f32 otherwise
-    /// (model/src/text/model.rs `kv_dtype_for`), activations in f32.
+    /// The dtype weights, KV cache and activations take on this kind (an RBLN NPU's), unless
+    /// `--dtype` says otherwise. `None` = a kind this project's backends run on (their
+    /// `Sizing` says which dtypes).
     pub native_dtype: Option<Dtype>,
+    /// How the kind's runtime holds graph buffers (reported; the plan takes the backend's).
     pub buffers: BufferPolicy,
     /// Every device id is the same memory (CPU cores of one machine): all parts land in one
     /// pool, named `host`.

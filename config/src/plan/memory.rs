@@ -2,37 +2,35 @@
 //! of the config, and whether it fits.
 //!
 //! # Accounting
-//! Per part, before splitting over its `num_devices` (tensor parallel: every byte below is
-//! divided evenly, rounded up, over the part's devices; on the `cpu` kind every device id is a
-//! core of one machine, so nothing is divided and everything lands in one pool, `host`):
+//! Every figure of a part comes from the backend that runs it ([`Sizing`], implemented by each
+//! backend with the functions it allocates with; `vlm_backends::sizing` picks them as the
+//! services pick their backend, [`super::RblnSizing`] for the seeds' NPU kinds):
 //!
-//! * **weights**: parameters x weight dtype. On our candle backend (`cpu`, `h200`) 1-D norm
-//!   weights and biases stay f32 and the matrices take the config's `dtype` (f32 by default);
-//!   on RBLN kinds everything takes the kind's 16-bit dtype. `--dtype` overrides both.
-//! * **ViT bucket graph of b raw patches** (activation dtype, f32 on our backend): per row the
-//!   residual stream, norm output, qkv, q/k/v per head, attention output, MLP hidden, the
-//!   pixel row, the position row and the rotary row:
-//!   `b x (11 x hidden + intermediate + patch_dim + head_dim)`; attention in query blocks
-//!   (`heads x q_block x b` scores and as many probabilities, `q_block` as in
-//!   model/src/vision/attention.rs: 64 Mi elements per block, 16..1024 rows); the merger and
-//!   deepstack buffers `b/4 x (2 x 4 x hidden + out_hidden x (1 + deepstack))`.
-//! * **LM graphs** (prefill chunk of `prefill_chunk_size` rows; one decode graph per
-//!   `decoder_batch_sizes` entry of b rows): per row hidden x 4 (input, norm, o, residual),
-//!   q x 2, k + v, MLP gate + up + activation (3 x intermediate), staged image embeddings with
-//!   their deepstack levels (`out_hidden x (1 + deepstack)`) and rotary; attention scores and
-//!   probabilities `heads x rows x keys x 2` with keys = `max_seq_len` on our backend (scores of
-//!   every cached block side by side) and `kvcache_partition_len` on RBLN (flash attention, one
-//!   partition at a time); logits `rows x vocab` (prefill: one row).
-//! * **buffers held**: RBLN compiles one graph per bucket and keeps each graph's buffers, so a
-//!   part holds their sum ([`BufferPolicy::PerGraph`]); our backend's candle ops allocate per
-//!   run and a part runs one graph at a time, so it holds its largest run
-//!   ([`BufferPolicy::PerRun`]). Exception: on the CPU with f32 weights the vision service runs
-//!   its f32 bucket engine, which allocates every bucket's workspace at load — per graph, with
-//!   the engine's own sizes ([`vit_cpu_engine_bytes`]).
+//! * **weights** ([`Sizing::weight_bytes`]): on the CPU and candle backends the matrices in the
+//!   config's `dtype` and 1-D norm weights and biases in f32; on RBLN kinds everything in the
+//!   kind's 16-bit dtype. `--dtype` sets both parts' dtype.
+//! * **ViT bucket of b raw patches** ([`Sizing::vit_bucket`]): the CPU engine's per-bucket
+//!   workspace (held from load) plus one run's tables, attention scratch and outputs; candle's
+//!   and RBLN's live activations of one run of the graph ([`super::graph_vit_elems`]).
+//! * **LM graphs** ([`Sizing::lm_step`]: a prefill chunk of `prefill_chunk_size` rows; one decode
+//!   graph per `decoder_batch_sizes` entry): the live activations of one step
+//!   ([`super::graph_lm_elems`]), attending to `max_seq_len` keys on the CPU and candle backends
+//!   (scores of every cached block side by side) and to `kvcache_partition_len` on RBLN (one
+//!   partition at a time).
+//! * **buffers held** ([`Sizing::vit_buffers`], [`Sizing::lm_buffers`]): a part that keeps every
+//!   graph's buffers (RBLN's compiled graphs; the CPU ViT engine's workspaces) holds their sum
+//!   ([`BufferPolicy::PerGraph`]); one that allocates per run holds its largest run
+//!   ([`BufferPolicy::PerRun`]).
 //! * **KV cache**: `kvcache_num_blocks x block`, block = `kvcache_partition_len` tokens x
-//!   layers x 2 (K, V) x KV heads x head_dim x KV dtype bytes (16-bit on RBLN; on our CPU
-//!   backend bf16 for bf16 weights, else f32), plus, on our backend, one dummy block for
-//!   padded decode rows.
+//!   layers x 2 (K, V) x KV heads x head_dim x the backend's KV dtype bytes, plus the blocks the
+//!   backend keeps for itself ([`Sizing::kv_extra_blocks`]: one dummy block for padded decode
+//!   rows on the CPU and candle backends).
+//! * **device pools** ([`Sizing::pool`]): on the `cpu` kind every device id is a core of one
+//!   machine, so everything lands in one pool, `host`, the weights once and the ViT's bucket
+//!   buffers once per core of its pool (one instance per core). On accelerators a part's bytes
+//!   are divided over its devices when its backend splits them (RBLN: tensor parallel) and
+//!   held whole on each device when it replicates (candle on GPUs: one ViT instance per GPU);
+//!   a pool the backend cannot run (a multi-GPU LM on candle) is a problem of the plan.
 //! * **reserved**: the kind's per-device reservation.
 //!
 //! # What a service process holds on the CPU backend ([`service_bytes`], [`cpu_service_bytes`])
@@ -45,8 +43,8 @@
 //!   config), so [`PartBytes::total`] leaves it out.
 //! * **held from start**: the weights (in the compute dtype: a bf16 checkpoint served in f32
 //!   is widened at load), the buffers allocated at load and kept for the life of the process —
-//!   the CPU f32 ViT engine's per-bucket workspaces (`rows x (5 hidden + max(intermediate,
-//!   3 hidden))` f32, [`vit_cpu_engine_held_bytes`]), one set per `visual.device` entry (each
+//!   the CPU ViT engine's per-bucket workspaces (`rows x (5 hidden + max(intermediate,
+//!   3 hidden))` f32, [`super::BucketBytes::held`]), one set per `visual.device` entry (each
 //!   compute thread has its own) — and the KV pool (every block plus the dummy one).
 //! * **transient**: per-run buffers (the ViT engine's rotary tables, attention scratch and
 //!   outputs; candle's per-op tensors; the LM's largest run). They are counted in the plan,
@@ -67,6 +65,7 @@
 //! below one full-length sequence it is [`PlanError::KvTooSmall`].
 use super::device::{human, BufferPolicy, DeviceKind};
 use super::dims::ModelDims;
+use super::sizing::{PoolUse, Sizing};
 use super::PlanError;
 use crate::types::{DeployConfig, Dtype};
 use serde::Serialize;
@@ -244,92 +243,14 @@ impl Plan {
     }
 }
 
-/// Dtypes of one part on one kind.
-#[derive(Debug, Clone, Copy)]
-struct Dtypes {
-    weights: Dtype,
-    activations: Dtype,
-    kv: Dtype,
-    /// Norm weights and biases in f32 (our backend).
-    f32_vectors: bool,
-}
-
-fn dtypes(kind: &DeviceKind, opts: &PlanOptions, config_dtype: Dtype) -> Dtypes {
-    match (opts.dtype, kind.native_dtype) {
-        (Some(d), _) => Dtypes {
-            weights: d,
-            activations: d,
-            kv: d,
-            f32_vectors: false,
-        },
-        (None, Some(d)) => Dtypes {
-            weights: d,
-            activations: d,
-            kv: d,
-            f32_vectors: false,
-        },
-        // Our CPU backend: f32 activations; the KV cache is bf16 for bf16 weights, else f32
-        // (model/src/text/model.rs `kv_dtype_for`).
-        (None, None) => Dtypes {
-            weights: config_dtype,
-            activations: Dtype::F32,
-            kv: if config_dtype == Dtype::Bf16 {
-                Dtype::Bf16
-            } else {
-                Dtype::F32
-            },
-            f32_vectors: true,
-        },
+/// The config with `--dtype` applied to both parts (the what-if of [`PlanOptions::dtype`]).
+fn with_dtype(cfg: &DeployConfig, opts: &PlanOptions) -> DeployConfig {
+    let mut c = cfg.clone();
+    if let Some(d) = opts.dtype {
+        c.dtype = d;
+        c.visual.dtype = d;
     }
-}
-
-/// Query rows per block of ViT attention scores (as model/src/vision/attention.rs).
-pub fn vit_query_block_rows(heads: u64, keys: u64) -> u64 {
-    const SCORE_BLOCK_ELEMS: u64 = 16 << 20;
-    let rows = SCORE_BLOCK_ELEMS / (heads * keys).max(1);
-    (rows / 16 * 16).clamp(16, 1024)
-}
-
-/// Activation elements of one ViT run at `b` raw patches.
-pub fn vit_bucket_elems(dims: &ModelDims, b: u64) -> u64 {
-    let (d, i, h) = (
-        dims.vision_hidden,
-        dims.vision_intermediate,
-        dims.vision_heads,
-    );
-    let head_dim = d / h.max(1);
-    let per_row = 11 * d + i + dims.patch_dim + head_dim;
-    let q_block = vit_query_block_rows(h, b).min(b);
-    let scores = 2 * h * q_block * b;
-    let unit = dims.spatial_merge * dims.spatial_merge;
-    let merged = d * unit;
-    let merger =
-        b / unit.max(1) * (2 * merged + dims.vision_out_hidden * (1 + dims.deepstack_levels));
-    b * per_row + scores + merger
-}
-
-/// Activation elements of one LM step of `rows` rows (`logit_rows` of them produce logits)
-/// attending to `keys` keys.
-pub fn lm_step_elems(dims: &ModelDims, rows: u64, logit_rows: u64, keys: u64) -> u64 {
-    let h = dims.text_hidden;
-    let q = dims.text_heads * dims.head_dim;
-    let kv = dims.text_kv_heads * dims.head_dim;
-    let per_row = 4 * h
-        + 2 * q
-        + 2 * kv
-        + 3 * dims.text_intermediate
-        + dims.vision_out_hidden * (1 + dims.deepstack_levels)
-        + dims.head_dim;
-    let scores = 2 * dims.text_heads * rows * keys;
-    rows * per_row + scores + logit_rows * dims.vocab
-}
-
-fn weight_bytes(params: u64, vectors: u64, t: Dtypes) -> u64 {
-    if t.f32_vectors {
-        (params - vectors) * t.weights.bytes() + vectors * 4
-    } else {
-        params * t.weights.bytes()
-    }
+    c
 }
 
 fn held(policy: BufferPolicy, graphs: &[Item]) -> u64 {
@@ -339,65 +260,23 @@ fn held(policy: BufferPolicy, graphs: &[Item]) -> u64 {
     }
 }
 
-/// Bytes of one bucket's buffers the CPU f32 ViT engine allocates at load and holds
-/// (model/src/vision/engine.rs, `Workspace::new`): `rows x (5 hidden + max(intermediate,
-/// 3 hidden))` f32 — the residual stream, the norm/attention output, q, k, v and the wide
-/// buffer (qkv, MLP hidden, merger hidden).
-pub fn vit_cpu_engine_held_bytes(dims: &ModelDims, rows: u64) -> u64 {
-    let d = dims.vision_hidden;
-    let big = dims.vision_intermediate.max(3 * d).max(d);
-    4 * rows * (5 * d + big)
-}
-
-/// Bytes of one bucket of the CPU f32 ViT engine (model/src/vision/engine.rs,
-/// `Workspace::bytes` with one thread per run, as the vision-service's compute threads run):
-/// the buffers held from load (`rows x (5 hidden + max(intermediate, 3 hidden))`), the per-run
-/// rotary/position tables (`rows x (head_dim + 8)`), one attention task's scores
-/// (`task_rows x rows`, 256 Ki elements per task) and the outputs, all f32.
-pub fn vit_cpu_engine_bytes(dims: &ModelDims, rows: u64) -> u64 {
-    let d = dims.vision_hidden;
-    let big = dims.vision_intermediate.max(3 * d).max(d);
-    let held = rows * (5 * d + big);
-    let head_dim = d / dims.vision_heads.max(1);
-    let tables = rows * (head_dim + 8);
-    let task_rows = ((256u64 << 10) / rows.max(1)).clamp(16, 256) / 8 * 8;
-    let scratch = task_rows * rows;
-    let tokens = rows / (dims.spatial_merge * dims.spatial_merge).max(1);
-    let outputs = tokens * dims.vision_out_hidden * (1 + dims.deepstack_levels);
-    4 * (held + tables + scratch + outputs)
-}
-
-/// The ViT's bytes on `kind`.
-///
-/// On the CPU with f32 (or, with AVX512-BF16, bf16) weights the vision service runs its bucket
-/// engine, which allocates
-/// every bucket's buffers at load ([`vit_cpu_engine_bytes`], held per graph); elsewhere our
-/// backend's candle ops allocate per run ([`vit_bucket_elems`], the largest run), and RBLN
-/// keeps every compiled graph's buffers ([`vit_bucket_elems`] per graph).
+/// The ViT's bytes: weights and each bucket's buffers as the part's backend holds them
+/// ([`Sizing::vit_bucket`]); on one machine's cores each core of the vision pool holds its own
+/// bucket buffers (one instance per core) and the weights once.
 pub fn visual_bytes(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
 ) -> PartBytes {
-    let t = dtypes(kind, opts, cfg.visual.dtype);
-    let p = dims.params();
-    let weights = weight_bytes(p.visual, p.visual_vectors, t);
-    // The engine runs f32 weights anywhere and bf16 weights on CPUs with AVX512-BF16 (the
-    // bf16 kernel; the plan assumes such a host, as the services' own choice at start does
-    // on one).
-    let cpu_engine = kind.native_dtype.is_none()
-        && kind.shared_pool
-        && matches!(t.weights, Dtype::F32 | Dtype::Bf16);
-    let policy = if cpu_engine {
-        BufferPolicy::PerGraph
-    } else {
-        kind.buffers
-    };
-    // On one machine's cores each compute device (thread) of the vision service gets its own
-    // bucket workspaces (vision-service prepare: "each device gets its own bucket buffers");
-    // the weights are shared. Elsewhere the bytes are split over the devices at placement.
-    let copies = if cpu_engine && kind.shared_pool {
+    let cfg = with_dtype(cfg, opts);
+    let t = sizing.dtypes(Part::Visual, cfg.visual.dtype);
+    let weights = sizing.weight_bytes(dims, Part::Visual, t.weights);
+    let policy = sizing.vit_buffers(&cfg.visual);
+    let host = kind.shared_pool
+        && sizing.pool(Part::Visual, cfg.visual.num_devices) == Ok(PoolUse::Host);
+    let copies = if host {
         (cfg.visual.num_devices as u64).max(1)
     } else {
         1
@@ -405,31 +284,24 @@ pub fn visual_bytes(
     let mut buckets: Vec<u32> = cfg.visual.max_seq_len.clone();
     buckets.sort_unstable();
     buckets.dedup();
-    let graphs: Vec<Item> = buckets
+    let sized: Vec<(u32, super::sizing::BucketBytes)> = buckets
         .iter()
-        .map(|&b| Item {
+        .map(|&b| (b, sizing.vit_bucket(dims, &cfg.visual, b as u64)))
+        .collect();
+    let graphs: Vec<Item> = sized
+        .iter()
+        .map(|(b, s)| Item {
             part: Part::Visual,
             what: if copies > 1 {
                 format!("vit bucket {b} (x{copies} devices)")
             } else {
                 format!("vit bucket {b}")
             },
-            bytes: if cpu_engine {
-                copies * vit_cpu_engine_bytes(dims, b as u64)
-            } else {
-                vit_bucket_elems(dims, b as u64) * t.activations.bytes()
-            },
+            bytes: copies * s.bytes,
         })
         .collect();
     let buffers = held(policy, &graphs);
-    let held_buffers = if cpu_engine {
-        buckets
-            .iter()
-            .map(|&b| copies * vit_cpu_engine_held_bytes(dims, b as u64))
-            .sum()
-    } else {
-        0
-    };
+    let held_buffers = sized.iter().map(|(_, s)| copies * s.held).sum();
     PartBytes {
         part: Part::Visual,
         weights,
@@ -441,72 +313,69 @@ pub fn visual_bytes(
         kv_cache: 0,
         total: weights + buffers,
         held_buffers,
-        process_baseline: process_baseline(kind),
+        process_baseline: if kind.shared_pool {
+            sizing.process_baseline()
+        } else {
+            0
+        },
     }
 }
 
-/// [`CPU_PROCESS_BASELINE`] on the CPU backend, else 0.
-fn process_baseline(kind: &DeviceKind) -> u64 {
-    if kind.native_dtype.is_none() && kind.shared_pool {
-        CPU_PROCESS_BASELINE
-    } else {
-        0
-    }
-}
-
-/// The LM's bytes on `kind` without the KV cache (`kv_cache` 0).
+/// The LM's bytes without the KV cache (`kv_cache` 0): weights and the prefill and decode
+/// graphs' buffers as its backend holds them ([`Sizing::lm_step`]).
 fn lm_bytes_without_kv(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
 ) -> PartBytes {
-    let t = dtypes(kind, opts, cfg.dtype);
-    let p = dims.params();
-    let weights = weight_bytes(p.text, p.text_vectors, t);
-    let keys = match kind.buffers {
-        BufferPolicy::PerGraph => cfg.kvcache_partition_len,
-        BufferPolicy::PerRun => cfg.max_seq_len,
-    } as u64;
-    let a = t.activations.bytes();
+    let cfg = with_dtype(cfg, opts);
+    let t = sizing.dtypes(Part::Lm, cfg.dtype);
+    let weights = sizing.weight_bytes(dims, Part::Lm, t.weights);
     let c = cfg.prefill_chunk_size as u64;
     let mut graphs = vec![Item {
         part: Part::Lm,
         what: format!("prefill chunk {c}"),
-        bytes: lm_step_elems(dims, c, 1, keys) * a,
+        bytes: sizing.lm_step(dims, &cfg, c, 1),
     }];
     for &b in &cfg.decoder_batch_sizes {
         let b = b as u64;
         graphs.push(Item {
             part: Part::Lm,
             what: format!("decode batch {b}"),
-            bytes: lm_step_elems(dims, b, b, keys) * a,
+            bytes: sizing.lm_step(dims, &cfg, b, b),
         });
     }
-    let buffers = held(kind.buffers, &graphs);
+    let policy = sizing.lm_buffers();
+    let buffers = held(policy, &graphs);
     PartBytes {
         part: Part::Lm,
         weights,
         weight_dtype: t.weights,
         activation_dtype: t.activations,
         graphs,
-        policy: kind.buffers,
+        policy,
         buffers,
         kv_cache: 0,
         total: weights + buffers,
-        // Every LM graph's buffers are per run (candle ops, freed after each step).
+        // The LM's step buffers are per run (allocated per op, freed after each step).
         held_buffers: 0,
-        process_baseline: process_baseline(kind),
+        process_baseline: if kind.shared_pool {
+            sizing.process_baseline()
+        } else {
+            0
+        },
     }
 }
 
 fn kv_geometry(
     cfg: &DeployConfig,
     dims: &ModelDims,
-    kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
 ) -> KvPlan {
-    let t = dtypes(kind, opts, cfg.dtype);
+    let t = sizing.dtypes(Part::Lm, with_dtype(cfg, opts).dtype);
     let bytes_per_token = dims.kv_bytes_per_token(t.kv.bytes());
     let per_seq = cfg.blocks_per_sequence();
     KvPlan {
@@ -518,11 +387,7 @@ fn kv_geometry(
         batch_size: cfg.batch_size,
         blocks: cfg.kvcache_num_blocks,
         automatic: cfg.kvcache_num_blocks == 0,
-        extra_blocks: if kind.native_dtype.is_none() && opts.dtype.is_none() {
-            1
-        } else {
-            0
-        },
+        extra_blocks: sizing.kv_extra_blocks(),
         blocks_per_sequence: per_seq,
         full_batch_blocks: per_seq.saturating_mul(cfg.batch_size),
         full_sequences: 0,
@@ -561,9 +426,23 @@ fn layout(cfg: &DeployConfig, kind: &DeviceKind) -> Layout {
 }
 
 /// Everything but the KV cache, per slot: (items, bytes).
+/// What a part's bytes are divided by on each of its devices: its device count when the pool
+/// splits them (tensor parallel), else 1 (a shared host pool, or replicas that each hold a
+/// whole copy).
+fn divisor(kind: &DeviceKind, sizing: &dyn Sizing, part: Part, n: u32) -> u64 {
+    if kind.shared_pool {
+        return 1;
+    }
+    match sizing.pool(part, n) {
+        Ok(PoolUse::Split) => n as u64,
+        _ => 1,
+    }
+}
+
 fn place_without_kv(
     cfg: &DeployConfig,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     visual: &PartBytes,
     lm: &PartBytes,
     lay: &Layout,
@@ -588,7 +467,7 @@ fn place_without_kv(
                 if !on {
                     continue;
                 }
-                let n = if kind.shared_pool { 1 } else { n as u64 };
+                let n = divisor(kind, sizing, part.part, n);
                 parts.push(part.part);
                 items.push(Item {
                     part: part.part,
@@ -626,14 +505,11 @@ fn place_without_kv(
 fn max_blocks(
     cfg: &DeployConfig,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     kv: &KvPlan,
     placed: &[(Vec<Part>, Vec<Item>)],
 ) -> (u64, String) {
-    let n = if kind.shared_pool {
-        1
-    } else {
-        cfg.num_devices as u64
-    };
+    let n = divisor(kind, sizing, Part::Lm, cfg.num_devices);
     let mut best: Option<(u64, String)> = None;
     let lay = layout(cfg, kind);
     for ((name, _), (parts, items)) in lay.slots.iter().zip(placed) {
@@ -660,8 +536,9 @@ pub fn resolve_kv_blocks(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
 ) -> Result<u32, PlanError> {
-    resolve_kv_blocks_with(cfg, dims, kind, &PlanOptions::default())
+    resolve_kv_blocks_with(cfg, dims, kind, sizing, &PlanOptions::default())
 }
 
 /// [`resolve_kv_blocks`] with what-ifs (dtype override; `require_full_batch` makes 0 mean
@@ -670,20 +547,21 @@ pub fn resolve_kv_blocks_with(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
 ) -> Result<u32, PlanError> {
     if cfg.kvcache_num_blocks != 0 {
         return Ok(cfg.kvcache_num_blocks);
     }
-    let kv = kv_geometry(cfg, dims, kind, opts);
+    let kv = kv_geometry(cfg, dims, sizing, opts);
     if opts.require_full_batch {
         return Ok(kv.full_batch_blocks);
     }
-    let visual = visual_bytes(cfg, dims, kind, opts);
-    let lm = lm_bytes_without_kv(cfg, dims, kind, opts);
+    let visual = visual_bytes(cfg, dims, kind, sizing, opts);
+    let lm = lm_bytes_without_kv(cfg, dims, kind, sizing, opts);
     let lay = layout(cfg, kind);
-    let placed = place_without_kv(cfg, kind, &visual, &lm, &lay);
-    let (max, device) = max_blocks(cfg, kind, &kv, &placed);
+    let placed = place_without_kv(cfg, kind, sizing, &visual, &lm, &lay);
+    let (max, device) = max_blocks(cfg, kind, sizing, &kv, &placed);
     if max < kv.blocks_per_sequence as u64 {
         return Err(PlanError::KvTooSmall {
             device,
@@ -699,10 +577,16 @@ pub fn resolve_kv_blocks_with(
 
 /// Plans `cfg` on devices of `kind`. Never fails: a layout that does not fit comes back with
 /// `fits: false`, its problems and the suggestions that would fit.
-pub fn plan(cfg: &DeployConfig, dims: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> Plan {
-    let mut p = plan_only(cfg, dims, kind, opts);
+pub fn plan(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+    sizing: &dyn Sizing,
+    opts: &PlanOptions,
+) -> Plan {
+    let mut p = plan_only(cfg, dims, kind, sizing, opts);
     if !p.fits {
-        p.suggestions = super::advice::suggest(cfg, dims, kind, opts, &p);
+        p.suggestions = super::advice::suggest(cfg, dims, kind, sizing, opts, &p);
     }
     p
 }
@@ -712,13 +596,23 @@ pub fn plan_only(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     opts: &PlanOptions,
 ) -> Plan {
-    let visual = visual_bytes(cfg, dims, kind, opts);
-    let mut lm = lm_bytes_without_kv(cfg, dims, kind, opts);
-    let mut kv = kv_geometry(cfg, dims, kind, opts);
+    let visual = visual_bytes(cfg, dims, kind, sizing, opts);
+    let mut lm = lm_bytes_without_kv(cfg, dims, kind, sizing, opts);
+    let mut kv = kv_geometry(cfg, dims, sizing, opts);
     let mut problems = Vec::new();
-    match resolve_kv_blocks_with(cfg, dims, kind, opts) {
+    // A pool the part's backend cannot run (e.g. a tensor-parallel LM on a backend without it).
+    for (part, n) in [
+        (Part::Visual, cfg.visual.num_devices),
+        (Part::Lm, cfg.num_devices),
+    ] {
+        if let Err(why) = sizing.pool(part, n) {
+            problems.push(format!("{}: {why}", part.as_str()));
+        }
+    }
+    match resolve_kv_blocks_with(cfg, dims, kind, sizing, opts) {
         Ok(b) => kv.blocks = b,
         Err(e) => {
             problems.push(e.to_string());
@@ -731,12 +625,8 @@ pub fn plan_only(
     lm.total += lm.kv_cache;
 
     let lay = layout(cfg, kind);
-    let placed = place_without_kv(cfg, kind, &visual, &lm, &lay);
-    let n_lm = if kind.shared_pool {
-        1
-    } else {
-        cfg.num_devices as u64
-    };
+    let placed = place_without_kv(cfg, kind, sizing, &visual, &lm, &lay);
+    let n_lm = divisor(kind, sizing, Part::Lm, cfg.num_devices);
     let mut devices = Vec::new();
     for ((name, _), (parts, mut items)) in lay.slots.iter().zip(placed) {
         if parts.contains(&Part::Lm) {
@@ -820,10 +710,10 @@ pub enum Service {
     Lm,
 }
 
-/// The bytes one service plans to hold on the CPU backend of this machine (RAM from
-/// /proc/meminfo): weights in the config's dtype (norms in f32), its graph buffers (the ViT
-/// engine's workspaces per compute device; the LM's largest run) and, for the LM, the KV cache
-/// as [`resolve_kv_blocks`] sizes it (plus the dummy block); with the process baseline.
+/// The bytes one service plans to hold on this machine's host memory (RAM from /proc/meminfo):
+/// weights in the config's dtype (norms in f32), its graph buffers (the ViT's per compute
+/// device; the LM's largest run) and, for the LM, the KV cache as [`resolve_kv_blocks`] sizes
+/// it (plus the backend's extra blocks); with the process baseline.
 ///
 /// Comparing with process RSS after start-up: [`PartBytes::resident`] is what a service that
 /// pre-faults its reservations holds (see the module documentation); per-run buffers are not
@@ -831,12 +721,14 @@ pub enum Service {
 pub fn cpu_service_bytes(
     cfg: &DeployConfig,
     dims: &ModelDims,
+    sizing: &dyn Sizing,
     service: Service,
 ) -> Result<PartBytes, PlanError> {
     service_bytes(
         cfg,
         dims,
         &DeviceKind::cpu()?,
+        sizing,
         service,
         &PlanOptions::default(),
     )
@@ -847,67 +739,25 @@ pub fn service_bytes(
     cfg: &DeployConfig,
     dims: &ModelDims,
     kind: &DeviceKind,
+    sizing: &dyn Sizing,
     service: Service,
     opts: &PlanOptions,
 ) -> Result<PartBytes, PlanError> {
     match service {
-        Service::Vision => Ok(visual_bytes(cfg, dims, kind, opts)),
+        Service::Vision => Ok(visual_bytes(cfg, dims, kind, sizing, opts)),
         Service::Lm => {
-            let blocks = resolve_kv_blocks_with(cfg, dims, kind, opts)?;
-            let kv = kv_geometry(cfg, dims, kind, opts);
-            let mut lm = lm_bytes_without_kv(cfg, dims, kind, opts);
-            lm.kv_cache = (blocks as u64 + kv.extra_blocks as u64) * kv.block_bytes;
+            let blocks = resolve_kv_blocks_with(cfg, dims, kind, sizing, opts)?;
+            let mut lm = lm_bytes_without_kv(cfg, dims, kind, sizing, opts);
+            lm.kv_cache = kv_pool_bytes(cfg, dims, blocks, sizing);
             lm.total += lm.kv_cache;
             Ok(lm)
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::plan::device::GIB;
-
-    fn cfg(json: &str) -> DeployConfig {
-        DeployConfig::from_json(json).unwrap().config
-    }
-
-    #[test]
-    fn a_cpu_service_resident_figure_is_baseline_weights_held_buffers_and_kv() {
-        let c = cfg(r#"{
-            "visual": {"max_seq_len": [1024, 4096], "device": [0]},
-            "device": [1], "max_seq_len": 4096, "kvcache_partition_len": 256,
-            "kvcache_num_blocks": 16, "batch_size": 2
-        }"#);
-        let dims = ModelDims::qwen3_vl_2b();
-        let kind = DeviceKind::cpu_with(64 * GIB);
-        let opts = PlanOptions::default();
-        let v = service_bytes(&c, &dims, &kind, Service::Vision, &opts).unwrap();
-        let held = vit_cpu_engine_held_bytes(&dims, 1024) + vit_cpu_engine_held_bytes(&dims, 4096);
-        assert_eq!(v.held_buffers, held);
-        assert!(v.held_buffers < v.buffers);
-        assert_eq!(v.resident(), CPU_PROCESS_BASELINE + v.weights + held);
-        let l = service_bytes(&c, &dims, &kind, Service::Lm, &opts).unwrap();
-        assert_eq!(l.held_buffers, 0);
-        assert_eq!(l.resident(), CPU_PROCESS_BASELINE + l.weights + l.kv_cache);
-        // Device memory of an accelerator carries no process baseline.
-        let h = service_bytes(&c, &dims, &DeviceKind::h200(), Service::Lm, &opts).unwrap();
-        assert_eq!(h.process_baseline, 0);
-    }
-
-    #[test]
-    fn every_cpu_vision_device_holds_its_own_workspaces() {
-        let one = cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0]}, "device": [3]}"#);
-        let three =
-            cfg(r#"{"visual": {"max_seq_len": [1024, 4096], "device": [0, 1, 2]}, "device": [3]}"#);
-        let dims = ModelDims::qwen3_vl_2b();
-        let kind = DeviceKind::cpu_with(64 * GIB);
-        let opts = PlanOptions::default();
-        let a = visual_bytes(&one, &dims, &kind, &opts);
-        let b = visual_bytes(&three, &dims, &kind, &opts);
-        assert_eq!(b.weights, a.weights, "the weights are shared");
-        assert_eq!(b.buffers, 3 * a.buffers);
-        assert_eq!(b.held_buffers, 3 * a.held_buffers);
-        assert!(b.graphs[0].what.contains("x3 devices"), "{:?}", b.graphs[0]);
-    }
+/// Bytes of a KV pool of `blocks` usable blocks as the LM's backend allocates it (its extra
+/// blocks included).
+pub fn kv_pool_bytes(cfg: &DeployConfig, dims: &ModelDims, blocks: u32, sizing: &dyn Sizing) -> u64 {
+    let kv = kv_geometry(cfg, dims, sizing, &PlanOptions::default());
+    (blocks as u64 + kv.extra_blocks as u64) * kv.block_bytes
 }

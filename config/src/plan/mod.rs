@@ -31,15 +31,17 @@ pub mod device;
 pub mod dims;
 pub mod memory;
 pub mod report;
+pub mod sizing;
 
 pub use buckets::{BucketSet, CostModel};
 pub use device::{human, parse_bytes, BufferPolicy, DeviceKind, GIB, KIB, MIB};
 pub use dims::{ModelDims, ParamCount};
 pub use memory::{
-    cpu_service_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with, service_bytes,
-    DevicePlan, Item, KvPlan, Part, PartBytes, Plan, PlanOptions, Service, Suggestion,
-    CPU_PROCESS_BASELINE,
+    cpu_service_bytes, kv_pool_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with,
+    service_bytes, visual_bytes, DevicePlan, Item, KvPlan, Part, PartBytes, Plan, PlanOptions,
+    Service, Suggestion, CPU_PROCESS_BASELINE,
 };
+pub use sizing::{graph_lm_elems, graph_vit_elems, BucketBytes, Dtypes, PoolUse, RblnSizing, Sizing};
 
 /// Why a plan cannot be made, or why the automatic KV block count has no answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

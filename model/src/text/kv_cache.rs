@@ -10,19 +10,29 @@
 //!   strided view with no copy and multiplies it directly (see `attention.rs`).
 //! * The last block (`dummy_block()`) takes the writes of padded decode rows; nothing reads it.
 //!
-//! The tensors are zero-initialised and pre-faulted on the CPU (`device::zeros_resident`): the
-//! pool a service reserves is really held from start-up, as the memory plan says.
-use super::decode_attention::CacheGeometry;
-use crate::config::TextConfig;
-use crate::cpu::cpu_view::CpuView;
+//! The tensors are zero-initialised and pre-faulted on the CPU (`resident::zeros_resident`):
+//! the pool a service reserves is really held from start-up, as the memory plan says. Kernels
+//! that read the layout directly (a backend's paged attention) take [`PagedKvCache::layer`] and
+//! [`PagedKvCache::geometry`].
 use crate::error::{ModelError, Result};
-use candle_core::{CpuStorage, DType, Device, InplaceOp1, Layout, Tensor};
-use half::bf16;
+use candle_core::{DType, Device, Tensor};
+use vlm_compute::TextConfig;
 
-/// One layer's K and V storage on the CPU, borrowed (see [`PagedKvCache::with_layer`]).
-pub(crate) enum KvLayer<'a> {
-    F32(&'a [f32], &'a [f32]),
-    Bf16(&'a [bf16], &'a [bf16]),
+/// Where token t of a sequence sits in one layer's K (or V) storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheGeometry {
+    pub kv_heads: usize,
+    pub block_len: usize,
+    pub head_dim: usize,
+}
+
+impl CacheGeometry {
+    /// Offset (in values) of kv head `kvh`, token `t` of the sequence whose blocks are `table`.
+    #[inline]
+    pub fn offset(&self, table: &[u32], kvh: usize, t: usize) -> usize {
+        let block = table[t / self.block_len] as usize;
+        ((block * self.kv_heads + kvh) * self.block_len + t % self.block_len) * self.head_dim
+    }
 }
 
 #[derive(Debug)]
@@ -67,8 +77,8 @@ impl PagedKvCache {
         let mut k = Vec::with_capacity(cfg.num_hidden_layers);
         let mut v = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
-            k.push(crate::device::zeros_resident(shape, dtype, device)?);
-            v.push(crate::device::zeros_resident(shape, dtype, device)?);
+            k.push(crate::resident::zeros_resident(shape, dtype, device)?);
+            v.push(crate::resident::zeros_resident(shape, dtype, device)?);
         }
         Ok(PagedKvCache {
             k,
@@ -120,35 +130,25 @@ impl PagedKvCache {
         tokens.div_ceil(self.block_len)
     }
 
-    pub(crate) fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
+    /// One layer's K and V storage, each (num_blocks + 1, kv_heads, block_len, head_dim).
+    pub fn layer(&self, layer: usize) -> (&Tensor, &Tensor) {
         (&self.k[layer], &self.v[layer])
     }
 
     /// Checks that a block table covers `tokens` tokens with valid, usable block ids.
-    pub(crate) fn check_table(&self, table: &[u32], tokens: usize, what: &str) -> Result<()> {
-        let need = self.blocks_for(tokens);
-        if table.len() < need {
-            return Err(ModelError::KvCache(format!(
-                "{what}: {tokens} tokens need {need} blocks of {}, the block table has {}",
-                self.block_len,
-                table.len()
-            )));
-        }
-        if let Some(&bad) = table[..need]
-            .iter()
-            .find(|&&b| b as usize >= self.num_blocks)
-        {
-            return Err(ModelError::KvCache(format!(
-                "{what}: block id {bad} is out of range (the cache has {} blocks)",
-                self.num_blocks
-            )));
-        }
-        Ok(())
+    pub fn check_table(&self, table: &[u32], tokens: usize, what: &str) -> Result<()> {
+        Ok(vlm_compute::check_table(
+            table,
+            tokens,
+            self.num_blocks,
+            self.block_len,
+            what,
+        )?)
     }
 
     /// Writes k, v: (n, kv_heads, head_dim) of tokens at cache indices [start, start+n) of the
     /// sequence whose blocks are `table`.
-    pub(crate) fn write(
+    pub fn write(
         &self,
         layer: usize,
         table: &[u32],
@@ -180,7 +180,7 @@ impl PagedKvCache {
 
     /// Writes one token's k, v: (kv_heads, head_dim) at `slot` of `block` (any block, the dummy
     /// included).
-    pub(crate) fn write_slot(
+    pub fn write_slot(
         &self,
         layer: usize,
         block: u32,
@@ -211,14 +211,8 @@ impl PagedKvCache {
         Ok(())
     }
 
-    /// Whether the raw-memory paths ([`Self::write_decode_rows`], [`Self::with_layer`]) apply:
-    /// a cache on the CPU (f32 or bf16).
-    pub(crate) fn is_cpu(&self) -> bool {
-        self.k[0].device().is_cpu()
-    }
-
     /// The geometry of one layer's K (and V) storage.
-    pub(crate) fn geometry(&self) -> CacheGeometry {
+    pub fn geometry(&self) -> CacheGeometry {
         CacheGeometry {
             kv_heads: self.kv_heads,
             block_len: self.block_len,
@@ -226,66 +220,17 @@ impl PagedKvCache {
         }
     }
 
-    /// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data
-    /// (rounded to nearest even into a bf16 cache, as candle's `to_dtype`); row r goes to cache
-    /// index ctx of its table, a padding row to slot r of the dummy block.
-    pub(crate) fn write_decode_rows(
-        &self,
-        layer: usize,
-        rows: &[Option<(usize, &[u32])>],
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<()> {
-        let (bl, kvh, hd) = (self.block_len, self.kv_heads, self.head_dim);
-        let dsts: Vec<usize> = rows
-            .iter()
-            .enumerate()
-            .map(|(r, row)| {
-                let (block, off) = match row {
-                    Some((ctx, table)) => (table[ctx / bl] as usize, ctx % bl),
-                    None => (self.num_blocks, r % bl),
-                };
-                (block * kvh * bl + off) * hd
-            })
-            .collect();
-        for (cache, src) in [(&self.k[layer], k), (&self.v[layer], v)] {
-            cache.inplace_op1(&WriteRows {
-                src,
-                dsts: &dsts,
-                row_len: kvh * hd,
-                head_stride: bl * hd,
-                hd,
-            })?;
-        }
-        Ok(())
+    pub fn kv_heads(&self) -> usize {
+        self.kv_heads
     }
-
-    /// Runs `f` on one layer's K and V storage as slices (CPU caches only).
-    pub(crate) fn with_layer<R>(
-        &self,
-        layer: usize,
-        f: impl FnOnce(KvLayer<'_>) -> R,
-    ) -> Result<R> {
-        let (k, v) = (&self.k[layer], &self.v[layer]);
-        if self.dtype == DType::BF16 {
-            let (k, v) = (
-                CpuView::<bf16>::new(k, "K cache")?,
-                CpuView::<bf16>::new(v, "V cache")?,
-            );
-            Ok(f(KvLayer::Bf16(k.slice(), v.slice())))
-        } else {
-            let (k, v) = (
-                CpuView::<f32>::new(k, "K cache")?,
-                CpuView::<f32>::new(v, "V cache")?,
-            );
-            Ok(f(KvLayer::F32(k.slice(), v.slice())))
-        }
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
     }
 
     /// The cached K and V of tokens [0, len) of a sequence, as per-block f32 views
     /// `(kv_heads, n_i, head_dim)` (strided, no copy, for an f32 cache; widened copies of a
     /// bf16 one), in order.
-    pub(crate) fn read(
+    pub fn read(
         &self,
         layer: usize,
         table: &[u32],
@@ -307,47 +252,5 @@ impl PagedKvCache {
             done += n;
         }
         Ok(out)
-    }
-}
-
-/// In-place copy of one token per row into the cache: row r's `row_len` values (kv_heads runs
-/// of head_dim) go to `dsts[r] + h * head_stride` for each kv head h.
-struct WriteRows<'a> {
-    src: &'a [f32],
-    dsts: &'a [usize],
-    row_len: usize,
-    head_stride: usize,
-    hd: usize,
-}
-
-impl WriteRows<'_> {
-    fn copy<T>(&self, cache: &mut [T], convert: impl Fn(f32) -> T) {
-        for (r, &dst) in self.dsts.iter().enumerate() {
-            let row = &self.src[r * self.row_len..(r + 1) * self.row_len];
-            for (h, head) in row.chunks_exact(self.hd).enumerate() {
-                let at = dst + h * self.head_stride;
-                for (c, &x) in cache[at..at + self.hd].iter_mut().zip(head) {
-                    *c = convert(x);
-                }
-            }
-        }
-    }
-}
-
-impl InplaceOp1 for WriteRows<'_> {
-    fn name(&self) -> &'static str {
-        "kv-write-rows"
-    }
-
-    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
-        let Some((a, b)) = layout.contiguous_offsets() else {
-            candle_core::bail!("{}: the cache must be contiguous", self.name());
-        };
-        match storage {
-            CpuStorage::F32(cache) => self.copy(&mut cache[a..b], |x| x),
-            CpuStorage::BF16(cache) => self.copy(&mut cache[a..b], bf16::from_f32),
-            _ => candle_core::bail!("{}: the cache must be f32 or bf16", self.name()),
-        }
-        Ok(())
     }
 }

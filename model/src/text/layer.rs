@@ -2,25 +2,26 @@
 use super::attention::{Attention, Step};
 use super::mlp::Mlp;
 use super::norm::RmsNorm;
-use crate::config::TextConfig;
 use crate::error::Result;
+use crate::kernels::Kernels;
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
+use vlm_compute::TextConfig;
 
 #[derive(Debug, Clone)]
-pub struct DecoderLayer {
-    self_attn: Attention,
-    mlp: Mlp,
+pub struct DecoderLayer<K: Kernels> {
+    self_attn: Attention<K>,
+    mlp: Mlp<K>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
 }
 
-impl DecoderLayer {
+impl<K: Kernels> DecoderLayer<K> {
     /// `vb` at `model.language_model.layers.{i}`.
-    pub fn new(cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
         Ok(DecoderLayer {
-            self_attn: Attention::new(cfg, vb.pp("self_attn"))?,
-            mlp: Mlp::new(cfg, vb.pp("mlp"))?,
+            self_attn: Attention::new(k, cfg, vb.pp("self_attn"))?,
+            mlp: Mlp::new(k, cfg, vb.pp("mlp"))?,
             input_layernorm: RmsNorm::new(
                 cfg.hidden_size,
                 cfg.rms_norm_eps,

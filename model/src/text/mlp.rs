@@ -1,37 +1,40 @@
 //! `Qwen3VLTextMLP`: `down(silu(gate(x)) * up(x))`.
 use super::linear::Linear;
-use crate::config::TextConfig;
 use crate::error::Result;
+use crate::kernels::Kernels;
 use candle_core::Tensor;
 use candle_nn::VarBuilder;
+use vlm_compute::TextConfig;
 
 #[derive(Debug, Clone)]
-pub struct Mlp {
-    gate_up: GateUp,
-    down_proj: Linear,
+pub struct Mlp<K: Kernels> {
+    k: K,
+    gate_up: GateUp<K>,
+    down_proj: Linear<K>,
 }
 
-/// gate and up projections: two layers, or one with both weights stacked (packed bf16), whose
-/// output `[gate | up]` goes through one fused silu-multiply pass.
+/// gate and up projections: two layers, or one with both weights stacked (when the backend
+/// fuses them), whose output `[gate | up]` goes through the backend's silu-multiply.
 #[derive(Debug, Clone)]
-enum GateUp {
-    Separate(Linear, Linear),
-    Fused(Linear, usize),
+enum GateUp<K: Kernels> {
+    Separate(Linear<K>, Linear<K>),
+    Fused(Linear<K>, usize),
 }
 
-impl Mlp {
+impl<K: Kernels> Mlp<K> {
     /// `vb` at `...layers.{i}.mlp`.
-    pub fn new(cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let gate = Linear::load(&vb.pp("gate_proj"), d, i)?;
-        let up = Linear::load(&vb.pp("up_proj"), d, i)?;
+        let gate = Linear::load(k, &vb.pp("gate_proj"), d, i)?;
+        let up = Linear::load(k, &vb.pp("up_proj"), d, i)?;
         let gate_up = match Linear::fuse(&[&gate, &up]) {
             Some(fused) => GateUp::Fused(fused, i),
             None => GateUp::Separate(gate, up),
         };
         Ok(Mlp {
+            k: k.clone(),
             gate_up,
-            down_proj: Linear::load(&vb.pp("down_proj"), i, d)?,
+            down_proj: Linear::load(k, &vb.pp("down_proj"), i, d)?,
         })
     }
 
@@ -42,28 +45,8 @@ impl Mlp {
                 let gate = candle_nn::ops::silu(&gate.forward(x)?)?; // (n, inter)
                 (gate * up.forward(x)?)?
             }
-            GateUp::Fused(gate_up, inter) => silu_mul(&gate_up.forward(x)?, *inter)?,
+            GateUp::Fused(gate_up, inter) => self.k.silu_mul(&gate_up.forward(x)?, *inter)?,
         };
         self.down_proj.forward(&h)
     }
-}
-
-/// y: (n, 2 * inter) = [gate | up] -> (n, inter) = silu(gate) * up, one pass.
-fn silu_mul(y: &Tensor, inter: usize) -> Result<Tensor> {
-    use rayon::prelude::*;
-    let n = y.dim(0)?;
-    let y = y.contiguous()?;
-    let view = crate::cpu::cpu_view::CpuF32::new(&y, "fused gate/up output")?;
-    let data = view.slice();
-    let mut out = vec![0f32; n * inter];
-    out.par_chunks_mut(inter)
-        .zip(data.par_chunks(2 * inter))
-        .for_each(|(o, row)| {
-            let (gate, up) = row.split_at(inter);
-            for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
-                *o = g / (1.0 + (-g).exp()) * u;
-            }
-        });
-    drop(view);
-    Ok(Tensor::from_vec(out, (n, inter), y.device())?)
 }

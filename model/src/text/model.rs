@@ -1,87 +1,39 @@
 //! `Qwen3VLTextModel` + `lm_head`: token embedding with image rows scattered in, the decoder
 //! layers with deepstack injection, final norm, logits of the last position of each row.
-use super::attention::{causal_mask, AttnRows, Step};
-use super::batch::{BatchInput, DecodeBatch, PrefillChunk};
+use super::attention::Step;
+use super::batch::{BatchInput, DecodeBatch};
 use super::kv_cache::PagedKvCache;
 use super::layer::DecoderLayer;
 use super::linear::Linear;
 use super::norm::RmsNorm;
-use super::rope::{MRope, Position3};
-use crate::config::{Qwen3VlConfig, TextConfig};
-use crate::cpu::PackedB;
+use super::rope::MRope;
+use super::step::{causal_mask, AttnRows};
 use crate::error::{ModelError, Result};
+use crate::kernels::Kernels;
 use crate::weights::var_builder;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
-use std::sync::Arc;
+use vlm_compute::{PrefillChunk, Qwen3VlConfig, TextConfig};
+use vlm_compute::Position3;
 
-/// `embed_tokens`: (vocab, hidden) in the weight storage dtype; looked-up rows are f32.
+/// `embed_tokens`: (vocab, hidden) in the weight storage dtype; looked-up rows are f32. When
+/// the checkpoint ties `lm_head` to it, the rows are read from the head's weight (one copy).
 #[derive(Debug, Clone)]
-pub struct Embedding {
-    weight: EmbeddingWeight,
-}
-
-#[derive(Debug, Clone)]
-enum EmbeddingWeight {
-    Tensor(Tensor),
-    /// The tied `lm_head`'s packed bf16 weight (one copy in memory, read by both).
-    Packed(Arc<PackedB>, Device),
-}
-
-impl Embedding {
-    /// `vb` at `model.language_model.embed_tokens`.
-    pub fn new(vocab: usize, hidden: usize, vb: VarBuilder) -> Result<Self> {
-        Ok(Embedding {
-            weight: EmbeddingWeight::Tensor(vb.get((vocab, hidden), "weight")?.contiguous()?),
-        })
-    }
-    /// The (vocab, hidden) table as loaded; `None` once it is shared with a packed `lm_head`.
-    pub fn weight(&self) -> Option<&Tensor> {
-        match &self.weight {
-            EmbeddingWeight::Tensor(t) => Some(t),
-            EmbeddingWeight::Packed(..) => None,
-        }
-    }
-    /// ids: n -> (n, hidden) f32.
-    pub fn forward(&self, ids: &[u32]) -> Result<Tensor> {
-        match &self.weight {
-            EmbeddingWeight::Tensor(w) => {
-                let idx = Tensor::new(ids, w.device())?;
-                Ok(w.index_select(&idx, 0)?.to_dtype(DType::F32)?)
-            }
-            EmbeddingWeight::Packed(p, device) => {
-                let hidden = p.k();
-                let mut out = vec![0f32; ids.len() * hidden];
-                for (row, &id) in out.chunks_exact_mut(hidden).zip(ids) {
-                    p.column_f32(id as usize, row);
-                }
-                Ok(Tensor::from_vec(out, (ids.len(), hidden), device)?)
-            }
-        }
-    }
-}
-
-/// The KV cache dtype for weights stored as `weights`: bf16 for bf16 weights (the reference
-/// keeps its k/v states in the model dtype, so a bf16 run caches bf16 values; half the bytes
-/// per token to hold and to read per decode step), f32 otherwise (f32 stays the exact path; f16
-/// weights keep an f32 cache).
-pub fn kv_dtype_for(weights: DType) -> DType {
-    if weights == DType::BF16 {
-        DType::BF16
-    } else {
-        DType::F32
-    }
+enum Embedding {
+    Table(Tensor),
+    TiedToHead,
 }
 
 /// The Qwen3-VL language model (decoder + lm_head). Holds weights only: the KV cache is the
 /// caller's ([`PagedKvCache`]). Activations are f32 whatever the weight storage dtype.
 #[derive(Debug, Clone)]
-pub struct TextModel {
+pub struct TextModel<K: Kernels> {
+    k: K,
     embed_tokens: Embedding,
-    layers: Vec<DecoderLayer>,
+    layers: Vec<DecoderLayer<K>>,
     norm: RmsNorm,
-    lm_head: Linear,
+    lm_head: Linear<K>,
     /// `lm_head` is `embed_tokens` (tie_word_embeddings).
     tied: bool,
     rope: MRope,
@@ -92,25 +44,25 @@ pub struct TextModel {
     device: Device,
 }
 
-impl TextModel {
+impl<K: Kernels> TextModel<K> {
     /// Loads the LM part of a checkpoint directory (tensors under `model.language_model` and
     /// `lm_head` only), storing the linear and embedding weights as `dtype` (f32, f16 or bf16).
-    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<TextModel> {
+    pub fn load(k: &K, dir: &Path, dtype: DType) -> Result<TextModel<K>> {
         let cfg = Qwen3VlConfig::from_dir(dir)?;
-        let vb = var_builder(dir, dtype, device)?;
-        Self::new(&cfg, vb)
+        let vb = var_builder(dir, dtype, k.device())?;
+        Self::new(k, &cfg, vb)
     }
 
     /// Builds the model from a [`VarBuilder`] rooted at the checkpoint's top level; the weight
     /// storage dtype is the builder's.
-    pub fn new(cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel> {
-        Self::build(cfg, vb).map_err(|e| match e {
+    pub fn new(k: &K, cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel<K>> {
+        Self::build(k, cfg, vb).map_err(|e| match e {
             ModelError::Candle(c) => ModelError::Weights(c.to_string()),
             other => other,
         })
     }
 
-    fn build(cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel> {
+    fn build(k: &K, cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel<K>> {
         let t = &cfg.text;
         let weight_dtype = vb.dtype();
         if !matches!(weight_dtype, DType::F32 | DType::F16 | DType::BF16) {
@@ -134,25 +86,26 @@ impl TextModel {
             )));
         }
         let lm = vb.pp("model.language_model");
-        let mut embed_tokens = Embedding::new(t.vocab_size, t.hidden_size, lm.pp("embed_tokens"))?;
+        let table = lm
+            .pp("embed_tokens")
+            .get((t.vocab_size, t.hidden_size), "weight")?
+            .contiguous()?;
         let layers = (0..t.num_hidden_layers)
-            .map(|i| DecoderLayer::new(t, lm.pp("layers").pp(i)))
+            .map(|i| DecoderLayer::new(k, t, lm.pp("layers").pp(i)))
             .collect::<Result<Vec<_>>>()?;
         let norm = RmsNorm::new(t.hidden_size, t.rms_norm_eps, lm.pp("norm"))?;
-        let lm_head = if let (true, Some(table)) = (cfg.tie_word_embeddings, embed_tokens.weight())
-        {
-            let head = Linear::from_weight(table.clone())?;
-            if let Some(p) = head.packed() {
-                // Look embeddings up in the packed copy and drop the row-major one.
-                embed_tokens = Embedding {
-                    weight: EmbeddingWeight::Packed(p.clone(), vb.device().clone()),
-                };
-            }
-            head
+        let (embed_tokens, lm_head) = if cfg.tie_word_embeddings {
+            // One copy: the head holds the table as the backend wants it and embeddings are
+            // looked up in it.
+            (Embedding::TiedToHead, Linear::from_weight(k, table)?)
         } else {
-            Linear::load(&vb.pp("lm_head"), t.hidden_size, t.vocab_size)?
+            (
+                Embedding::Table(table),
+                Linear::load(k, &vb.pp("lm_head"), t.hidden_size, t.vocab_size)?,
+            )
         };
         Ok(TextModel {
+            k: k.clone(),
             embed_tokens,
             layers,
             norm,
@@ -216,9 +169,14 @@ impl TextModel {
         )
     }
 
-    /// The KV cache dtype for this model: [`kv_dtype_for`] its weight dtype.
+    /// The KV cache dtype the backend keeps for this model's weight dtype.
     pub fn kv_dtype(&self) -> DType {
-        kv_dtype_for(self.weight_dtype)
+        self.k.kv_dtype(self.weight_dtype)
+    }
+
+    /// The backend's kernels.
+    pub fn kernels(&self) -> &K {
+        &self.k
     }
 
     /// Token embeddings, ids: n -> (n, hidden) f32 (no image rows).
@@ -229,7 +187,13 @@ impl TextModel {
                 self.cfg.vocab_size
             )));
         }
-        self.embed_tokens.forward(ids)
+        match &self.embed_tokens {
+            Embedding::Table(w) => {
+                let idx = Tensor::new(ids, w.device())?;
+                Ok(w.index_select(&idx, 0)?.to_dtype(DType::F32)?)
+            }
+            Embedding::TiedToHead => self.k.rows_of(self.lm_head.weight(), ids),
+        }
     }
 
     /// One step: writes the step's K/V into `kv` and returns the logits of the last position of
@@ -237,9 +201,22 @@ impl TextModel {
     pub fn forward(&self, input: &BatchInput, kv: &mut PagedKvCache) -> Result<Tensor> {
         self.check_cache(kv)?;
         match input {
-            BatchInput::Prefill(chunk) => self.prefill(chunk, kv),
-            BatchInput::Decode(batch) => self.decode(batch, kv),
+            BatchInput::Prefill(chunk) => self.prefill_chunk(chunk, kv),
+            BatchInput::Decode(batch) => self.decode_batch(batch, kv),
         }
+    }
+
+    /// One prefill chunk: its K/V written into `kv`, the logits (1, vocab) f32 of its last
+    /// token.
+    pub fn prefill(&self, c: &PrefillChunk, kv: &mut PagedKvCache) -> Result<Tensor> {
+        self.check_cache(kv)?;
+        self.prefill_chunk(c, kv)
+    }
+
+    /// One decode step of a padded batch: (rows.len(), vocab) f32.
+    pub fn decode(&self, d: &DecodeBatch, kv: &mut PagedKvCache) -> Result<Tensor> {
+        self.check_cache(kv)?;
+        self.decode_batch(d, kv)
     }
 
     fn check_cache(&self, kv: &PagedKvCache) -> Result<()> {
@@ -261,7 +238,7 @@ impl TextModel {
         Ok(())
     }
 
-    fn prefill(&self, c: &PrefillChunk, kv: &PagedKvCache) -> Result<Tensor> {
+    fn prefill_chunk(&self, c: &PrefillChunk, kv: &PagedKvCache) -> Result<Tensor> {
         let n = c.tokens.len();
         if n == 0 || c.positions.len() != n {
             return Err(ModelError::invalid(format!(
@@ -276,13 +253,13 @@ impl TextModel {
 
         // 1. (n, hidden): token embeddings, image rows replaced by the vision embeddings.
         let x = self.embed_tokens(&c.tokens)?;
+        let host_rows = |t: &vlm_compute::HostTensor, start: usize, len: usize| -> Result<Tensor> {
+            let mut rows = vec![0f32; len * hidden];
+            t.rows_to_f32(start, &mut rows)?;
+            Ok(Tensor::from_vec(rows, (len, hidden), &self.device)?)
+        };
         for r in &c.images {
-            let rows = r
-                .image
-                .embeds
-                .narrow(0, r.src_start, r.len)?
-                .to_dtype(DType::F32)?;
-            x.slice_set(&rows.contiguous()?, 0, r.dst_start)?;
+            x.slice_set(&host_rows(&r.image.embeds, r.src_start, r.len)?, 0, r.dst_start)?;
         }
         // 2. Per deepstack level, (n, hidden) zero except at the image rows.
         let mut deepstack = Vec::new();
@@ -290,10 +267,8 @@ impl TextModel {
             for level in 0..self.deepstack_levels {
                 let add = Tensor::zeros((n, hidden), DType::F32, &self.device)?;
                 for r in &c.images {
-                    let rows = r.image.deepstack[level]
-                        .narrow(0, r.src_start, r.len)?
-                        .to_dtype(DType::F32)?;
-                    add.slice_set(&rows.contiguous()?, 0, r.dst_start)?;
+                    let rows = host_rows(&r.image.deepstack[level], r.src_start, r.len)?;
+                    add.slice_set(&rows, 0, r.dst_start)?;
                 }
                 deepstack.push(add);
             }
@@ -335,14 +310,14 @@ impl TextModel {
         let mut covered = vec![false; n];
         for (k, r) in c.images.iter().enumerate() {
             let img = &r.image;
-            if img.embeds.dims() != [img.tokens(), hidden] {
+            if img.embeds.shape() != [img.tokens(), hidden] {
                 return Err(ModelError::invalid(format!(
                     "image rows {k}: embeddings shaped {:?}, expected (tokens, {hidden})",
-                    img.embeds.dims()
+                    img.embeds.shape()
                 )));
             }
             if img.deepstack.len() != self.deepstack_levels
-                || img.deepstack.iter().any(|d| d.dims() != img.embeds.dims())
+                || img.deepstack.iter().any(|d| d.shape() != img.embeds.shape())
             {
                 return Err(ModelError::invalid(format!(
                     "image rows {k}: {} deepstack features, the model takes {} shaped like the embeddings",
@@ -387,7 +362,7 @@ impl TextModel {
         Ok(())
     }
 
-    fn decode(&self, d: &DecodeBatch, kv: &PagedKvCache) -> Result<Tensor> {
+    fn decode_batch(&self, d: &DecodeBatch, kv: &PagedKvCache) -> Result<Tensor> {
         let b = d.rows.len();
         if b == 0 {
             return Err(ModelError::invalid("a decode step needs at least one row"));

@@ -2,10 +2,11 @@
 //! pre-LN, `x += proj(attn(norm1(x)))`, `x += fc2(gelu_tanh(fc1(norm2(x))))`.
 use super::attention::{attention_blocked, Span};
 use super::linear::{LayerNorm, Linear};
-use crate::config::VisionConfig;
 use crate::error::Result;
+use crate::kernels::Kernels;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
+use vlm_compute::VisionConfig;
 
 /// Per-run inputs shared by every block: the rope tables and the attention spans.
 pub struct AttnContext<'a> {
@@ -18,21 +19,21 @@ pub struct AttnContext<'a> {
 
 /// `attn`: fused qkv projection, 2-D rope on q and k, attention per frame, output projection.
 #[derive(Debug, Clone)]
-pub struct VisionAttention {
+pub struct VisionAttention<K: Kernels> {
     /// D -> 3D, output `[q | k | v]`, each `[head][hd]`.
-    pub qkv: Linear,
+    pub qkv: Linear<K>,
     /// D -> D.
-    pub proj: Linear,
+    pub proj: Linear<K>,
     pub num_heads: usize,
     pub head_dim: usize,
 }
 
-impl VisionAttention {
-    pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
+impl<K: Kernels> VisionAttention<K> {
+    pub fn new(k: &K, cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
         let d = cfg.hidden_size;
         Ok(VisionAttention {
-            qkv: Linear::new(vb.pp("qkv"), d, 3 * d, dtype)?,
-            proj: Linear::new(vb.pp("proj"), d, d, dtype)?,
+            qkv: Linear::new(k, vb.pp("qkv"), d, 3 * d, dtype)?,
+            proj: Linear::new(k, vb.pp("proj"), d, d, dtype)?,
             num_heads: cfg.num_heads,
             head_dim: cfg.head_dim(),
         })
@@ -66,19 +67,19 @@ impl VisionAttention {
 
 /// `mlp`: linear_fc1 -> gelu (tanh approximation, `gelu_pytorch_tanh`) -> linear_fc2.
 #[derive(Debug, Clone)]
-pub struct VisionMlp {
+pub struct VisionMlp<K: Kernels> {
     /// D -> I.
-    pub linear_fc1: Linear,
+    pub linear_fc1: Linear<K>,
     /// I -> D.
-    pub linear_fc2: Linear,
+    pub linear_fc2: Linear<K>,
 }
 
-impl VisionMlp {
-    pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
+impl<K: Kernels> VisionMlp<K> {
+    pub fn new(k: &K, cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
         Ok(VisionMlp {
-            linear_fc1: Linear::new(vb.pp("linear_fc1"), d, i, dtype)?,
-            linear_fc2: Linear::new(vb.pp("linear_fc2"), i, d, dtype)?,
+            linear_fc1: Linear::new(k, vb.pp("linear_fc1"), d, i, dtype)?,
+            linear_fc2: Linear::new(k, vb.pp("linear_fc2"), i, d, dtype)?,
         })
     }
 
@@ -91,20 +92,20 @@ impl VisionMlp {
 
 /// `blocks.{i}`.
 #[derive(Debug, Clone)]
-pub struct VisionBlock {
+pub struct VisionBlock<K: Kernels> {
     pub norm1: LayerNorm,
     pub norm2: LayerNorm,
-    pub attn: VisionAttention,
-    pub mlp: VisionMlp,
+    pub attn: VisionAttention<K>,
+    pub mlp: VisionMlp<K>,
 }
 
-impl VisionBlock {
-    pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
+impl<K: Kernels> VisionBlock<K> {
+    pub fn new(k: &K, cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
         Ok(VisionBlock {
             norm1: LayerNorm::new(vb.pp("norm1"), cfg.hidden_size)?,
             norm2: LayerNorm::new(vb.pp("norm2"), cfg.hidden_size)?,
-            attn: VisionAttention::new(cfg, vb.pp("attn"), dtype)?,
-            mlp: VisionMlp::new(cfg, vb.pp("mlp"), dtype)?,
+            attn: VisionAttention::new(k, cfg, vb.pp("attn"), dtype)?,
+            mlp: VisionMlp::new(k, cfg, vb.pp("mlp"), dtype)?,
         })
     }
 

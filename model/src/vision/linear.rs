@@ -1,33 +1,29 @@
-//! Linear layer and LayerNorm as the ViT uses them: weights in the compute dtype, activations
-//! and biases in f32 (candle's CPU bf16/f16 elementwise paths are slow and lose precision).
-//! bf16 weights on a CPU with AVX512-BF16 are packed at load for [`crate::cpu::bf16_gemm`].
-use crate::cpu::{bf16_dot_available, matmul_packed, PackedB};
+//! Linear layer and LayerNorm as the ViT uses them: weights held as the backend's [`Kernels`]
+//! want them (from the compute dtype), activations and biases in f32.
 use crate::error::{ModelError, Result};
+use crate::kernels::Kernels;
 use candle_core::{DType, Module, Tensor};
 use candle_nn::VarBuilder;
-use std::sync::Arc;
 
 /// `nn.Linear(in, out, bias=True)`: y = x @ W^T + b.
 #[derive(Debug, Clone)]
-pub struct Linear {
-    /// (out, in) in the compute dtype, unless packed.
-    weight: Option<Tensor>,
-    /// The bf16 weight packed for the AVX512-BF16 kernel (then `weight` is `None`).
-    packed: Option<Arc<PackedB>>,
+pub struct Linear<K: Kernels> {
+    k: K,
+    weight: K::Weight,
     /// (out,) f32.
     bias: Tensor,
 }
 
-impl Linear {
-    /// Loads `{vb}.weight` (out, in) and `{vb}.bias` (out,).
-    pub fn new(vb: VarBuilder, in_dim: usize, out_dim: usize, dtype: DType) -> Result<Self> {
+impl<K: Kernels> Linear<K> {
+    /// Loads `{vb}.weight` (out, in) in `dtype` and `{vb}.bias` (out,) in f32.
+    pub fn new(k: &K, vb: VarBuilder, in_dim: usize, out_dim: usize, dtype: DType) -> Result<Self> {
         let weight = vb.to_dtype(dtype).get((out_dim, in_dim), "weight")?;
         let bias = vb.to_dtype(DType::F32).get(out_dim, "bias")?;
-        Self::from_parts(weight, bias)
+        Self::from_parts(k, weight, bias)
     }
 
     /// From an already shaped (out, in) weight and an (out,) bias.
-    pub fn from_parts(weight: Tensor, bias: Tensor) -> Result<Self> {
+    pub fn from_parts(k: &K, weight: Tensor, bias: Tensor) -> Result<Self> {
         let (out_dim, _) = weight.dims2()?;
         if bias.dims() != [out_dim] {
             return Err(ModelError::Weights(format!(
@@ -36,29 +32,16 @@ impl Linear {
                 weight.dims()
             )));
         }
-        let bias = bias.to_dtype(DType::F32)?;
-        let weight = weight.contiguous()?;
-        Ok(match PackedB::from_bf16_tensor(&weight)? {
-            Some(p) if bf16_dot_available() => Linear {
-                weight: None,
-                packed: Some(Arc::new(p)),
-                bias,
-            },
-            _ => Linear {
-                weight: Some(weight),
-                packed: None,
-                bias,
-            },
+        Ok(Linear {
+            weight: k.weight(weight.contiguous()?)?,
+            k: k.clone(),
+            bias: bias.to_dtype(DType::F32)?,
         })
     }
 
-    /// (out, in), compute dtype; `None` when the weight is held packed.
-    pub fn weight(&self) -> Option<&Tensor> {
-        self.weight.as_ref()
-    }
-    /// The packed bf16 weight, when this layer runs the AVX512-BF16 kernel.
-    pub fn packed(&self) -> Option<&Arc<PackedB>> {
-        self.packed.as_ref()
+    /// The weight as the backend holds it.
+    pub fn weight(&self) -> &K::Weight {
+        &self.weight
     }
     /// (out,), f32.
     pub fn bias(&self) -> &Tensor {
@@ -70,25 +53,7 @@ impl Linear {
 
     /// (N, in) f32 -> (N, out) f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let weight = match (&self.weight, &self.packed) {
-            (Some(w), _) => w,
-            (None, Some(p)) => {
-                let y = matmul_packed(x, p)?;
-                return Ok(y.broadcast_add(&self.bias)?);
-            }
-            (None, None) => unreachable!("a linear holds its weight one way or the other"),
-        };
-        let dtype = weight.dtype();
-        let y = if x.dtype() == dtype {
-            x.matmul(&weight.t()?)?
-        } else {
-            x.to_dtype(dtype)?.matmul(&weight.t()?)?
-        };
-        let y = if y.dtype() == DType::F32 {
-            y
-        } else {
-            y.to_dtype(DType::F32)?
-        };
+        let y = self.k.matmul(&x.to_dtype(DType::F32)?.contiguous()?, &self.weight)?;
         Ok(y.broadcast_add(&self.bias)?)
     }
 }

@@ -4,26 +4,28 @@
 //! view first and normalise over 4D. Then linear_fc1 (4D->4D), exact erf GELU (`nn.GELU()`),
 //! linear_fc2 (4D->out_hidden).
 use super::linear::{LayerNorm, Linear};
-use crate::config::VisionConfig;
 use crate::error::Result;
+use crate::kernels::Kernels;
+use vlm_compute::VisionConfig;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 #[derive(Debug, Clone)]
-pub struct PatchMerger {
+pub struct PatchMerger<K: Kernels> {
     /// LayerNorm(D), or LayerNorm(4D) when `postshuffle`.
     pub norm: LayerNorm,
     /// 4D -> 4D.
-    pub linear_fc1: Linear,
+    pub linear_fc1: Linear<K>,
     /// 4D -> out_hidden.
-    pub linear_fc2: Linear,
+    pub linear_fc2: Linear<K>,
     pub postshuffle: bool,
     /// 4D.
     pub merged_dim: usize,
 }
 
-impl PatchMerger {
+impl<K: Kernels> PatchMerger<K> {
     pub fn new(
+        k: &K,
         cfg: &VisionConfig,
         vb: VarBuilder,
         postshuffle: bool,
@@ -37,8 +39,8 @@ impl PatchMerger {
         };
         Ok(PatchMerger {
             norm: LayerNorm::new(vb.pp("norm"), norm_dim)?,
-            linear_fc1: Linear::new(vb.pp("linear_fc1"), merged_dim, merged_dim, dtype)?,
-            linear_fc2: Linear::new(vb.pp("linear_fc2"), merged_dim, cfg.out_hidden_size, dtype)?,
+            linear_fc1: Linear::new(k, vb.pp("linear_fc1"), merged_dim, merged_dim, dtype)?,
+            linear_fc2: Linear::new(k, vb.pp("linear_fc2"), merged_dim, cfg.out_hidden_size, dtype)?,
             postshuffle,
             merged_dim,
         })

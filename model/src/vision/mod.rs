@@ -1,14 +1,12 @@
-//! The Qwen3-VL ViT and its fixed-shape bucket graphs.
+//! The Qwen3-VL ViT: the checkpoint's tree and its one forward (in the backend's kernels).
 //!
 //! One struct per checkpoint module under `model.visual` (`patch_embed.proj`, `pos_embed`,
 //! `blocks.{i}.{norm1, norm2, attn.qkv, attn.proj, mlp.linear_fc1, mlp.linear_fc2}`,
 //! `merger.*`, `deepstack_merger_list.{k}.*`). Token order everywhere is merge-block order, as
-//! the processor emits the patches.
+//! the processor emits the patches. [`buckets`] has the rules of a bucketed (padded) run.
 mod attention;
 mod block;
-mod engine;
-mod graphs;
-mod kernels;
+pub mod buckets;
 mod linear;
 mod merger;
 mod model;
@@ -16,12 +14,11 @@ mod patch_embed;
 mod pos_embed;
 mod rope;
 
-pub use attention::{spans_for, Span};
+pub use attention::{query_block_rows, spans_for, Span, SCORE_BLOCK_ELEMS};
 pub use block::{AttnContext, VisionAttention, VisionBlock, VisionMlp};
-pub use graphs::{estimate_memory_bytes, BucketRun, GraphBackend, VisionGraphs};
-pub use linear::{LayerNorm, Linear};
+pub use linear::{LayerNorm, Linear, LN_EPS};
 pub use merger::PatchMerger;
-pub use model::{VisionModel, VisionTrace, VISION_PREFIX};
+pub use model::{VisionModel, VisionOutput, VisionTrace, VISION_PREFIX};
 pub use patch_embed::PatchEmbed;
 pub use pos_embed::{axis_taps, merge_block_coords, PosEmbed};
 pub use rope::{VisionRope, VISION_ROPE_THETA};

@@ -5,29 +5,56 @@ use super::merger::PatchMerger;
 use super::patch_embed::PatchEmbed;
 use super::pos_embed::PosEmbed;
 use super::rope::{VisionRope, VISION_ROPE_THETA};
-use crate::config::{Qwen3VlConfig, VisionConfig};
-use crate::embeds::ImageEmbeds;
 use crate::error::{ModelError, Result};
+use crate::kernels::Kernels;
 use crate::weights::var_builder;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
+use vlm_compute::{HostTensor, ImageEmbeds, Qwen3VlConfig, VisionConfig};
 
 /// Checkpoint prefix of the vision tower.
 pub const VISION_PREFIX: &str = "model.visual";
 
-/// The ViT with its mergers. Activations are f32; linear weights are in the compute dtype.
+/// What the ViT computes for one image, as tensors on the model's device.
 #[derive(Debug, Clone)]
-pub struct VisionModel {
+pub struct VisionOutput {
+    /// (tokens, out_hidden) merged embeddings.
+    pub embeds: Tensor,
+    /// Per deepstack level, (tokens, out_hidden).
+    pub deepstack: Vec<Tensor>,
+    pub grid_thw: [usize; 3],
+}
+
+impl VisionOutput {
+    /// The seam's host form (f32 values).
+    pub fn to_host(&self) -> Result<ImageEmbeds> {
+        let host = |t: &Tensor| -> Result<HostTensor> {
+            let t = t.to_dtype(DType::F32)?;
+            let values = t.flatten_all()?.to_vec1::<f32>()?;
+            Ok(HostTensor::from_f32(&values, t.dims().to_vec())?)
+        };
+        Ok(ImageEmbeds {
+            embeds: host(&self.embeds)?,
+            deepstack: self.deepstack.iter().map(host).collect::<Result<_>>()?,
+            grid_thw: self.grid_thw,
+        })
+    }
+}
+
+/// The ViT with its mergers. Activations are f32; linear weights are in the compute dtype, held
+/// as the backend's kernels want them.
+#[derive(Debug, Clone)]
+pub struct VisionModel<K: Kernels> {
     cfg: VisionConfig,
     dtype: DType,
     device: Device,
-    pub patch_embed: PatchEmbed,
+    pub patch_embed: PatchEmbed<K>,
     pub pos_embed: PosEmbed,
     pub rope: VisionRope,
-    pub blocks: Vec<VisionBlock>,
-    pub merger: PatchMerger,
-    pub deepstack_merger_list: Vec<PatchMerger>,
+    pub blocks: Vec<VisionBlock<K>>,
+    pub merger: PatchMerger<K>,
+    pub deepstack_merger_list: Vec<PatchMerger<K>>,
 }
 
 /// Intermediate tensors of one forward, for parity tests (names as in the golden files).
@@ -41,18 +68,18 @@ pub struct VisionTrace {
     pub block_out: Vec<Tensor>,
 }
 
-impl VisionModel {
+impl<K: Kernels> VisionModel<K> {
     /// Loads the vision tower of the checkpoint in `dir` (config.json + safetensors), reading only
     /// `model.visual.*` tensors. `dtype` is the compute dtype of the linear weights (F32, F16 or
     /// BF16; activations stay f32).
-    pub fn load(dir: &Path, device: &Device, dtype: DType) -> Result<VisionModel> {
+    pub fn load(k: &K, dir: &Path, dtype: DType) -> Result<VisionModel<K>> {
         let cfg = Qwen3VlConfig::from_dir(dir)?;
-        let vb = var_builder(dir, DType::F32, device)?;
-        VisionModel::new(&cfg.vision, vb.pp(VISION_PREFIX), dtype)
+        let vb = var_builder(dir, DType::F32, k.device())?;
+        VisionModel::new(k, &cfg.vision, vb.pp(VISION_PREFIX), dtype)
     }
 
     /// Builds the model from a VarBuilder positioned at `model.visual`.
-    pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<VisionModel> {
+    pub fn new(k: &K, cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<VisionModel<K>> {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(ModelError::Weights(format!(
                 "vision compute dtype {dtype:?} is not supported (f32, f16, bf16)"
@@ -66,7 +93,7 @@ impl VisionModel {
             )));
         }
         let device = vb.device().clone();
-        let patch_embed = PatchEmbed::new(cfg, vb.pp("patch_embed"), dtype)?;
+        let patch_embed = PatchEmbed::new(k, cfg, vb.pp("patch_embed"), dtype)?;
         let side = cfg.num_grid_per_side();
         let pos_embed = PosEmbed::new(
             vb.pp("pos_embed"),
@@ -77,11 +104,11 @@ impl VisionModel {
         )?;
         let rope = VisionRope::new(cfg.head_dim(), merge, VISION_ROPE_THETA);
         let blocks = (0..cfg.depth)
-            .map(|i| VisionBlock::new(cfg, vb.pp("blocks").pp(i), dtype))
+            .map(|i| VisionBlock::new(k, cfg, vb.pp("blocks").pp(i), dtype))
             .collect::<Result<Vec<_>>>()?;
-        let merger = PatchMerger::new(cfg, vb.pp("merger"), false, dtype)?;
+        let merger = PatchMerger::new(k, cfg, vb.pp("merger"), false, dtype)?;
         let deepstack_merger_list = (0..cfg.deepstack_visual_indexes.len())
-            .map(|k| PatchMerger::new(cfg, vb.pp("deepstack_merger_list").pp(k), true, dtype))
+            .map(|i| PatchMerger::new(k, cfg, vb.pp("deepstack_merger_list").pp(i), true, dtype))
             .collect::<Result<Vec<_>>>()?;
         Ok(VisionModel {
             cfg: cfg.clone(),
@@ -107,8 +134,8 @@ impl VisionModel {
         &self.device
     }
 
-    /// Checks `pixel_values` (t*h*w, C*T*P*P) against `grid_thw`.
-    pub fn check_input(&self, pixel_values: &Tensor, grid_thw: [usize; 3]) -> Result<()> {
+    /// Checks the shape of `pixel_values` (t*h*w, C*T*P*P) against `grid_thw`.
+    pub fn check_input(&self, pixel_values: &[usize], grid_thw: [usize; 3]) -> Result<()> {
         let [t, h, w] = grid_thw;
         let m = self.cfg.spatial_merge_size;
         if t == 0 || h == 0 || w == 0 || h % m != 0 || w % m != 0 {
@@ -117,18 +144,18 @@ impl VisionModel {
             )));
         }
         let want = [t * h * w, self.cfg.patch_dim()];
-        if pixel_values.dims() != want {
+        if pixel_values != want {
             return Err(ModelError::invalid(format!(
-                "pixel_values shape {:?} does not match grid {grid_thw:?}: expected {want:?}",
-                pixel_values.dims()
+                "pixel_values shape {pixel_values:?} does not match grid {grid_thw:?}: expected {want:?}"
             )));
         }
         Ok(())
     }
 
     /// The exact, unpadded forward of one image (or one video's frames): merged embeddings and
-    /// deepstack features. The numerical oracle for the bucketed path.
-    pub fn forward(&self, pixel_values: &Tensor, grid_thw: [usize; 3]) -> Result<ImageEmbeds> {
+    /// deepstack features. The numerical oracle for every backend's bucketed path, and the
+    /// candle backend's forward (run at the bucket's rows, see [`Self::run_rows`]).
+    pub fn forward(&self, pixel_values: &Tensor, grid_thw: [usize; 3]) -> Result<VisionOutput> {
         self.forward_traced(pixel_values, grid_thw, None)
     }
 
@@ -138,11 +165,11 @@ impl VisionModel {
         pixel_values: &Tensor,
         grid_thw: [usize; 3],
         trace: Option<&mut VisionTrace>,
-    ) -> Result<ImageEmbeds> {
-        self.check_input(pixel_values, grid_thw)?;
+    ) -> Result<VisionOutput> {
+        self.check_input(pixel_values.dims(), grid_thw)?;
         let rows = grid_thw.iter().product();
         let (embeds, deepstack) = self.run_rows(pixel_values, grid_thw, rows, trace)?;
-        Ok(ImageEmbeds {
+        Ok(VisionOutput {
             embeds,
             deepstack,
             grid_thw,
@@ -151,7 +178,7 @@ impl VisionModel {
 
     /// Runs the tower on `pixel_values` of `rows` >= t*h*w rows (the rest is padding, masked out
     /// of attention). Returns merged (rows/4, out) and deepstack features, padding included.
-    pub(crate) fn run_rows(
+    pub fn run_rows(
         &self,
         pixel_values: &Tensor,
         grid_thw: [usize; 3],

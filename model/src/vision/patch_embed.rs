@@ -2,19 +2,20 @@
 //! `pixel_values.view(-1, C, T, P, P)`, which is exactly a matmul with the kernel flattened
 //! `[c][t][py][px]` (reference: Qwen3VLVisionPatchEmbed).
 use super::linear::Linear;
-use crate::config::VisionConfig;
 use crate::error::Result;
+use crate::kernels::Kernels;
+use vlm_compute::VisionConfig;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
 #[derive(Debug, Clone)]
-pub struct PatchEmbed {
+pub struct PatchEmbed<K: Kernels> {
     /// weight (D, C*T*P*P), bias (D,).
-    pub proj: Linear,
+    pub proj: Linear<K>,
 }
 
-impl PatchEmbed {
-    pub fn new(cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
+impl<K: Kernels> PatchEmbed<K> {
+    pub fn new(k: &K, cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<Self> {
         let vb = vb.pp("proj");
         let (d, c, t, p) = (
             cfg.hidden_size,
@@ -29,7 +30,7 @@ impl PatchEmbed {
             .reshape((d, c * t * p * p))?;
         let bias = vb.to_dtype(DType::F32).get(d, "bias")?;
         Ok(PatchEmbed {
-            proj: Linear::from_parts(weight, bias)?,
+            proj: Linear::from_parts(k, weight, bias)?,
         })
     }
 

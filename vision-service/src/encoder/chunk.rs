@@ -1,9 +1,8 @@
 //! One image's outputs cut into wire chunks: row ranges of the merged embeddings and of every
 //! deepstack level together, each chunk at most `max_bytes` of raw little-endian values.
 use super::request::{Chunk, WireDtype};
-use candle_core::{DType, Tensor};
 use std::sync::Arc;
-use vlm_model::embeds::ImageEmbeds;
+use vlm_compute::{ComputeError, ImageEmbeds};
 
 /// Most raw value bytes in one chunk (all levels together): 1 MiB.
 pub const MAX_CHUNK_BYTES: usize = 1 << 20;
@@ -11,31 +10,6 @@ pub const MAX_CHUNK_BYTES: usize = 1 << 20;
 /// Rows per chunk so that `rows * bytes_per_row <= max_bytes` (at least one row).
 pub fn rows_per_chunk(bytes_per_row: usize, max_bytes: usize) -> usize {
     (max_bytes / bytes_per_row.max(1)).max(1)
-}
-
-/// The raw little-endian bytes of a 2-D tensor in `dtype`.
-fn raw_bytes(t: &Tensor, dtype: WireDtype) -> candle_core::Result<Vec<u8>> {
-    let t = t.flatten_all()?;
-    Ok(match dtype {
-        WireDtype::F32 => t
-            .to_dtype(DType::F32)?
-            .to_vec1::<f32>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        WireDtype::F16 => t
-            .to_dtype(DType::F16)?
-            .to_vec1::<half::f16>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        WireDtype::Bf16 => t
-            .to_dtype(DType::BF16)?
-            .to_vec1::<half::bf16>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-    })
 }
 
 /// Where the chunks of one image go: its index, hash, grid and bucket.
@@ -54,12 +28,17 @@ pub fn to_chunks(
     out: &ImageEmbeds,
     dtype: WireDtype,
     max_bytes: usize,
-) -> candle_core::Result<Vec<Chunk>> {
-    let (rows, hidden) = out.embeds.dims2()?;
+) -> Result<Vec<Chunk>, ComputeError> {
+    let &[rows, hidden] = out.embeds.shape() else {
+        return Err(ComputeError::invalid(format!(
+            "embeddings shaped {:?}, expected (tokens, hidden)",
+            out.embeds.shape()
+        )));
+    };
     let levels: Vec<Vec<u8>> = std::iter::once(&out.embeds)
         .chain(out.deepstack.iter())
-        .map(|t| raw_bytes(t, dtype))
-        .collect::<candle_core::Result<_>>()?;
+        .map(|t| t.to_le_bytes(dtype.host()))
+        .collect();
     let row_bytes = hidden * dtype.size_in_bytes();
     let step = rows_per_chunk(row_bytes * levels.len(), max_bytes);
     let mut chunks = Vec::with_capacity(rows.div_ceil(step));
@@ -89,12 +68,12 @@ pub fn to_chunks(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::Device;
+    use vlm_compute::HostTensor;
 
     fn embeds(rows: usize, hidden: usize, levels: usize) -> ImageEmbeds {
         let t = |k: usize| {
             let v: Vec<f32> = (0..rows * hidden).map(|i| (i + 1000 * k) as f32).collect();
-            Tensor::from_vec(v, (rows, hidden), &Device::Cpu).unwrap()
+            HostTensor::from_f32(&v, vec![rows, hidden]).unwrap()
         };
         ImageEmbeds {
             embeds: t(0),
@@ -132,10 +111,7 @@ mod tests {
         assert_eq!(next, 10);
         let all: Vec<u8> = chunks.iter().flat_map(|c| c.deepstack[1].clone()).collect();
         let want: Vec<u8> = out.deepstack[1]
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap()
+            .to_f32()
             .iter()
             .flat_map(|v| v.to_le_bytes())
             .collect();

@@ -23,7 +23,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use vlm_config::VisualConfig;
-use vlm_model::vision::VisionGraphs;
+use vlm_compute::{BackendInfo, VisionBackend, VisionConfig};
 use worker::{Job, Outcome, Shared};
 
 /// Chunks buffered per request between the forwarding task and the response stream.
@@ -31,13 +31,13 @@ const STREAM_BUFFER: usize = 2;
 /// How long a failed request's error waits for a caller that does not read.
 const ERROR_DELIVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// One device of the pool: its graphs and where its compute thread runs.
+/// One device of the pool: its backend instance and where its compute thread runs.
 pub struct DeviceSlot {
     /// The device id from the config (`visual.device`).
     pub id: u32,
-    /// Physical core to pin to (None: do not pin).
+    /// Physical core to pin to (None: the devices are not host cores).
     pub core: Option<usize>,
-    pub graphs: VisionGraphs,
+    pub backend: Box<dyn VisionBackend>,
 }
 
 /// Settings of the encoder.
@@ -67,6 +67,9 @@ pub struct StaticInfo {
     pub max_pixels: u64,
     pub oversize: &'static str,
     pub queue_capacity: u32,
+    /// The compute backend (of the first device; every device runs the same), with the devices
+    /// of the whole pool.
+    pub backend: BackendInfo,
 }
 
 /// [`StaticInfo`] plus the queue right now.
@@ -96,12 +99,18 @@ impl Encoder {
     pub fn start(
         devices: Vec<DeviceSlot>,
         cfg: EncoderConfig,
+        vcfg: &VisionConfig,
         model_id: String,
     ) -> Result<Encoder, ServeError> {
         let first = devices
             .first()
             .ok_or_else(|| ServeError::Config("visual.device is empty".into()))?;
-        let vcfg = first.graphs.model().config().clone();
+        let mut backend = first.backend.info().clone();
+        backend.device = devices
+            .iter()
+            .map(|d| d.backend.info().device.clone())
+            .collect::<Vec<_>>()
+            .join(", ");
         let limits = Limits::new(cfg.visual.clone(), cfg.max_decode_pixels);
         let info = StaticInfo {
             model_id,
@@ -120,6 +129,7 @@ impl Encoder {
                 vlm_config::Oversize::Downscale => "downscale",
             },
             queue_capacity: cfg.queue_capacity as u32,
+            backend,
         };
         let shared = Arc::new(Shared {
             limits,
@@ -134,7 +144,7 @@ impl Encoder {
             let thread_name = name.clone();
             let handle = std::thread::Builder::new()
                 .name(name.clone())
-                .spawn(move || worker::run(d.graphs, shared, queue, d.core, thread_name))
+                .spawn(move || worker::run(d.backend, shared, queue, d.core, thread_name))
                 .map_err(|e| ServeError::Thread(format!("cannot spawn {name}: {e}")))?;
             threads.push(handle);
         }

@@ -8,8 +8,7 @@ use crate::error::VisionError;
 use image::RgbImage;
 use std::sync::Arc;
 use vlm_config::VisualConfig;
-use vlm_model::preprocess::{self, PixelValues, PreprocessConfig};
-use vlm_model::ModelError;
+use vlm_preprocess::{self as preprocess, PixelValues, PreprocessConfig, PreprocessError};
 
 /// MIME types a caller may declare (an empty one means: detect from the bytes).
 const SUPPORTED_MIME: &[&str] = &[
@@ -68,12 +67,10 @@ pub struct PlannedImage {
     pixels: Pixels,
 }
 
-/// The message of a model error about the caller's input, without the "invalid input:" prefix.
-fn input_message(e: ModelError) -> String {
-    match e {
-        ModelError::InvalidInput(m) => m,
-        other => other.to_string(),
-    }
+/// The message of a preprocessing error about the caller's input, without the "invalid
+/// input:" prefix.
+fn input_message(e: PreprocessError) -> String {
+    e.0
 }
 
 /// Checks image `index` of a request and plans it.
@@ -188,7 +185,7 @@ impl PlannedImage {
     /// Decode (under the decode limit), resize like the reference processor, normalize,
     /// patchify. The expensive part; runs on a compute thread.
     pub fn pixel_values(&self, limits: &Limits) -> Result<PixelValues, VisionError> {
-        let invalid = |e: ModelError| VisionError::invalid(self.index, input_message(e));
+        let invalid = |e: PreprocessError| VisionError::invalid(self.index, input_message(e));
         match &self.pixels {
             Pixels::Encoded { data, target } => {
                 let img =

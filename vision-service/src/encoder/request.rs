@@ -41,6 +41,15 @@ impl WireDtype {
         }
     }
 
+    /// The host dtype of the same name.
+    pub fn host(self) -> vlm_compute::HostDtype {
+        match self {
+            WireDtype::F32 => vlm_compute::HostDtype::F32,
+            WireDtype::F16 => vlm_compute::HostDtype::F16,
+            WireDtype::Bf16 => vlm_compute::HostDtype::Bf16,
+        }
+    }
+
     pub fn from_config(d: vlm_config::Dtype) -> WireDtype {
         match d {
             vlm_config::Dtype::F32 => WireDtype::F32,

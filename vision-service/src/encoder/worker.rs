@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
-use vlm_model::vision::VisionGraphs;
+use vlm_compute::VisionBackend;
 
 /// One image of one request, waiting for a compute thread.
 pub struct Job {
@@ -49,7 +49,7 @@ pub struct Shared {
 /// Runs jobs from `queue` until it is closed and empty. `core` is the physical core to pin to
 /// (None: no pinning, e.g. GPU ordinals).
 pub fn run(
-    graphs: VisionGraphs,
+    backend: Box<dyn VisionBackend>,
     shared: Arc<Shared>,
     queue: Arc<JobQueue<Job>>,
     core: Option<usize>,
@@ -79,7 +79,7 @@ pub fn run(
         shared.in_flight.fetch_add(1, Ordering::AcqRel);
         metrics::gauge!("vlm_vision_images_in_flight").increment(1.0);
         let work =
-            || std::panic::catch_unwind(AssertUnwindSafe(|| encode_one(&graphs, &shared, &job)));
+            || std::panic::catch_unwind(AssertUnwindSafe(|| encode_one(backend.as_ref(), &shared, &job)));
         let result = match &pool {
             Some(p) => p.install(work),
             None => work(),
@@ -120,9 +120,9 @@ pub fn run(
     }
 }
 
-/// Preprocess, run the bucket graph, cut into chunks. `Ok(None)` when the caller went away.
+/// Preprocess, run the bucket on the backend, cut into chunks. `Ok(None)` when the caller went away.
 fn encode_one(
-    graphs: &VisionGraphs,
+    backend: &dyn VisionBackend,
     shared: &Shared,
     job: &Job,
 ) -> Result<Option<Vec<Chunk>>, VisionError> {
@@ -134,7 +134,7 @@ fn encode_one(
         return Ok(None);
     }
     let started = Instant::now();
-    let run = graphs.encode(&pv).map_err(|e| VisionError::Model {
+    let run = backend.encode(&pv).map_err(|e| VisionError::Model {
         image: image.index,
         message: e.to_string(),
     })?;

@@ -1,7 +1,6 @@
 //! Test support: a tiny checkpoint, the real `vision-service` binary on 127.0.0.1:0, a gRPC
 //! client over the socket, images, and the in-process oracle.
 #![allow(dead_code)]
-use candle_core::{DType, Device};
 use image::RgbImage;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
@@ -10,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tonic::transport::Channel;
-use vlm_model::preprocess::{self, PreprocessConfig};
-use vlm_model::vision::{VisionGraphs, VisionModel};
+use vlm_compute::{HostDtype, VisionBackend};
+use vlm_preprocess::{self as preprocess, PreprocessConfig};
 use vlm_proto::v1 as pb;
 use vlm_proto::v1::vision_client::VisionClient;
 
@@ -20,8 +19,8 @@ pub fn checkpoint() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let opts = vlm_model::make::MakeOptions::new(vlm_model::make::Preset::Tiny);
-        vlm_model::make::make_model(dir.path(), &opts).expect("tiny checkpoint");
+        let opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
+        vlm_make_model::make_model(dir.path(), &opts).expect("tiny checkpoint");
         dir
     })
     .path()
@@ -308,63 +307,57 @@ pub fn reassemble(chunks: &[pb::EmbeddingChunk], image: u32) -> Reassembled {
     out
 }
 
-/// The model computed in this process, on one thread, the way the service runs it.
+/// The model computed in this process, on one thread, on the backend the service picks for the
+/// same config.
 pub struct Oracle {
-    graphs: VisionGraphs,
+    backend: Box<dyn VisionBackend>,
     pool: rayon::ThreadPool,
 }
 
 impl Oracle {
     pub fn new(buckets: &[usize]) -> Oracle {
-        let model =
-            VisionModel::load(checkpoint(), &Device::Cpu, DType::F32).expect("load vision model");
-        let graphs = VisionGraphs::new(Arc::new(model), buckets).expect("graphs");
-        Oracle {
-            graphs,
-            pool: rayon::ThreadPoolBuilder::new()
-                .num_threads(1)
-                .build()
-                .unwrap(),
-        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        let kernels = vlm_config::KernelConfig::default();
+        let backend = pool.install(|| {
+            vlm_backends::load_vision(&vlm_backends::VisionLoad {
+                model_dir: checkpoint(),
+                dtype: vlm_config::Dtype::F32,
+                kernels: &kernels,
+                buckets,
+                devices: &[0],
+            })
+            .expect("load the vision backend")
+            .remove(0)
+        });
+        Oracle { backend, pool }
     }
 
     /// (bucket, grid, raw embeds, raw deepstack levels) for an encoded image, in `dtype`.
     pub fn encode_bytes(
         &self,
         bytes: &[u8],
-        dtype: DType,
+        dtype: HostDtype,
     ) -> (usize, [usize; 3], Vec<u8>, Vec<Vec<u8>>) {
         let cfg = PreprocessConfig::default();
         let img = preprocess::decode_image(bytes, cfg.max_decode_pixels).expect("decode");
         self.pool.install(|| {
             let pv = preprocess::preprocess_rgb(&img, &cfg).expect("preprocess");
-            let run = self.graphs.encode(&pv).expect("encode");
-            let raw = |t: &candle_core::Tensor| -> Vec<u8> {
-                let t = t.to_dtype(dtype).unwrap().flatten_all().unwrap();
-                match dtype {
-                    DType::F32 => t
-                        .to_vec1::<f32>()
-                        .unwrap()
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect(),
-                    DType::F16 => t
-                        .to_vec1::<half::f16>()
-                        .unwrap()
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect(),
-                    DType::BF16 => t
-                        .to_vec1::<half::bf16>()
-                        .unwrap()
-                        .iter()
-                        .flat_map(|v| v.to_le_bytes())
-                        .collect(),
-                    other => panic!("{other:?}"),
-                }
-            };
-            let ds = run.embeds.deepstack.iter().map(raw).collect();
-            (run.bucket, run.embeds.grid_thw, raw(&run.embeds.embeds), ds)
+            let run = self.backend.encode(&pv).expect("encode");
+            let ds = run
+                .embeds
+                .deepstack
+                .iter()
+                .map(|d| d.to_le_bytes(dtype))
+                .collect();
+            (
+                run.bucket,
+                run.embeds.grid_thw,
+                run.embeds.embeds.to_le_bytes(dtype),
+                ds,
+            )
         })
     }
 }

@@ -1,0 +1,176 @@
+//! The bf16 GEMM (`backends/cpu/src/kernels/bf16_gemm.rs`: AMX tiles where the CPU has them,
+//! else the AVX512-BF16 register tile) alone on the 2B model's shapes: GFLOP/s for prefill and
+//! ViT products (many rows), GB/s of weights streamed for decode (few rows).
+//!
+//!     cargo bench -p vlm-backend-cpu --bench bf16_gemm    (VLM_BENCH_AMX=0: the AVX512 path)
+//!
+//! With AMX tiles it also times the fused ViT attention task (`kernels/attention_amx.rs`): 256
+//! query rows of one 64-wide head against 4096 keys.
+use std::time::Instant;
+use vlm_backend_cpu::kernels::{amx, bf16_dot_available, PackedB};
+
+/// Whether the products run on AMX tiles: where the CPU has them, unless VLM_BENCH_AMX=0 (the
+/// bench's stand-in for the backend's `kernels.amx: off`).
+fn use_amx() -> bool {
+    amx::available() && !std::env::var("VLM_BENCH_AMX").is_ok_and(|v| v == "0")
+}
+
+fn time<F: FnMut()>(mut f: F) -> f64 {
+    f(); // warm: pages, caches
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    best
+}
+
+fn main() {
+    if !bf16_dot_available() {
+        println!("this CPU has no AVX512-BF16: nothing to measure");
+        return;
+    }
+    println!(
+        "{} threads, {}",
+        rayon::current_num_threads(),
+        if use_amx() {
+            "AMX tiles"
+        } else {
+            "AVX512-BF16 register tile"
+        }
+    );
+    // (what, rows, in, out)
+    let shapes = [
+        ("prefill q/o_proj", 256, 2048, 2048),
+        ("prefill gate/up", 256, 2048, 6144),
+        ("prefill down", 256, 6144, 2048),
+        ("vit qkv", 4096, 1024, 3072),
+        ("vit fc1", 4096, 1024, 4096),
+        ("vit fc2", 4096, 4096, 1024),
+        ("vit attn q.k tile", 256, 64, 512),
+        ("vit attn p.v tile", 256, 512, 64),
+        ("decode gate/up x1", 1, 2048, 6144),
+        ("decode gate/up x8", 8, 2048, 6144),
+        ("decode lm_head x1", 1, 2048, 151936),
+        ("decode lm_head x8", 8, 2048, 151936),
+    ];
+    // $VLM_BENCH_SHAPES: only the shapes whose name contains this (e.g. "decode").
+    let only = std::env::var("VLM_BENCH_SHAPES").unwrap_or_default();
+    let shapes: Vec<_> = shapes
+        .into_iter()
+        .filter(|s| s.0.contains(only.as_str()))
+        .collect();
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if only.is_empty() || "vit attention fused".contains(only.as_str()) {
+        fused_attention();
+    }
+    for (what, m, k, n) in shapes {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i % 251) as f32 - 125.0) / 300.0)
+            .collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        drop(w);
+        let a: Vec<f32> = (0..m * k)
+            .map(|i| ((i % 113) as f32 - 56.0) / 100.0)
+            .collect();
+        // $VLM_BENCH_LDC_PAD: C's row stride is n + this (e.g. 16: rows one cache line apart
+        // more than their width, as the attention's scores tile has).
+        let ldc = n + std::env::var("VLM_BENCH_LDC_PAD")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let mut c = vec![0f32; m * ldc];
+        let s = time(|| unsafe {
+            vlm_backend_cpu::kernels::bf16_gemm::gemm(
+                m,
+                k,
+                a.as_ptr(),
+                k,
+                packed.view().with_amx(use_amx()),
+                c.as_mut_ptr(),
+                ldc,
+                false,
+                true,
+            )
+        });
+        let gflops = 2.0 * (m * n * k) as f64 / s / 1e9;
+        let gbs = packed.bytes() as f64 / s / 1e9;
+        println!(
+            "{what:20} {m:5}x{k:5}->{n:6}: {:8.3} ms  {gflops:7.1} GFLOP/s  {gbs:6.1} GB/s weights",
+            s * 1e3
+        );
+        // f32 gemm crate on the same shape (what the f32 paths use).
+        if m > 16 {
+            let wf: Vec<f32> = vec![0.01; n * k];
+            let s32 = time(|| unsafe {
+                gemm::gemm(
+                    m,
+                    n,
+                    k,
+                    c.as_mut_ptr(),
+                    1,
+                    n as isize,
+                    false,
+                    a.as_ptr(),
+                    1,
+                    k as isize,
+                    wf.as_ptr(),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                )
+            });
+            println!(
+                "{:20} f32 gemm crate: {:8.3} ms  {:7.1} GFLOP/s",
+                "",
+                s32 * 1e3,
+                2.0 * (m * n * k) as f64 / s32 / 1e9
+            );
+        }
+    }
+}
+
+/// One fused attention task of the 2B ViT: 256 query rows, 4096 keys, hd 64 (the 4096 bucket);
+/// `VLM_BENCH_ATTN=ROWSxKEYS` for another (e.g. 512x16384).
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+fn fused_attention() {
+    use vlm_backend_cpu::kernels::{attention_amx, BView};
+    let (bq, rows) = std::env::var("VLM_BENCH_ATTN")
+        .ok()
+        .and_then(|v| {
+            let (a, b) = v.split_once('x')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .unwrap_or((256usize, 4096usize));
+    let hd = 64usize;
+    if !attention_amx::supported(use_amx(), rows, hd) {
+        return;
+    }
+    let val = |i: usize| (((i * 2654435761) % 1009) as f32 / 504.5 - 1.0) * 0.5;
+    let k: Vec<f32> = (0..rows * hd).map(val).collect();
+    let v: Vec<f32> = (0..rows * hd).map(|i| val(i + 7)).collect();
+    let kp = PackedB::from_rows(&k, rows, hd, hd);
+    let vt: Vec<f32> = (0..hd * rows)
+        .map(|i| v[(i % rows) * hd + i / rows])
+        .collect();
+    let vp = PackedB::from_rows(&vt, hd, rows, rows);
+    let q: Vec<f32> = (0..bq * hd).map(|i| val(i + 3)).collect();
+    let mut out = vec![0f32; bq * hd];
+    let (kv, vv): (BView, BView) = (kp.view().with_amx(true), vp.view().with_amx(true));
+    let s = time(|| unsafe {
+        attention_amx::attend(&q, bq, hd, kv, vv, 0..rows, out.as_mut_ptr(), hd)
+    });
+    let flop = 4.0 * (bq * rows * hd) as f64;
+    println!(
+        "vit attention fused  {bq:5}x{rows:5} hd {hd}: {:8.3} ms  {:7.1} GFLOP/s (q.k, p.v; softmax between), {:.2} us per query row",
+        s * 1e3,
+        flop / s / 1e9,
+        s * 1e6 / bq as f64
+    );
+}

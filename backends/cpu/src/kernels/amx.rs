@@ -1,0 +1,281 @@
+//! Intel AMX tiles for [`super::bf16_gemm`]: `tdpbf16ps` multiplies a 16x32 bf16 tile of A by a
+//! 16-pair x 16-column tile of B into a 16x16 f32 tile, 16384 flops per instruction — eight
+//! times what the AVX512-BF16 path gets from a core. The packed B layout needs no change: a
+//! panel's inner pair `p` is one 128-byte line holding columns 0..16 then 16..32 as pairs, so
+//! the two column tiles of a panel are 16 lines read with a 128-byte stride, at offsets 0 and 64.
+//!
+//! The instructions go through `asm!` (Rust's AMX intrinsics are not stable). Linux hands out the
+//! tile state only on request (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`); that is
+//! asked once per process by [`available`]. Each row of C depends on its own row of A only, so a
+//! row computed alone or in a batch is the same bits, as on the AVX512 path.
+
+/// Rows of A (and of C) in a tile.
+pub const TILE_ROWS: usize = 16;
+/// Inner pairs per tile step (64 bytes of bf16 per A row).
+pub const TILE_PAIRS: usize = 16;
+
+/// Whether this CPU has AMX-TILE and AMX-BF16 and the OS granted the tile state (asked once
+/// per process). Whether the tiles are used is the backend's option (`kernels.amx`).
+pub fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            // SAFETY: cpuid and one arch_prctl syscall.
+            unsafe { x86::request_tiles() }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            false
+        }
+    })
+}
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+pub(crate) use x86::{configure, qk_32_hd64, tiles_16, tiles_32};
+
+#[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+mod x86 {
+    use super::TILE_PAIRS;
+    use crate::kernels::packed::NR;
+    use std::arch::asm;
+
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    const SYS_ARCH_PRCTL: i64 = 158;
+    /// How far ahead (in 16-pair chunks of 2 KiB per panel) [`tiles_16`] prefetches B.
+    const PREFETCH_CHUNKS: usize = 8;
+    /// Bytes of one inner pair of a packed panel (the B tiles' row stride).
+    const B_PAIR_BYTES: usize = 2 * 2 * NR;
+    /// u16 values of a panel per tile step (16 pairs).
+    const B_CHUNK: usize = TILE_PAIRS * 2 * NR;
+
+    #[allow(unused_unsafe)]
+    pub(super) unsafe fn request_tiles() -> bool {
+        use std::arch::x86_64::{__cpuid, __cpuid_count};
+        // SAFETY: cpuid exists on every x86-64 CPU.
+        let max_leaf = unsafe { __cpuid(0) }.eax;
+        if max_leaf < 7 {
+            return false;
+        }
+        let edx = unsafe { __cpuid_count(7, 0) }.edx;
+        let (amx_bf16, amx_tile) = (edx >> 22 & 1 == 1, edx >> 24 & 1 == 1);
+        if !(amx_bf16 && amx_tile) {
+            return false;
+        }
+        let ret: i64;
+        // SAFETY: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) only changes this
+        // process's permission; the kernel refuses (non-zero) when it lacks AMX support.
+        unsafe {
+            asm!(
+                "syscall",
+                inlateout("rax") SYS_ARCH_PRCTL => ret,
+                in("rdi") ARCH_REQ_XCOMP_PERM,
+                in("rsi") XFEATURE_XTILEDATA,
+                lateout("rcx") _,
+                lateout("r11") _,
+                options(nostack),
+            );
+        }
+        ret == 0
+    }
+
+    /// Palette 1 with all eight tiles 16 rows x 64 bytes (the layout `tiles_*` use).
+    #[repr(C, align(64))]
+    struct TileConfig {
+        palette: u8,
+        start_row: u8,
+        reserved: [u8; 14],
+        colsb: [u16; 16],
+        rows: [u8; 16],
+    }
+
+    static CONFIG: TileConfig = TileConfig {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+        rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+    };
+
+    /// Loads the tile configuration on this thread (cheap; done once per GEMM task, as the
+    /// thread may have run anything since).
+    ///
+    /// # Safety
+    /// [`super::available`] must be true.
+    pub(crate) unsafe fn configure() {
+        unsafe { asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly)) };
+    }
+
+    /// 32 rows x 32 columns: `out` (row stride `ldo` f32) = A[0..32] · B panel over `chunks` x 16
+    /// inner pairs. A: bf16 rows `lda` u16 apart; B: a packed panel (see the module comment).
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread; A valid for 32 rows of `chunks * 32` values, B for
+    /// `chunks * 16` pairs of a panel, `out` for 32 rows of 32 f32 at stride `ldo`.
+    pub(crate) unsafe fn tiles_32(
+        chunks: usize,
+        a: *const u16,
+        lda: usize,
+        b: *const u16,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let lda_b = 2 * lda;
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+            for c in 0..chunks {
+                let a0 = a.add(c * 2 * TILE_PAIRS);
+                let b0 = b.add(c * B_CHUNK);
+                // Tiles are not renamed: a load waits for the products that read its tile.
+                // Interleaved, the next step's A0 and B0 loads overlap the last two products.
+                asm!(
+                    "tileloadd tmm4, [{a0} + {lda}*1]",
+                    "tileloadd tmm6, [{b0} + {bs}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tileloadd tmm7, [{b1} + {bs}*1]",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    "tileloadd tmm5, [{a1} + {lda}*1]",
+                    "tdpbf16ps tmm2, tmm5, tmm6",
+                    "tdpbf16ps tmm3, tmm5, tmm7",
+                    a0 = in(reg) a0,
+                    a1 = in(reg) a0.add(16 * lda),
+                    lda = in(reg) lda_b,
+                    b0 = in(reg) b0,
+                    b1 = in(reg) b0.add(NR),
+                    bs = in(reg) B_PAIR_BYTES,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{o0} + {s}*1], tmm0",
+                "tilestored [{o1} + {s}*1], tmm1",
+                "tilestored [{o2} + {s}*1], tmm2",
+                "tilestored [{o3} + {s}*1], tmm3",
+                o0 = in(reg) out,
+                o1 = in(reg) out.add(16),
+                o2 = in(reg) out.add(16 * ldo),
+                o3 = in(reg) out.add(16 * ldo + 16),
+                s = in(reg) ldo * 4,
+                options(nostack)
+            );
+        }
+    }
+
+    /// Scores of 32 query rows against `panels` panels of packed keys, for a head width of 64
+    /// (two tile steps): `out` (row stride `ldo` f32) = Q · Kᵀ. Q's four tiles (2 row groups x 2
+    /// steps) are loaded once and stay; each 16-key column then costs two B loads, four
+    /// products and two stores (`tiles_32` reloads A for every 32 keys).
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread; `q` valid for 32 rows of 64 bf16 at stride `ldq`, `k`
+    /// for `panels` panels of 64 inner values at `panel_stride` u16 apart, `out` for 32 rows of
+    /// `32 * panels` f32 at stride `ldo`.
+    pub(crate) unsafe fn qk_32_hd64(
+        q: *const u16,
+        ldq: usize,
+        k: *const u16,
+        panel_stride: usize,
+        panels: usize,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let ldq_b = 2 * ldq;
+        let lo_b = 4 * ldo;
+        unsafe {
+            asm!(
+                "tileloadd tmm4, [{q0} + {lq}*1]",
+                "tileloadd tmm5, [{q1} + {lq}*1]",
+                "tileloadd tmm6, [{q2} + {lq}*1]",
+                "tileloadd tmm7, [{q3} + {lq}*1]",
+                q0 = in(reg) q,
+                q1 = in(reg) q.add(2 * TILE_PAIRS),
+                q2 = in(reg) q.add(16 * ldq),
+                q3 = in(reg) q.add(16 * ldq + 2 * TILE_PAIRS),
+                lq = in(reg) ldq_b,
+                options(nostack, readonly)
+            );
+            for j in 0..2 * panels {
+                let b = k.add((j / 2) * panel_stride + (j % 2) * NR);
+                let o = out.add(j * 16);
+                asm!(
+                    "tileloadd tmm2, [{b0} + {bs}*1]",
+                    "tilezero tmm0",
+                    "tdpbf16ps tmm0, tmm4, tmm2",
+                    "tileloadd tmm3, [{b1} + {bs}*1]",
+                    "tilezero tmm1",
+                    "tdpbf16ps tmm1, tmm6, tmm2",
+                    "tdpbf16ps tmm0, tmm5, tmm3",
+                    "tdpbf16ps tmm1, tmm7, tmm3",
+                    "tilestored [{o0} + {lo}*1], tmm0",
+                    "tilestored [{o1} + {lo}*1], tmm1",
+                    b0 = in(reg) b,
+                    b1 = in(reg) b.add(B_CHUNK),
+                    bs = in(reg) B_PAIR_BYTES,
+                    o0 = in(reg) o,
+                    o1 = in(reg) o.add(16 * ldo),
+                    lo = in(reg) lo_b,
+                    options(nostack)
+                );
+            }
+        }
+    }
+
+    /// [`tiles_32`] for the first 16 rows only (`out` rows 0..16).
+    ///
+    /// # Safety
+    /// As [`tiles_32`], with A valid for 16 rows.
+    pub(crate) unsafe fn tiles_16(
+        chunks: usize,
+        a: *const u16,
+        lda: usize,
+        b: *const u16,
+        out: *mut f32,
+        ldo: usize,
+    ) {
+        let lda_b = 2 * lda;
+        unsafe {
+            asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+            for c in 0..chunks {
+                let a0 = a.add(c * 2 * TILE_PAIRS);
+                let b0 = b.add(c * B_CHUNK);
+                // Few rows: the product streams B from memory. Tile loads are not renamed, so
+                // each waits for the products that read the previous one; prefetching B
+                // `PREFETCH_CHUNKS` ahead keeps enough lines in flight.
+                let ahead = b0.add(PREFETCH_CHUNKS * B_CHUNK) as *const i8;
+                for line in 0..B_CHUNK * 2 / 64 {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        ahead.add(64 * line),
+                    );
+                }
+                asm!(
+                    "tileloadd tmm6, [{b0} + {bs}*1]",
+                    "tileloadd tmm7, [{b1} + {bs}*1]",
+                    "tileloadd tmm4, [{a0} + {lda}*1]",
+                    "tdpbf16ps tmm0, tmm4, tmm6",
+                    "tdpbf16ps tmm1, tmm4, tmm7",
+                    a0 = in(reg) a0,
+                    lda = in(reg) lda_b,
+                    b0 = in(reg) b0,
+                    b1 = in(reg) b0.add(NR),
+                    bs = in(reg) B_PAIR_BYTES,
+                    options(nostack, readonly)
+                );
+            }
+            asm!(
+                "tilestored [{o0} + {s}*1], tmm0",
+                "tilestored [{o1} + {s}*1], tmm1",
+                o0 = in(reg) out,
+                o1 = in(reg) out.add(16),
+                s = in(reg) ldo * 4,
+                options(nostack)
+            );
+        }
+    }
+}

@@ -1,0 +1,864 @@
+//! `C [+]= A · B` with bf16 operands and f32 accumulation on CPUs with AVX512-BF16
+//! (`vdpbf16ps`: 16 lanes x a pair of bf16 products per instruction, twice the f32 FMA rate).
+//!
+//! This is the math of the reference in bfloat16 (torch's CPU bf16 matmul through oneDNN): the
+//! f32 activations are rounded to bf16 (round to nearest even) as they enter, the weights are
+//! bf16, products and sums are f32. B is pre-packed ([`super::packed`]); A is converted a block
+//! of rows at a time into a per-thread scratch.
+//!
+//! Blocking: a task owns a block of A rows (sized so that it stays in L2) and a run of B panels;
+//! for each panel it runs the register-tile kernel (12 rows x 32 columns = 24 accumulators) down
+//! the rows of the block, so a panel is read from memory once per task and then from L1/L2.
+//! Each C element is a sum over the inner pairs in one fixed order whatever `m`, the task split or
+//! the thread count is: one sequence decoded alone or in a batch gets bit-identical results.
+use super::amx::{TILE_PAIRS, TILE_ROWS};
+use super::packed::{bf16_bits, PackedB, NR};
+use super::ptr::SendPtr;
+use std::cell::RefCell;
+
+/// Rows of the register tile.
+const MR: usize = 12;
+/// Panels per parallel task.
+const PANELS_PER_TASK: usize = 8;
+/// Bytes of converted A a task keeps (half of a Zen 4 / Sapphire Rapids L2).
+const A_BLOCK_BYTES: usize = 512 << 10;
+/// Below this many multiply-adds a product runs on the calling thread.
+const PARALLEL_MIN_MACS: usize = 1 << 18;
+/// Rows of A one AMX step covers (two 16-row tiles).
+const AMX_ROWS: usize = 2 * TILE_ROWS;
+
+/// Whether this CPU runs the kernel (AVX512-F + AVX512-BF16). Whether it is used is the
+/// backend's option (`kernels.bf16_dot`, see `crate::options`).
+pub fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// A packed B, or a window of one: `n` columns from panel-aligned `data`, `pairs` inner pairs.
+#[derive(Clone, Copy, Debug)]
+pub struct BView<'a> {
+    data: &'a [u16],
+    panel_stride: usize,
+    pairs: usize,
+    n: usize,
+    /// Products with this operand run on AMX tiles ([`super::amx`]) rather than the AVX512
+    /// register tile.
+    amx: bool,
+}
+
+impl<'a> BView<'a> {
+    /// A packing of (n, k) held in `data` (see [`PackedB::len_for`]).
+    pub fn new(data: &'a [u16], n: usize, k: usize) -> BView<'a> {
+        assert!(
+            data.len() >= PackedB::len_for(n, k),
+            "BView: data too short"
+        );
+        let kp = k.next_multiple_of(2);
+        BView {
+            data,
+            panel_stride: kp * NR,
+            pairs: kp / 2,
+            n,
+            amx: false,
+        }
+    }
+    /// Products with this operand on AMX tiles when `on` and the CPU granted them (the
+    /// backend's `kernels.amx` option); the AVX512 register tile otherwise.
+    pub fn with_amx(self, on: bool) -> BView<'a> {
+        BView {
+            amx: on && super::amx::available(),
+            ..self
+        }
+    }
+    /// Whether products with this operand run on AMX tiles.
+    pub fn amx(&self) -> bool {
+        self.amx
+    }
+    pub fn n(&self) -> usize {
+        self.n
+    }
+    /// Inner length (rounded up to a pair).
+    pub fn k(&self) -> usize {
+        2 * self.pairs
+    }
+    /// Columns `start..start + len`; `start` must be a multiple of the panel width.
+    pub fn cols(self, start: usize, len: usize) -> BView<'a> {
+        assert!(
+            start.is_multiple_of(NR) && start + len <= self.n,
+            "BView::cols"
+        );
+        BView {
+            data: &self.data[(start / NR) * self.panel_stride..],
+            n: len,
+            ..self
+        }
+    }
+    /// The start of panel `p` (columns `p * NR..`), for kernels that walk the panels
+    /// themselves ([`super::attention_amx`]).
+    pub(crate) fn panel(&self, p: usize) -> *const u16 {
+        assert!(p * NR < self.n, "BView::panel {p} of {} columns", self.n);
+        self.data[p * self.panel_stride..].as_ptr()
+    }
+    /// u16 values from one panel to the next.
+    pub(crate) fn panel_stride(&self) -> usize {
+        self.panel_stride
+    }
+    /// Inner indices `start..start + len` (the last pair may reach one past the end: its
+    /// A value must then be zero); `start` must be even.
+    pub fn inner(self, start: usize, len: usize) -> BView<'a> {
+        assert!(start.is_multiple_of(2), "BView::inner: odd start");
+        let pairs = len.div_ceil(2);
+        assert!(
+            start / 2 + pairs <= self.pairs,
+            "BView::inner: past the end"
+        );
+        BView {
+            data: &self.data[start * NR..],
+            pairs,
+            ..self
+        }
+    }
+}
+
+impl PackedB {
+    pub fn view(&self) -> BView<'_> {
+        BView::new(self.data(), self.n(), self.k()).with_amx(self.amx())
+    }
+}
+
+
+/// The bf16 rows of A a thread converted last: which call and row block they are, so that the
+/// next task of the same call on the same block (another run of panels) does not convert again.
+struct AScratch {
+    call: u64,
+    block: usize,
+    data: Vec<u16>,
+}
+
+thread_local! {
+    static A_SCRATCH: RefCell<AScratch> = const {
+        RefCell::new(AScratch { call: u64::MAX, block: 0, data: Vec::new() })
+    };
+}
+
+/// Numbers the GEMM calls (for [`AScratch`]).
+static NEXT_CALL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// `C[r][j] (+)= sum_i A[r][i] * B(i, j)` for r < m, j < b.n(), i < b.k(): A is f32 with row
+/// stride `lda` and `b.k()` columns (an odd k is padded with a zero), C has row stride `ldc`.
+/// `parallel` splits the work over rayon's threads when it is large enough.
+///
+/// # Safety
+/// `a` must be valid for reads of `m` rows of `b.k()` (or k, when odd: `k = b.k() - 1`) values,
+/// `c` for reads and writes of `m` rows of `b.n()` values, and C must not overlap A. Panics if
+/// [`available`] is false.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm(
+    m: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, accumulate, parallel) }
+}
+
+/// [`gemm`] with A already rounded to bf16 (bits, row stride `lda`, `b.k()` values per row
+/// rounded up to a pair, the pad zero): no conversion pass. Give A a row stride that is not a
+/// multiple of 512 bytes (e.g. the row plus one cache line) so that the rows a tile reads do not
+/// share an L1 set.
+///
+/// # Safety
+/// As [`gemm`], with `a` valid for `m` rows of `lda` u16 values.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_bf16_a(
+    m: usize,
+    a: *const u16,
+    lda: usize,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    let k = 2 * b.pairs;
+    unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, accumulate, parallel) }
+}
+
+/// The left operand: f32 rows rounded per row block into a scratch, or bf16 rows as given.
+#[derive(Clone, Copy)]
+enum ASource {
+    F32(*const f32, usize),
+    Bf16(*const u16, usize),
+}
+// SAFETY: only read, under the callers' contracts.
+unsafe impl Send for ASource {}
+unsafe impl Sync for ASource {}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_any(
+    m: usize,
+    k: usize,
+    a_src: ASource,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+    parallel: bool,
+) {
+    assert!(available(), "bf16 gemm on a CPU without AVX512-BF16");
+    assert!(
+        k.div_ceil(2) == b.pairs,
+        "bf16 gemm: k {k} vs {} pairs",
+        b.pairs
+    );
+    if m == 0 || b.n == 0 {
+        return;
+    }
+    let kp = 2 * b.pairs;
+    // Scratch row stride: one cache line more than the row, so the 12 rows a tile reads do not
+    // all fall in the same L1 set when k is a power of two.
+    let lda_s = kp + 32;
+    let amx = b.amx;
+    // Rows per block: as many as fit the budget, then evened out over the blocks needed (a
+    // multiple of the tile height), so that no block is a thin remainder.
+    let height = if amx { AMX_ROWS } else { MR };
+    let max_rows = (A_BLOCK_BYTES / (2 * lda_s)).max(height) / height * height;
+    let blocks = m.div_ceil(max_rows);
+    let block_rows = m.div_ceil(blocks).next_multiple_of(height);
+    let blocks = m.div_ceil(block_rows);
+    let panels = b.n.div_ceil(NR);
+    let runs = panels.div_ceil(PANELS_PER_TASK);
+    let c_ptr = SendPtr(c);
+    let call = NEXT_CALL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let task = move |t: usize| {
+        let (blk, run) = (t / runs, t % runs);
+        let (r0, r1) = (blk * block_rows, ((blk + 1) * block_rows).min(m));
+        let (p0, p1) = (
+            run * PANELS_PER_TASK,
+            ((run + 1) * PANELS_PER_TASK).min(panels),
+        );
+        let c_ptr = c_ptr;
+        A_SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            let rows = r1 - r0;
+            // The AMX tiles read whole groups of 16 or 32 rows: the scratch holds that many.
+            let scratch_rows = if amx {
+                rows.next_multiple_of(AMX_ROWS)
+            } else {
+                rows
+            };
+            // SAFETY: the caller's contract on `a`, `c`; this task's tile of C is its own.
+            unsafe {
+                let (a16, lda16) = match a_src {
+                    // bf16 rows are read where they are, unless the tiles would read past A's
+                    // last row (a partial last group): then they are copied like f32 rows.
+                    ASource::Bf16(a, lda) if !amx || rows.is_multiple_of(AMX_ROWS) => {
+                        (a.add(r0 * lda), lda)
+                    }
+                    _ => {
+                        if s.call != call || s.block != blk {
+                            (s.call, s.block) = (call, blk);
+                            if s.data.len() < scratch_rows * lda_s {
+                                s.data.resize(scratch_rows * lda_s, 0);
+                            }
+                            for r in 0..rows {
+                                let dst = &mut s.data[r * lda_s..r * lda_s + kp];
+                                match a_src {
+                                    ASource::F32(a, lda) => convert_row(
+                                        std::slice::from_raw_parts(a.add((r0 + r) * lda), k),
+                                        dst,
+                                    ),
+                                    ASource::Bf16(a, lda) => dst.copy_from_slice(
+                                        std::slice::from_raw_parts(a.add((r0 + r) * lda), kp),
+                                    ),
+                                }
+                            }
+                        }
+                        (s.data.as_ptr(), lda_s)
+                    }
+                };
+                let block = Block {
+                    rows,
+                    pairs: b.pairs,
+                    a: a16,
+                    lda: lda16,
+                    ldc,
+                    accumulate,
+                };
+                if amx {
+                    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+                    super::amx::configure();
+                }
+                for p in p0..p1 {
+                    let cols = NR.min(b.n - p * NR);
+                    let bp = b.data[p * b.panel_stride..].as_ptr();
+                    let cp = c_ptr.get().add(r0 * ldc + p * NR);
+                    if amx {
+                        block.panel_amx(bp, cp, cols);
+                    } else {
+                        block.panel_avx512(0, b.pairs, bp, cp, cols, accumulate);
+                    }
+                }
+            }
+        });
+    };
+    let tasks = blocks * runs;
+    if parallel
+        && tasks > 1
+        && m * b.n * kp >= PARALLEL_MIN_MACS
+        && rayon::current_num_threads() > 1
+    {
+        use rayon::prelude::*;
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// One task's rows of A, already bf16, against the panels of B it owns.
+struct Block {
+    rows: usize,
+    pairs: usize,
+    a: *const u16,
+    lda: usize,
+    ldc: usize,
+    accumulate: bool,
+}
+
+impl Block {
+    /// All rows against one panel with the AVX512 register tile, over the inner pairs
+    /// `first..first + pairs`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn panel_avx512(
+        &self,
+        first: usize,
+        pairs: usize,
+        bp: *const u16,
+        cp: *mut f32,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut r = 0;
+        while r < self.rows {
+            let mr = MR.min(self.rows - r);
+            // SAFETY: rows r..r + mr of A and C, pairs first..first + pairs of the panel.
+            unsafe {
+                tile(
+                    mr,
+                    pairs,
+                    self.a.add(r * self.lda + 2 * first),
+                    self.lda,
+                    bp.add(first * 2 * NR),
+                    cp.add(r * self.ldc),
+                    self.ldc,
+                    cols,
+                    accumulate,
+                )
+            };
+            r += mr;
+        }
+    }
+
+    /// All rows against one panel on AMX tiles, 32 rows at a time over the whole 16-pair
+    /// chunks; the register tile adds the pairs left over. A must be readable for whole groups
+    /// of 16 / 32 rows (the scratch is sized so).
+    unsafe fn panel_amx(&self, bp: *const u16, cp: *mut f32, cols: usize) {
+        let chunks = self.pairs / TILE_PAIRS;
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        if chunks > 0 {
+            #[repr(align(64))]
+            struct Out([f32; AMX_ROWS * NR]);
+            let mut out = Out([0.0; AMX_ROWS * NR]);
+            let mut r = 0;
+            while r < self.rows {
+                let group = AMX_ROWS.min(self.rows - r);
+                // SAFETY: the tile configuration was loaded by this task; A rows r..r + 32 (or
+                // + 16) are readable, the panel holds `pairs` >= 16 * chunks pairs.
+                unsafe {
+                    let a = self.a.add(r * self.lda);
+                    let c = cp.add(r * self.ldc);
+                    // A whole 32x32 block that overwrites C is stored by the tiles straight
+                    // into C; otherwise through `out` (the same sums, then [+]= into C).
+                    let direct = group == AMX_ROWS && cols == NR && !self.accumulate;
+                    let (o, ldo) = if direct {
+                        (c, self.ldc)
+                    } else {
+                        (out.0.as_mut_ptr(), NR)
+                    };
+                    if group > TILE_ROWS {
+                        super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo);
+                    } else {
+                        super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
+                    }
+                    if !direct {
+                        x86::write_rows(out.0.as_ptr(), group, c, self.ldc, cols, self.accumulate);
+                    }
+                }
+                r += group;
+            }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        assert_eq!(chunks, 0, "AMX off this platform");
+        let done = chunks * TILE_PAIRS;
+        if done < self.pairs {
+            // SAFETY: as above.
+            unsafe {
+                self.panel_avx512(
+                    done,
+                    self.pairs - done,
+                    bp,
+                    cp,
+                    cols,
+                    self.accumulate || chunks > 0,
+                )
+            };
+        }
+    }
+}
+
+/// f32 row -> bf16 bits (round to nearest even, as the products round A), zero-padding `dst`
+/// past the source. Panics if [`available`] is false.
+pub(crate) fn to_bf16(src: &[f32], dst: &mut [u16]) {
+    assert!(available() && dst.len() >= src.len(), "to_bf16");
+    convert_row(src, dst)
+}
+
+/// f32 row -> bf16 bits, zero-padding `dst` past the source.
+fn convert_row(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: `gemm` checked `available()` (AVX512-F + BF16) before any call.
+        unsafe { x86::convert_row(src, dst) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = bf16_bits(s);
+        }
+        dst[src.len()..].fill(0);
+    }
+}
+
+/// One register tile: `mr` (<= 12) rows of A against one panel.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+unsafe fn tile(
+    mr: usize,
+    pairs: usize,
+    a: *const u16,
+    lda: usize,
+    b: *const u16,
+    c: *mut f32,
+    ldc: usize,
+    cols: usize,
+    acc: bool,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use x86::micro;
+        let f = match mr {
+            12 => micro::<12>,
+            11 => micro::<11>,
+            10 => micro::<10>,
+            9 => micro::<9>,
+            8 => micro::<8>,
+            7 => micro::<7>,
+            6 => micro::<6>,
+            5 => micro::<5>,
+            4 => micro::<4>,
+            3 => micro::<3>,
+            2 => micro::<2>,
+            _ => micro::<1>,
+        };
+        f(pairs, a, lda, b, c, ldc, cols, acc)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (mr, pairs, a, lda, b, c, ldc, cols, acc);
+        unreachable!("bf16 gemm needs x86-64 AVX512-BF16")
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{bf16_bits, NR};
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn convert_row(src: &[f32], dst: &mut [u16]) {
+        let n16 = src.len() / 16 * 16;
+        let mut i = 0;
+        while i < n16 {
+            let v = _mm512_loadu_ps(src.as_ptr().add(i));
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            _mm256_storeu_si256(dst.as_mut_ptr().add(i) as *mut __m256i, h);
+            i += 16;
+        }
+        for j in n16..src.len() {
+            dst[j] = bf16_bits(src[j]);
+        }
+        dst[src.len()..].fill(0);
+    }
+
+    /// Lane masks of the two 16-column halves of a panel with `cols` columns in C.
+    fn col_masks(cols: usize) -> (__mmask16, __mmask16) {
+        let m0: __mmask16 = if cols >= 16 {
+            0xffff
+        } else {
+            (1u16 << cols) - 1
+        };
+        let m1: __mmask16 = if cols >= 32 {
+            0xffff
+        } else if cols > 16 {
+            (1u16 << (cols - 16)) - 1
+        } else {
+            0
+        };
+        (m0, m1)
+    }
+
+    /// C rows (`cols` columns) [+]= the first `rows` rows of a 32-column f32 block.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn write_rows(
+        out: *const f32,
+        rows: usize,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let masks = col_masks(cols);
+        for r in 0..rows {
+            let o = out.add(r * NR);
+            let sums = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
+            store_row(c.add(r * ldc), sums, masks, accumulate);
+        }
+    }
+
+    /// One C row's 32 columns (two halves, masked to the panel's columns) = or += `sums`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store_row(
+        cp: *mut f32,
+        (mut x0, mut x1): (__m512, __m512),
+        (m0, m1): (__mmask16, __mmask16),
+        accumulate: bool,
+    ) {
+        if accumulate {
+            x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
+            x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+        }
+        _mm512_mask_storeu_ps(cp, m0, x0);
+        _mm512_mask_storeu_ps(cp.add(16), m1, x1);
+    }
+
+    /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
+    /// pairs of A. Columns past `cols` are neither read nor written in C.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn micro<const R: usize>(
+        pairs: usize,
+        a: *const u16,
+        lda: usize,
+        b: *const u16,
+        c: *mut f32,
+        ldc: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        let mut lo = [_mm512_setzero_ps(); R];
+        let mut hi = [_mm512_setzero_ps(); R];
+        for p in 0..pairs {
+            let bp = b.add(p * 2 * NR);
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const _));
+            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp.add(NR) as *const _));
+            for r in 0..R {
+                let pair = (a.add(r * lda + 2 * p) as *const i32).read_unaligned();
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
+                hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
+            }
+        }
+        let masks = col_masks(cols);
+        for r in 0..R {
+            store_row(c.add(r * ldc), (lo[r], hi[r]), masks, accumulate);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(x: f32) -> f64 {
+        f32::from_bits((bf16_bits(x) as u32) << 16) as f64
+    }
+
+    /// Against f64 sums of the bf16-rounded operands, for every tile shape and edge: rows not a
+    /// multiple of 12, columns not a multiple of 32, odd k, windows, accumulation.
+    #[test]
+    fn matches_rounded_reference_on_all_edges() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (5, 70, 13),
+            (13, 33, 64),
+            (40, 100, 258),
+            (300, 64, 96),
+        ] {
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 / 50.0) - 1.0)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+                .collect();
+            let packed = PackedB::from_rows(&w, n, k, k);
+            for accumulate in [false, true] {
+                for (parallel, amx) in [(false, false), (true, false), (false, true), (true, true)] {
+                    let mut c = vec![0.5f32; m * (n + 3)];
+                    // SAFETY: sizes as documented.
+                    unsafe {
+                        gemm(
+                            m,
+                            k,
+                            a.as_ptr(),
+                            k,
+                            packed.view().with_amx(amx),
+                            c.as_mut_ptr(),
+                            n + 3,
+                            accumulate,
+                            parallel,
+                        )
+                    };
+                    for r in 0..m {
+                        for j in 0..n + 3 {
+                            let got = c[r * (n + 3) + j] as f64;
+                            if j >= n {
+                                assert_eq!(got, 0.5, "column {j} past n was written");
+                                continue;
+                            }
+                            let mut want: f64 = (0..k)
+                                .map(|i| round(a[r * k + i]) * round(w[j * k + i]))
+                                .sum();
+                            if accumulate {
+                                want += 0.5;
+                            }
+                            assert!(
+                                (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                                "({m},{n},{k}) [{r},{j}] {got} vs {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn windows_select_columns_and_inner_ranges() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        let (n, k) = (96, 40);
+        let w: Vec<f32> = (0..n * k).map(|i| (i % 7) as f32 - 3.0).collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let a: Vec<f32> = (0..3 * k).map(|i| (i % 5) as f32 - 2.0).collect();
+        // columns 32..80, inner 10..30: a's columns outside are ignored.
+        let view = packed.view().with_amx(true).cols(32, 48).inner(10, 20);
+        let mut c = vec![0f32; 3 * 48];
+        unsafe {
+            gemm(
+                3,
+                20,
+                a[10..].as_ptr(),
+                k,
+                view,
+                c.as_mut_ptr(),
+                48,
+                false,
+                false,
+            )
+        };
+        for r in 0..3 {
+            for j in 0..48 {
+                let want: f32 = (10..30).map(|i| a[r * k + i] * w[(32 + j) * k + i]).sum();
+                assert_eq!(c[r * 48 + j], want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_alone_equals_the_same_row_in_a_batch() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        let (n, k) = (64, 300);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 31 % 89) as f32).sin()).collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let a: Vec<f32> = (0..7 * k).map(|i| ((i * 17 % 83) as f32).cos()).collect();
+        let mut batch = vec![0f32; 7 * n];
+        let mut one = vec![0f32; n];
+        unsafe {
+            gemm(
+                7,
+                k,
+                a.as_ptr(),
+                k,
+                packed.view().with_amx(true),
+                batch.as_mut_ptr(),
+                n,
+                false,
+                true,
+            );
+            gemm(
+                1,
+                k,
+                a[3 * k..].as_ptr(),
+                k,
+                packed.view().with_amx(true),
+                one.as_mut_ptr(),
+                n,
+                false,
+                false,
+            );
+        }
+        assert_eq!(&batch[3 * n..4 * n], &one[..]);
+    }
+
+    #[test]
+    fn a_given_in_bf16_equals_a_rounded_by_the_kernel() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        let (m, n, k) = (29, 70, 64);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 61) as f32).sin()).collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let a: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 71) as f32).cos()).collect();
+        let lda16 = k + 32;
+        let mut a16 = vec![0u16; m * lda16];
+        for r in 0..m {
+            for i in 0..k {
+                a16[r * lda16 + i] = bf16_bits(a[r * k + i]);
+            }
+        }
+        let (mut want, mut got) = (vec![0.5f32; m * n], vec![0.5f32; m * n]);
+        unsafe {
+            gemm(
+                m,
+                k,
+                a.as_ptr(),
+                k,
+                packed.view().with_amx(true),
+                want.as_mut_ptr(),
+                n,
+                true,
+                true,
+            );
+            gemm_bf16_a(
+                m,
+                a16.as_ptr(),
+                lda16,
+                packed.view().with_amx(true),
+                got.as_mut_ptr(),
+                n,
+                true,
+                true,
+            );
+        }
+        assert_eq!(got, want);
+    }
+
+    /// The AMX tiles and the AVX512 register tile compute the same sums (up to f32 rounding:
+    /// the two add a pair's products in different orders), over whole 16-pair chunks, a tail,
+    /// partial 16- and 32-row groups and bf16 A given with a partial last group.
+    #[test]
+    fn amx_tiles_agree_with_the_register_tile() {
+        if !available() || !super::super::amx::available() {
+            eprintln!("skipped: no AMX-BF16 on this CPU (or VLM_AMX=0)");
+            return;
+        }
+        for &(m, n, k) in &[
+            (1, 64, 64),
+            (8, 96, 544),
+            (17, 33, 96),
+            (45, 70, 70),
+            (64, 32, 32),
+        ] {
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 29 % 83) as f32).sin()).collect();
+            let packed = PackedB::from_rows(&w, n, k, k);
+            let a: Vec<f32> = (0..m * k).map(|i| ((i * 11 % 67) as f32).cos()).collect();
+            let kp = k.next_multiple_of(2);
+            let a16: Vec<u16> = (0..m * kp)
+                .map(|i| {
+                    if i % kp < k {
+                        bf16_bits(a[i / kp * k + i % kp])
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            let run = |avx512_only: bool, bf16_a: bool| {
+                let view = packed.view().with_amx(!avx512_only);
+                let mut c = vec![0.25f32; m * n];
+                unsafe {
+                    if bf16_a {
+                        gemm_bf16_a(
+                            m,
+                            a16.as_ptr(),
+                            kp,
+                            view,
+                            c.as_mut_ptr(),
+                            n,
+                            true,
+                            true,
+                        );
+                    } else {
+                        gemm(
+                            m,
+                            k,
+                            a.as_ptr(),
+                            k,
+                            view,
+                            c.as_mut_ptr(),
+                            n,
+                            true,
+                            true,
+                        );
+                    }
+                }
+                c
+            };
+            let want = run(true, false);
+            for bf16_a in [false, true] {
+                let got = run(false, bf16_a);
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g - w).abs() <= 1e-5 * (1.0 + w.abs()),
+                        "({m},{n},{k}) bf16 A {bf16_a} at {i}: {g} vs {w}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! The CPU kernels as candle ops on contiguous CPU tensors: the bf16 GEMM for packed weights,
+//! the decode gemv and the widening prefill matmul for dense ones.
+use super::gemv::{gemv, Isa};
+use super::packed::PackedB;
+use super::tiled::matmul_widening;
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, DType, Layout, Shape, Tensor};
+use std::sync::Arc;
+
+/// x (m, k) · packed Wᵀ -> (m, n) f32 (x converted to f32 first if it is not).
+pub fn matmul_packed(x: &Tensor, w: &Arc<PackedB>) -> candle_core::Result<Tensor> {
+    x.to_dtype(DType::F32)?
+        .contiguous()?
+        .apply_op1_no_bwd(&PackedMatmul(w.clone()))
+}
+
+/// candle op: x (m, k) f32 contiguous · packed bf16 Wᵀ -> (m, n) f32.
+struct PackedMatmul(Arc<PackedB>);
+
+impl CustomOp1 for PackedMatmul {
+    fn name(&self) -> &'static str {
+        "packed-bf16-matmul"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (m, k) = l.shape().dims2()?;
+        let (n, k2) = (self.0.n(), self.0.k());
+        if k != k2 {
+            candle_core::bail!("{}: inner dims {k} vs {k2}", self.name());
+        }
+        let x = match (s, l.contiguous_offsets()) {
+            (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
+            _ => candle_core::bail!("{}: lhs must be contiguous f32", self.name()),
+        };
+        let mut out = vec![0f32; m * n];
+        // SAFETY: x holds (m, k), out (m, n); both row-major and disjoint.
+        unsafe {
+            crate::kernels::bf16_gemm::gemm(
+                m,
+                k,
+                x.as_ptr(),
+                k,
+                self.0.view(),
+                out.as_mut_ptr(),
+                n,
+                false,
+                true,
+            )
+        };
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+}
+
+/// candle op: lhs (m, k) f32 contiguous, rhs (n, k) weight contiguous -> (m, n) f32.
+pub(crate) struct SmallRowsMatmul(pub(crate) Isa);
+
+impl CustomOp2 for SmallRowsMatmul {
+    fn name(&self) -> &'static str {
+        "small-rows-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, m, k, n, (a, b)) = operands(self.name(), s1, l1, l2)?;
+        let mut out = vec![0f32; m * n];
+        let isa = self.0;
+        match s2 {
+            CpuStorage::F32(w) => gemv(isa, x, m, k, &w[a..b], n, &mut out),
+            CpuStorage::F16(w) => gemv(isa, x, m, k, &w[a..b], n, &mut out),
+            CpuStorage::BF16(w) => gemv(isa, x, m, k, &w[a..b], n, &mut out),
+            _ => candle_core::bail!("small-rows-matmul: weight must be f32, f16 or bf16"),
+        }
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+}
+
+/// The operands of a (m, k) x (n, k)^T matmul: the contiguous f32 lhs, m, k, n and the
+/// contiguous range of the weight's storage.
+type Operands<'a> = (&'a [f32], usize, usize, usize, (usize, usize));
+
+fn operands<'a>(
+    op: &str,
+    s1: &'a CpuStorage,
+    l1: &Layout,
+    l2: &Layout,
+) -> candle_core::Result<Operands<'a>> {
+    let (m, k) = l1.shape().dims2()?;
+    let (n, k2) = l2.shape().dims2()?;
+    if k != k2 {
+        candle_core::bail!("{op}: inner dims {k} vs {k2}");
+    }
+    let x = match (s1, l1.contiguous_offsets()) {
+        (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
+        _ => candle_core::bail!("{op}: lhs must be contiguous f32"),
+    };
+    let Some(range) = l2.contiguous_offsets() else {
+        candle_core::bail!("{op}: weight must be contiguous")
+    };
+    Ok((x, m, k, n, range))
+}
+
+/// candle op: lhs (m, k) f32 contiguous, rhs (n, k) f16/bf16 contiguous -> (m, n) f32.
+pub(crate) struct WideningMatmul;
+
+impl CustomOp2 for WideningMatmul {
+    fn name(&self) -> &'static str {
+        "widening-matmul"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (x, m, k, n, (a, b)) = operands(self.name(), s1, l1, l2)?;
+        let mut out = vec![0f32; m * n];
+        match s2 {
+            CpuStorage::F16(w) => matmul_widening(x, m, k, &w[a..b], n, &mut out),
+            CpuStorage::BF16(w) => matmul_widening(x, m, k, &w[a..b], n, &mut out),
+            _ => candle_core::bail!("widening-matmul: weight must be f16 or bf16"),
+        }
+        Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+}

@@ -1,0 +1,275 @@
+//! Softmax pieces shared by the ViT engine's attention and the decoder's bf16 prefill attention:
+//! Cephes' expf polynomial and a flash-attention style online softmax tile, with an AVX-512
+//! form picked at run time.
+//!
+//! Accuracy: `exp_approx` ~2e-7 relative; the AVX-512 tile's exp2 form ~2e-7 per value plus a
+//! factor common to a row (~1e-7 x |max|, from rounding max·log2(e) once) that cancels in the
+//! normalised probabilities.
+
+/// exp(x) for x in [-87.3, 88.7] (clamped outside), Cephes' expf polynomial.
+#[inline(always)]
+pub fn exp_approx(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const C1: f32 = 0.693_359_4;
+    const C2: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.3, 88.7);
+    let fx = (x * LOG2E + 0.5).floor();
+    let r = x - fx * C1 - fx * C2;
+    let r2 = r * r;
+    let mut y = 1.987_569_1e-4f32;
+    y = y * r + 1.398_199_9e-3;
+    y = y * r + 8.333_452e-3;
+    y = y * r + 4.166_579_6e-2;
+    y = y * r + 1.666_666_5e-1;
+    y = y * r + 0.5;
+    let y = y * r2 + r + 1.0;
+    // 2^fx through the exponent bits; fx is in [-126, 128] after the clamp.
+    let scale = f32::from_bits((((fx as i32).wrapping_add(127)).clamp(1, 254) as u32) << 23);
+    y * scale
+}
+
+/// One key tile of an online softmax row (flash-attention style): with the row's running max
+/// `m` and sum `l` over earlier tiles, replaces `x` by exp(x - m_new), updates `m` and `l`,
+/// and sets `corr` = exp(m_old - m_new), the factor earlier partial outputs must be scaled
+/// by. Start a row with m = -inf, l = 0 (corr is then 0).
+pub fn online_softmax_tile_auto(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
+    let mut mx = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            mx[i] = mx[i].max(c[i]);
+        }
+    }
+    let mut tile_max = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    for &v in chunks.remainder() {
+        tile_max = tile_max.max(v);
+    }
+    let m_new = m.max(tile_max);
+    let mut s = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            c[i] = exp_approx(c[i] - m_new);
+            s[i] += c[i];
+        }
+    }
+    let mut sum: f32 = s.iter().sum();
+    for v in chunks.into_remainder() {
+        *v = exp_approx(*v - m_new);
+        sum += *v;
+    }
+    *corr = if *m == f32::NEG_INFINITY {
+        0.0
+    } else {
+        exp_approx(*m - m_new)
+    };
+    *l = *l * *corr + sum;
+    *m = m_new;
+}
+
+/// [`online_softmax_tile_auto`], with AVX-512 intrinsics where the CPU has them (measured on
+/// the 2B ViT at 4096 patches: the attention phase went from 9.5 s to 5.3 s with this form).
+pub fn online_softmax_tile(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+    {
+        // SAFETY: the features were detected on this CPU.
+        return unsafe { avx512::online_softmax_tile(x, m, l, corr) };
+    }
+    online_softmax_tile_auto(x, m, l, corr)
+}
+
+/// [`online_softmax_tile`] that also writes exp(x - m_new) rounded to bf16 (to nearest even,
+/// as the bf16 kernel rounds its left operand) into `out`, for a p·v product that then needs no
+/// conversion pass; `l` sums the f32 values as before. `x` is scratch afterwards.
+pub fn online_softmax_tile_bf16(
+    x: &mut [f32],
+    out: &mut [u16],
+    m: &mut f32,
+    l: &mut f32,
+    corr: &mut f32,
+) {
+    assert!(out.len() >= x.len(), "online_softmax_tile_bf16: out");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512bf16")
+        && std::arch::is_x86_feature_detected!("avx512dq")
+        && std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+    {
+        // SAFETY: the features were detected on this CPU (avx512bf16 implies avx512f).
+        return unsafe { avx512::online_softmax_tile_bf16(x, out, m, l, corr) };
+    }
+    online_softmax_tile(x, m, l, corr);
+    for (o, &v) in out.iter_mut().zip(x.iter()) {
+        *o = super::packed::bf16_bits(v);
+    }
+}
+
+/// row = softmax(row * scale) in place, f32 ([`exp_approx`]: ~2e-7 relative).
+pub fn softmax_scaled(row: &mut [f32], scale: f32) {
+    if scale != 1.0 {
+        row.iter_mut().for_each(|x| *x *= scale);
+    }
+    let (mut m, mut l, mut corr) = (f32::NEG_INFINITY, 0.0, 0.0);
+    online_softmax_tile(row, &mut m, &mut l, &mut corr);
+    let inv = 1.0 / l;
+    row.iter_mut().for_each(|x| *x *= inv);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// 2^t on 16 lanes for t >= -126 (clamped there; -inf gives 2^-126): 2^(t - floor t) by a
+    /// degree-5 polynomial on [0, 1) (Chebyshev-node fit, 1.8e-7 relative in f32), times
+    /// 2^floor(t) by `vscalefps`. Eight vector ops where a natural-base exp takes fifteen: the
+    /// scores' log2(e) factor rides on the max subtraction as one fused multiply-subtract.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    unsafe fn exp2_16(t: __m512) -> __m512 {
+        let t = _mm512_max_ps(t, _mm512_set1_ps(-126.0));
+        // imm 0x09: round toward -inf (01), precision exception suppressed (08).
+        let f = _mm512_reduce_ps::<0x09>(t);
+        let mut y = _mm512_set1_ps(1.893_754e-3);
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(8.949_591e-3));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.586_034e-2));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.401_418_2e-1));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.931_545e-1));
+        y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.999_999e-1));
+        _mm512_scalef_ps(y, t)
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(super) unsafe fn online_softmax_tile(
+        x: &mut [f32],
+        m: &mut f32,
+        l: &mut f32,
+        corr: &mut f32,
+    ) {
+        tile_impl(x, None, m, l, corr)
+    }
+
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")]
+    pub(super) unsafe fn online_softmax_tile_bf16(
+        x: &mut [f32],
+        out: &mut [u16],
+        m: &mut f32,
+        l: &mut f32,
+        corr: &mut f32,
+    ) {
+        tile_impl(x, Some(out), m, l, corr)
+    }
+
+    /// Stores e = exp(x - m_new) into x, or (rounded) into `out` when given.
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, bits: Option<*mut u16>, i: usize, e: __m512, mask: __mmask16) {
+        match bits {
+            None => _mm512_mask_storeu_ps(p.add(i), mask, e),
+            Some(o) => {
+                let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(e));
+                _mm256_mask_storeu_epi16(o.add(i) as *mut i16, mask, h);
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_impl(
+        x: &mut [f32],
+        out: Option<&mut [u16]>,
+        m: &mut f32,
+        l: &mut f32,
+        corr: &mut f32,
+    ) {
+        let bits = out.map(|o| o.as_mut_ptr());
+        let n = x.len();
+        let p = x.as_mut_ptr();
+        let tail: __mmask16 = ((1u32 << (n % 16)) - 1) as u16;
+        let full = n / 16 * 16;
+        let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut i = 0;
+        while i < full {
+            mx = _mm512_max_ps(mx, _mm512_loadu_ps(p.add(i)));
+            i += 16;
+        }
+        if tail != 0 {
+            let v = _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), tail, p.add(full));
+            mx = _mm512_max_ps(mx, v);
+        }
+        let m_new = m.max(_mm512_reduce_max_ps(mx));
+        // exp(x - m) = 2^(x log2e - m log2e)
+        let l2e = _mm512_set1_ps(std::f32::consts::LOG2_E);
+        let m2 = _mm512_set1_ps(m_new * std::f32::consts::LOG2_E);
+        let mut sum = _mm512_setzero_ps();
+        let mut i = 0;
+        while i < full {
+            let e = exp2_16(_mm512_fmsub_ps(_mm512_loadu_ps(p.add(i)), l2e, m2));
+            store(p, bits, i, e, 0xffff);
+            sum = _mm512_add_ps(sum, e);
+            i += 16;
+        }
+        if tail != 0 {
+            let x = _mm512_maskz_loadu_ps(tail, p.add(full));
+            let e = exp2_16(_mm512_fmsub_ps(x, l2e, m2));
+            store(p, bits, full, e, tail);
+            sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(tail, e));
+        }
+        *corr = if *m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            super::exp_approx(*m - m_new)
+        };
+        *l = *l * *corr + _mm512_reduce_add_ps(sum);
+        *m = m_new;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vector_exp_matches_the_scalar_one() {
+        // The AVX-512 tile (exp2 form) against the portable one (Cephes expf), over a row with
+        // a large max, masked entries and a running state from an earlier tile. The exp2 form
+        // rounds m·log2(e) once per row: with |m| ~ 40 that is a ~3e-6 relative factor common
+        // to the whole row's values (it cancels in p = e / l), hence the 1e-5 bound.
+        let n = 203;
+        let mut x: Vec<f32> = (0..n)
+            .map(|i| ((i * 53 % 97) as f32 * 0.29).cos() * 40.0)
+            .collect();
+        x[7] = f32::NEG_INFINITY;
+        let mut y = x.clone();
+        let (mut m1, mut l1, mut c1) = (30.0, 3.0, 0.0);
+        let (mut m2, mut l2, mut c2) = (30.0, 3.0, 0.0);
+        online_softmax_tile(&mut x, &mut m1, &mut l1, &mut c1);
+        online_softmax_tile_auto(&mut y, &mut m2, &mut l2, &mut c2);
+        assert_eq!(m1, m2);
+        assert!((l1 - l2).abs() <= 1e-5 * l2, "l {l1} vs {l2}");
+        assert!((c1 - c2).abs() <= 1e-5 * c2, "corr {c1} vs {c2}");
+        for (i, (a, b)) in x.iter().zip(&y).enumerate() {
+            assert!((a - b).abs() <= 1e-5 * b + 1e-30, "{i}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn the_bf16_tile_is_the_f32_tile_rounded() {
+        for n in [5usize, 16, 37, 512] {
+            let x: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 101) as f32 * 0.13).sin() * 6.0)
+                .collect();
+            let (mut a, mut b) = (x.clone(), x.clone());
+            let (mut m1, mut l1, mut c1) = (0.5, 2.0, 0.0);
+            let (mut m2, mut l2, mut c2) = (0.5, 2.0, 0.0);
+            online_softmax_tile(&mut a, &mut m1, &mut l1, &mut c1);
+            let mut bits = vec![0u16; n];
+            online_softmax_tile_bf16(&mut b, &mut bits, &mut m2, &mut l2, &mut c2);
+            assert_eq!((m1, l1, c1), (m2, l2, c2), "n {n}");
+            let want: Vec<u16> = a
+                .iter()
+                .map(|&v| crate::kernels::packed::bf16_bits(v))
+                .collect();
+            assert_eq!(bits, want, "n {n}");
+        }
+    }
+}

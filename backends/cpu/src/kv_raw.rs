@@ -1,0 +1,114 @@
+//! The paged KV cache's memory read and written directly by the CPU kernels (the layout is
+//! `vlm_model::text::PagedKvCache`'s: per layer `(num_blocks + 1, kv_heads, block_len,
+//! head_dim)`, f32 or bf16).
+use crate::kernels::cpu_view::CpuView;
+use candle_core::{CpuStorage, DType, InplaceOp1, Layout};
+use half::bf16;
+use vlm_model::text::PagedKvCache;
+use vlm_model::Result;
+
+/// One layer's K and V storage on the CPU, borrowed (see [`with_layer`]).
+pub(crate) enum KvLayer<'a> {
+    F32(&'a [f32], &'a [f32]),
+    Bf16(&'a [bf16], &'a [bf16]),
+}
+
+/// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data
+/// (rounded to nearest even into a bf16 cache, as candle's `to_dtype`); row r goes to cache
+/// index ctx of its table, a padding row to slot r of the dummy block.
+pub(crate) fn write_decode_rows(
+    kv: &PagedKvCache,
+    layer: usize,
+    rows: &[Option<(usize, &[u32])>],
+    k: &[f32],
+    v: &[f32],
+) -> Result<()> {
+    let geo = kv.geometry();
+    let (bl, kvh, hd) = (geo.block_len, geo.kv_heads, geo.head_dim);
+    let dsts: Vec<usize> = rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| {
+            let (block, off) = match row {
+                Some((ctx, table)) => (table[ctx / bl] as usize, ctx % bl),
+                None => (kv.dummy_block() as usize, r % bl),
+            };
+            (block * kvh * bl + off) * hd
+        })
+        .collect();
+    let (kc, vc) = kv.layer(layer);
+    for (cache, src) in [(kc, k), (vc, v)] {
+        cache.inplace_op1(&WriteRows {
+            src,
+            dsts: &dsts,
+            row_len: kvh * hd,
+            head_stride: bl * hd,
+            hd,
+        })?;
+    }
+    Ok(())
+}
+
+/// Runs `f` on one layer's K and V storage as slices (a CPU cache).
+pub(crate) fn with_layer<R>(
+    kv: &PagedKvCache,
+    layer: usize,
+    f: impl FnOnce(KvLayer<'_>) -> R,
+) -> Result<R> {
+    let (k, v) = kv.layer(layer);
+    if kv.dtype() == DType::BF16 {
+        let (k, v) = (
+            CpuView::<bf16>::new(k, "K cache")?,
+            CpuView::<bf16>::new(v, "V cache")?,
+        );
+        Ok(f(KvLayer::Bf16(k.slice(), v.slice())))
+    } else {
+        let (k, v) = (
+            CpuView::<f32>::new(k, "K cache")?,
+            CpuView::<f32>::new(v, "V cache")?,
+        );
+        Ok(f(KvLayer::F32(k.slice(), v.slice())))
+    }
+}
+
+/// In-place copy of one token per row into the cache: row r's `row_len` values (kv_heads runs
+/// of head_dim) go to `dsts[r] + h * head_stride` for each kv head h.
+struct WriteRows<'a> {
+    src: &'a [f32],
+    dsts: &'a [usize],
+    row_len: usize,
+    head_stride: usize,
+    hd: usize,
+}
+
+impl WriteRows<'_> {
+    fn copy<T>(&self, cache: &mut [T], convert: impl Fn(f32) -> T) {
+        for (r, &dst) in self.dsts.iter().enumerate() {
+            let row = &self.src[r * self.row_len..(r + 1) * self.row_len];
+            for (h, head) in row.chunks_exact(self.hd).enumerate() {
+                let at = dst + h * self.head_stride;
+                for (c, &x) in cache[at..at + self.hd].iter_mut().zip(head) {
+                    *c = convert(x);
+                }
+            }
+        }
+    }
+}
+
+impl InplaceOp1 for WriteRows<'_> {
+    fn name(&self) -> &'static str {
+        "kv-write-rows"
+    }
+
+    fn cpu_fwd(&self, storage: &mut CpuStorage, layout: &Layout) -> candle_core::Result<()> {
+        let Some((a, b)) = layout.contiguous_offsets() else {
+            candle_core::bail!("{}: the cache must be contiguous", self.name());
+        };
+        match storage {
+            CpuStorage::F32(cache) => self.copy(&mut cache[a..b], |x| x),
+            CpuStorage::BF16(cache) => self.copy(&mut cache[a..b], bf16::from_f32),
+            _ => candle_core::bail!("{}: the cache must be f32 or bf16", self.name()),
+        }
+        Ok(())
+    }
+}

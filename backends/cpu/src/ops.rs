@@ -1,0 +1,218 @@
+//! [`CpuKernels`]: the CPU backend's kernels for the one Qwen3-VL forward of `vlm-model`. Every
+//! kernel choice of the CPU path is made here, from [`CpuOptions`]:
+//!
+//! * a bf16 weight with `bf16_dot` is packed for [`crate::kernels::bf16_gemm`] and every row
+//!   count (decode and prefill) goes through it (AMX tiles with `amx`): activations rounded to
+//!   bf16 on entry, f32 accumulation — the reference's bf16 math;
+//! * otherwise a few rows (decode, <= [`SMALL_ROWS`]) go through the gemv, which streams the
+//!   weight once in its storage dtype with f32 activations; many rows through candle's f32
+//!   matmul for f32 weights, and the widening tiles for half-precision ones;
+//! * attention: decode rows on the cache's memory ([`crate::kernels::decode_attention`]); a
+//!   prefill chunk of a bf16 model on the bf16 kernel ([`crate::kernels::chunk_attention`]),
+//!   of an f32 model in candle's ops (exact f32, `vlm_model::text::paged_attention`).
+use crate::kernels::candle_op::{SmallRowsMatmul, WideningMatmul};
+use crate::kernels::chunk_attention::chunk_attention;
+use crate::kernels::cpu_view::CpuF32;
+use crate::kernels::decode_attention::decode_attention;
+use crate::kernels::{matmul_packed, PackedB};
+use crate::kv_raw::{with_layer, write_decode_rows, KvLayer};
+use crate::options::CpuOptions;
+use candle_core::{DType, Device, Tensor};
+use std::sync::Arc;
+use vlm_model::text::{paged_attention, AttnRows, CacheGeometry, PagedKvCache};
+use vlm_model::{Kernels, Result};
+
+/// Rows up to which a dense weight is streamed with the decode gemv.
+pub const SMALL_ROWS: usize = 16;
+
+/// The CPU backend's kernels and the options they were chosen with.
+#[derive(Debug, Clone)]
+pub struct CpuKernels {
+    opts: CpuOptions,
+    device: Device,
+}
+
+impl CpuKernels {
+    pub fn new(opts: CpuOptions) -> CpuKernels {
+        CpuKernels {
+            opts,
+            device: Device::Cpu,
+        }
+    }
+    pub fn options(&self) -> &CpuOptions {
+        &self.opts
+    }
+}
+
+/// How a CPU linear weight is held.
+#[derive(Debug, Clone)]
+pub enum CpuWeight {
+    /// bf16, packed for the bf16 GEMM (B = Wᵀ: n = out_dim, k = in_dim).
+    Packed(Arc<PackedB>),
+    /// (out_dim, in_dim) in the storage dtype (f32, f16 or bf16).
+    Dense(Tensor),
+}
+
+impl CpuWeight {
+    pub fn packed(&self) -> Option<&Arc<PackedB>> {
+        match self {
+            CpuWeight::Packed(p) => Some(p),
+            CpuWeight::Dense(_) => None,
+        }
+    }
+    pub fn dense(&self) -> Option<&Tensor> {
+        match self {
+            CpuWeight::Dense(t) => Some(t),
+            CpuWeight::Packed(_) => None,
+        }
+    }
+}
+
+impl Kernels for CpuKernels {
+    type Weight = CpuWeight;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+    fn device(&self) -> &Device {
+        &self.device
+    }
+
+    fn weight(&self, w: Tensor) -> Result<CpuWeight> {
+        if self.opts.bf16_dot && w.dtype() == DType::BF16 {
+            if let Some(p) = PackedB::from_bf16_tensor(&w)? {
+                return Ok(CpuWeight::Packed(Arc::new(p.with_amx(self.opts.amx))));
+            }
+        }
+        Ok(CpuWeight::Dense(w))
+    }
+
+    fn weight_dims(&self, w: &CpuWeight) -> (usize, usize) {
+        match w {
+            CpuWeight::Packed(p) => (p.n(), p.k()),
+            CpuWeight::Dense(t) => {
+                let d = t.dims();
+                (d[0], d[1])
+            }
+        }
+    }
+
+    fn fuse(&self, parts: &[&CpuWeight]) -> Option<CpuWeight> {
+        let packed: Vec<&PackedB> = parts
+            .iter()
+            .map(|w| w.packed().map(|p| p.as_ref()))
+            .collect::<Option<_>>()?;
+        Some(CpuWeight::Packed(Arc::new(PackedB::concat_n(&packed)?)))
+    }
+
+    fn matmul(&self, x: &Tensor, w: &CpuWeight) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        Ok(match w {
+            CpuWeight::Packed(p) => matmul_packed(x, p)?,
+            CpuWeight::Dense(w) if rows <= SMALL_ROWS => {
+                x.apply_op2_no_bwd(w, &SmallRowsMatmul(self.opts.gemv))?
+            }
+            CpuWeight::Dense(w) if w.dtype() != DType::F32 => {
+                x.apply_op2_no_bwd(w, &WideningMatmul)?
+            }
+            CpuWeight::Dense(w) => x.matmul(&w.t()?)?,
+        })
+    }
+
+    fn rows_of(&self, w: &CpuWeight, ids: &[u32]) -> Result<Tensor> {
+        match w {
+            CpuWeight::Packed(p) => {
+                let hidden = p.k();
+                let mut out = vec![0f32; ids.len() * hidden];
+                for (row, &id) in out.chunks_exact_mut(hidden).zip(ids) {
+                    p.column_f32(id as usize, row);
+                }
+                Ok(Tensor::from_vec(out, (ids.len(), hidden), &self.device)?)
+            }
+            CpuWeight::Dense(t) => {
+                let idx = Tensor::new(ids, t.device())?;
+                Ok(t.index_select(&idx, 0)?.to_dtype(DType::F32)?)
+            }
+        }
+    }
+
+    /// One pass over [gate | up] rows.
+    fn silu_mul(&self, y: &Tensor, inter: usize) -> Result<Tensor> {
+        use rayon::prelude::*;
+        let n = y.dim(0)?;
+        let y = y.contiguous()?;
+        let view = CpuF32::new(&y, "fused gate/up output")?;
+        let data = view.slice();
+        let mut out = vec![0f32; n * inter];
+        out.par_chunks_mut(inter)
+            .zip(data.par_chunks(2 * inter))
+            .for_each(|(o, row)| {
+                let (gate, up) = row.split_at(inter);
+                for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
+                    *o = g / (1.0 + (-g).exp()) * u;
+                }
+            });
+        drop(view);
+        Ok(Tensor::from_vec(out, (n, inter), y.device())?)
+    }
+
+    fn kv_dtype(&self, weights: DType) -> DType {
+        vlm_model::dtype::kv_dtype(weights)
+    }
+
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        rows: &AttnRows,
+        scale: f32,
+    ) -> Result<Tensor> {
+        let h = q.dim(1)?;
+        let amx = self.opts.amx;
+        match rows {
+            // A bf16 model's chunk on the bf16 kernel too.
+            AttnRows::Chunk { start, table, .. }
+                if self.opts.bf16_dot && kv.dtype() == DType::BF16 =>
+            {
+                kv.write(layer, table, *start, k, v)?;
+                on_cache_memory(q, kv, layer, |cache, geo, qd, out| match cache {
+                    KvLayer::F32(kc, vc) => {
+                        chunk_attention(kc, vc, geo, h, qd, *start, table, scale, amx, out)
+                    }
+                    KvLayer::Bf16(kc, vc) => {
+                        chunk_attention(kc, vc, geo, h, qd, *start, table, scale, amx, out)
+                    }
+                })
+            }
+            AttnRows::Chunk { .. } => paged_attention::attention(q, k, v, kv, layer, rows, scale),
+            AttnRows::Decode(rows) => {
+                let (k, v) = (k.contiguous()?, v.contiguous()?);
+                let (kd, vd) = (CpuF32::new(&k, "k")?, CpuF32::new(&v, "v")?);
+                write_decode_rows(kv, layer, rows, kd.slice(), vd.slice())?;
+                on_cache_memory(q, kv, layer, |cache, geo, qd, out| match cache {
+                    KvLayer::F32(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
+                    KvLayer::Bf16(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
+                })
+            }
+        }
+    }
+}
+
+/// Runs an attention kernel on the layer's cache memory: `f(cache, geometry, q, out)` with
+/// q (n, H, hd) and out (n, H*hd) as f32 slices; returns out as a tensor.
+fn on_cache_memory(
+    q: &Tensor,
+    kv: &PagedKvCache,
+    layer: usize,
+    f: impl FnOnce(KvLayer<'_>, CacheGeometry, &[f32], &mut [f32]),
+) -> Result<Tensor> {
+    let (n, h, hd) = q.dims3()?;
+    let q = q.contiguous()?;
+    let qd = CpuF32::new(&q, "q")?;
+    let mut out = vec![0f32; n * h * hd];
+    with_layer(kv, layer, |cache| f(cache, kv.geometry(), qd.slice(), &mut out))?;
+    Ok(Tensor::from_vec(out, (n, h * hd), q.device())?)
+}

@@ -1,0 +1,64 @@
+//! What a backend plugs into the one Qwen3-VL forward of this crate: how it holds a linear
+//! weight and multiplies by it, and how it attends over the paged KV cache. The layers call
+//! these and never ask which device or instruction set they run on (candle's `CustomOp` idea:
+//! one op, one place per device).
+//!
+//! Implementations: `backends/cpu` (the hand-tuned bf16 / AMX kernels) and `backends/candle`
+//! (candle's own ops, any device). A new backend implements this trait (or runs a forward of
+//! its own, such as compiled graphs) and the seam's `LmBackend` / `VisionBackend`.
+use crate::error::Result;
+use crate::text::{AttnRows, PagedKvCache};
+use candle_core::{DType, Device, Tensor};
+
+pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
+    /// A linear layer's weight as this backend holds it (packed, on device, ...).
+    type Weight: Clone + Send + Sync + std::fmt::Debug;
+
+    /// The backend's name (`cpu`, `candle`).
+    fn name(&self) -> &'static str;
+    /// Where activations and weights live.
+    fn device(&self) -> &Device;
+
+    /// Takes a (out, in) weight as loaded from the checkpoint (in its storage dtype, on
+    /// [`Self::device`]).
+    fn weight(&self, w: Tensor) -> Result<Self::Weight>;
+    /// (out, in) of a weight.
+    fn weight_dims(&self, w: &Self::Weight) -> (usize, usize);
+    /// One weight computing all of `parts` (same input) at once, their outputs side by side in
+    /// order, when the backend gains from it (one input conversion, one dispatch); `None` keeps
+    /// them separate.
+    fn fuse(&self, _parts: &[&Self::Weight]) -> Option<Self::Weight> {
+        None
+    }
+    /// x (rows, in) f32 -> x · Wᵀ (rows, out) f32.
+    fn matmul(&self, x: &Tensor, w: &Self::Weight) -> Result<Tensor>;
+    /// Rows `ids` of W (out, in) as (ids.len(), in) f32: the embedding lookup of a tied
+    /// `lm_head`.
+    fn rows_of(&self, w: &Self::Weight, ids: &[u32]) -> Result<Tensor>;
+
+    /// y (n, 2*inter) = [gate | up] -> silu(gate) * up (n, inter) (`Qwen3VLTextMLP` on a fused
+    /// gate/up weight).
+    fn silu_mul(&self, y: &Tensor, inter: usize) -> Result<Tensor> {
+        let gate = y.narrow(1, 0, inter)?;
+        let up = y.narrow(1, inter, inter)?;
+        Ok((candle_nn::ops::silu(&gate)? * up)?)
+    }
+
+    /// The KV cache dtype for weights stored as `weights`.
+    fn kv_dtype(&self, weights: DType) -> DType;
+
+    /// Writes this step's k, v (n, kv_heads, head_dim) of `layer` into the cache at the
+    /// positions `rows` gives, then returns the attention of q (n, heads, head_dim) over the
+    /// cache, (n, heads * head_dim): causal within a chunk, GQA, softmax(q·kᵀ · scale)·v.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        kv: &PagedKvCache,
+        layer: usize,
+        rows: &AttnRows,
+        scale: f32,
+    ) -> Result<Tensor>;
+}

@@ -1,0 +1,35 @@
+//! What one attention call of a step is over: the rows' cache positions. Handed to
+//! [`crate::Kernels::attention`].
+use candle_core::Tensor;
+
+/// Where the rows of one attention call come from and go to.
+pub enum AttnRows<'a> {
+    /// n consecutive tokens of one sequence at cache indices [start, start+n); `mask` is
+    /// [`causal_mask`]`(start, n)` when n > 1 (built once per step, shared by the layers).
+    Chunk {
+        start: usize,
+        table: &'a [u32],
+        mask: Option<&'a Tensor>,
+    },
+    /// One token per row: (context_len, block table), written at cache index context_len and
+    /// attending to context_len + 1 tokens; `None` rows are padding (their K/V go to slot r of
+    /// the dummy block, their output is zero).
+    Decode(&'a [Option<(usize, &'a [u32])>]),
+}
+
+/// (n, start+n) additive mask: query i (cache index start+i) sees keys j <= start+i.
+pub fn causal_mask(start: usize, n: usize, device: &candle_core::Device) -> crate::Result<Tensor> {
+    let total = start + n;
+    let mask: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            (0..total).map(move |j| {
+                if j <= start + i {
+                    0.0
+                } else {
+                    f32::NEG_INFINITY
+                }
+            })
+        })
+        .collect();
+    Ok(Tensor::from_vec(mask, (n, total), device)?)
+}

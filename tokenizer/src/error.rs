@@ -1,0 +1,36 @@
+//! What can go wrong loading a checkpoint's tokenizer or rendering and encoding a prompt.
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// A tokenizer file of the checkpoint is missing or unreadable.
+    #[error("checkpoint file {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A JSON file of the checkpoint does not parse.
+    #[error("checkpoint config {path}: {message}")]
+    Config { path: PathBuf, message: String },
+    /// The tokenizer or the chat template failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The caller's input is invalid (the message names the limit and the value).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+}
+
+pub type Result<T> = std::result::Result<T, TokenizerError>;
+
+impl TokenizerError {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        TokenizerError::InvalidInput(msg.into())
+    }
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        TokenizerError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
