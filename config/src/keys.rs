@@ -13,6 +13,7 @@ pub const LM_KEYS: &[&str] = &[
     "device",
     "create_runtimes",
     "dtype",
+    "kernels",
     "visual",
 ];
 
@@ -26,6 +27,20 @@ pub const VISUAL_KEYS: &[&str] = &[
     "max_pixels",
     "oversize",
     "dtype",
+    "kernels",
+];
+
+/// Keys of `kernels` (the LM's kernel choices).
+pub const LM_KERNEL_KEYS: &[&str] = &["backend", "bf16_dot", "amx", "simd"];
+
+/// Keys of `visual.kernels`: the LM's and the ViT engine's own.
+pub const VISUAL_KERNEL_KEYS: &[&str] = &[
+    "backend",
+    "bf16_dot",
+    "amx",
+    "simd",
+    "attention_tiles",
+    "profile",
 ];
 
 /// Older spelling -> canonical spelling, accepted at both levels.

@@ -27,10 +27,13 @@ pub use file::Format;
 pub use geometry::{image_geometry, smart_resize, GeometryError, ImageGeometry};
 pub use parse::{
     DEFAULT_BATCH_SIZE, DEFAULT_KVCACHE_PARTITION_LEN, DEFAULT_MAX_SEQ_LEN,
-    DEFAULT_PREFILL_CHUNK_SIZE, DEFAULT_VIT_BUCKETS,
+    DEFAULT_PREFILL_CHUNK_SIZE, DEFAULT_VIT_BUCKETS, MIN_ATTENTION_TILE,
 };
 pub use rules::{PREFILL_CHUNK_MULTIPLE, VIT_BUCKET_MULTIPLE};
-pub use types::{DeployConfig, Dtype, Oversize, VisualConfig};
+pub use types::{
+    BackendChoice, DeployConfig, Dtype, KernelConfig, Oversize, Toggle, VisualConfig,
+    DEFAULT_ATTENTION_TILES,
+};
 
 use std::path::Path;
 

@@ -7,6 +7,10 @@ use crate::keys::{canonical, suggest, LM_KEYS, VISUAL_KEYS};
 use crate::types::{DeployConfig, Dtype, Oversize, VisualConfig};
 use serde_json::{Map, Value};
 
+mod kernels;
+
+pub use kernels::MIN_ATTENTION_TILE;
+
 /// Defaults of the top level. They suit the embedded tiny checkpoint; production configs set
 /// their own.
 pub const DEFAULT_MAX_SEQ_LEN: u32 = 4096;
@@ -244,6 +248,7 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
         device,
         create_runtimes: lm.bool("create_runtimes", true)?,
         dtype: lm.dtype("dtype")?,
+        kernels: kernels::parse(&lm, kernels::Part::Lm)?,
         visual: VisualConfig {
             max_seq_len: vis
                 .u32_list("max_seq_len")?
@@ -255,6 +260,7 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
             max_pixels: vis.uint("max_pixels", DEFAULT_MAX_PIXELS, 1)?,
             oversize,
             dtype: vis.dtype("dtype")?,
+            kernels: kernels::parse(&vis, kernels::Part::Visual)?,
         },
     })
 }

@@ -39,6 +39,80 @@ impl Dtype {
     }
 }
 
+/// Which compute backend runs a part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendChoice {
+    /// The build's best backend for the part's devices.
+    #[default]
+    Auto,
+    /// The hand-written CPU engine.
+    Cpu,
+    /// candle's ops.
+    Candle,
+}
+
+/// A kernel feature: used when the CPU has it (`auto`), required (`on`) or never used (`off`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Toggle {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+/// Default ViT attention tile: query rows x keys per tile.
+pub const DEFAULT_ATTENTION_TILES: [u32; 2] = [256, 512];
+
+/// The `kernels` section (top level for the LM, `visual.kernels` for the ViT).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct KernelConfig {
+    pub backend: BackendChoice,
+    /// bf16 products on AVX512-BF16 for bf16 weights; `off` = the f32/widening paths.
+    pub bf16_dot: Toggle,
+    /// Intel AMX tiles for those bf16 products.
+    pub amx: Toggle,
+    /// `Auto` or `Off` only; `off` = the scalar decode gemv, for testing.
+    pub simd: Toggle,
+    /// ViT attention tile: query rows x keys per tile, each >= 8 (`visual.kernels` only).
+    pub attention_tiles: [u32; 2],
+    /// Log the ViT engine's per-phase wall time for every run (`visual.kernels` only).
+    pub profile: bool,
+}
+
+impl Default for KernelConfig {
+    fn default() -> Self {
+        KernelConfig {
+            backend: BackendChoice::default(),
+            bf16_dot: Toggle::default(),
+            amx: Toggle::default(),
+            simd: Toggle::default(),
+            attention_tiles: DEFAULT_ATTENTION_TILES,
+            profile: false,
+        }
+    }
+}
+
+/// The top-level `kernels` as written out: only the keys valid there, so that the normalized
+/// config (`vlm config check`) reads back as the same config.
+fn serialize_lm_kernels<S: serde::Serializer>(k: &KernelConfig, s: S) -> Result<S::Ok, S::Error> {
+    #[derive(Serialize)]
+    struct LmKernels {
+        backend: BackendChoice,
+        bf16_dot: Toggle,
+        amx: Toggle,
+        simd: Toggle,
+    }
+    LmKernels {
+        backend: k.backend,
+        bf16_dot: k.bf16_dot,
+        amx: k.amx,
+        simd: k.simd,
+    }
+    .serialize(s)
+}
+
 /// The whole config: the LM at the top level, the ViT under `visual`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeployConfig {
@@ -60,6 +134,10 @@ pub struct DeployConfig {
     /// false = prepare and report only, do not start serving (a dry run).
     pub create_runtimes: bool,
     pub dtype: Dtype,
+    /// Kernel choices of the LM (`attention_tiles` and `profile` stay at their defaults here:
+    /// they are `visual.kernels` keys, so they are not written out either).
+    #[serde(serialize_with = "serialize_lm_kernels")]
+    pub kernels: KernelConfig,
     pub visual: VisualConfig,
 }
 
@@ -76,6 +154,8 @@ pub struct VisualConfig {
     pub max_pixels: u64,
     pub oversize: Oversize,
     pub dtype: Dtype,
+    /// Kernel choices of the ViT.
+    pub kernels: KernelConfig,
 }
 
 impl DeployConfig {

@@ -92,11 +92,11 @@ HPA_CUSTOM_METRIC = {"vision": "vlm_vision_queue_depth", "lm": "vlm_lm_waiting"}
 TOP_KEYS = {
     "max_seq_len", "kvcache_partition_len", "kvcache_num_blocks", "batch_size",
     "decoder_batch_sizes", "prefill_chunk_size", "num_devices", "device", "create_runtimes",
-    "dtype", "visual", "tensor_parallel_size",
+    "dtype", "kernels", "visual", "tensor_parallel_size",
 }
 VISUAL_KEYS = {
     "max_seq_len", "num_devices", "device", "create_runtimes", "min_pixels", "max_pixels",
-    "oversize", "dtype", "max_seq_lens", "tensor_parallel_size",
+    "oversize", "dtype", "kernels", "max_seq_lens", "tensor_parallel_size",
 }
 DTYPES = {"f32", "float32", "f16", "float16", "half", "bf16", "bfloat16"}
 PATCH_PIXELS = 16 * 16
