@@ -14,31 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use vlm_proto::v1::{lm_client::LmClient, TokenEvent};
-
-/// Why a generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    Stop,
-    Length,
-    Cancelled,
-}
-
-impl Finish {
-    pub fn openai(self) -> &'static str {
-        match self {
-            Finish::Stop => "stop",
-            Finish::Length => "length",
-            Finish::Cancelled => "cancelled",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub image_tokens: u32,
-    pub completion_tokens: u32,
-}
+use vlm_service_kit::generation::{Finish, Usage};
 
 /// One message of the output stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -316,14 +292,7 @@ impl Pump {
                 true,
             ));
         }
-        use vlm_proto::v1::FinishReason as F;
-        let finish = match F::try_from(ev.finish_reason).unwrap_or(F::Unspecified) {
-            F::Unspecified => None,
-            F::Stop => Some(Finish::Stop),
-            F::Length => Some(Finish::Length),
-            F::Cancelled => Some(Finish::Cancelled),
-        };
-        let finish = finish.or_else(|| {
+        let finish = Finish::from_wire(ev.finish_reason).or_else(|| {
             (self.usage.completion_tokens >= self.max_tokens).then_some(Finish::Length)
         });
         let mut text = d.text;

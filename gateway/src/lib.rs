@@ -22,11 +22,13 @@ pub use error::{GatewayError, ServeError};
 use admission::{Admission, AdmissionLimits};
 use auth::ApiKeys;
 use routing::{ReplicaSource, Router, RoutingOptions};
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 use validation::{Limits, Validator};
 use vlm_config::DeployConfig;
+use vlm_service_kit::server::{self, GrpcListener, GrpcServer};
 
 /// Everything `run` needs, already validated by the binary.
 #[derive(Debug, Clone)]
@@ -47,11 +49,14 @@ pub struct GatewayConfig {
     pub routing: RoutingOptions,
 }
 
+/// gRPC service name for health.
+pub const SERVICE_NAME: &str = "vlm.v1.Gateway";
+
 /// A bound gateway: addresses known, not serving yet.
 pub struct Bound {
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    grpc: tokio::net::TcpListener,
+    grpc: GrpcListener,
     http: tokio::net::TcpListener,
     core: generate::Core,
     cfg: GatewayConfig,
@@ -78,32 +83,25 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
     let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id);
     let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing);
     let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
-    let grpc = tokio::net::TcpListener::bind(cfg.listen)
+    let grpc = server::bind_grpc(cfg.listen)
         .await
-        .map_err(|source| ServeError::Bind {
-            what: "gRPC",
-            addr: cfg.listen.to_string(),
-            source,
+        .map_err(|e| ServeError::Bind {
+            what: e.what,
+            addr: e.addr.to_string(),
+            source: e.source,
         })?;
-    let http = tokio::net::TcpListener::bind(cfg.http_listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            what: "HTTP",
-            addr: cfg.http_listen.to_string(),
-            source,
-        })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind {
-        what: "gRPC",
-        addr: cfg.listen.to_string(),
-        source,
-    })?;
-    let http_addr = http.local_addr().map_err(|source| ServeError::Bind {
+    // The HTTP API (OpenAI, /health, /metrics) is the gateway's own.
+    let http_error = |source| ServeError::Bind {
         what: "HTTP",
         addr: cfg.http_listen.to_string(),
         source,
-    })?;
+    };
+    let http = tokio::net::TcpListener::bind(cfg.http_listen)
+        .await
+        .map_err(http_error)?;
+    let http_addr = http.local_addr().map_err(http_error)?;
     Ok(Bound {
-        grpc_addr,
+        grpc_addr: grpc.addr,
         http_addr,
         grpc,
         http,
@@ -113,8 +111,14 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
 }
 
 impl Bound {
+    /// Prints `listening grpc=ADDR http=ADDR` on stdout.
+    pub fn announce(&self) {
+        server::announce(&[("grpc", self.grpc_addr), ("http", self.http_addr)]);
+    }
+
     /// Serves until `shutdown` completes, then drains: health goes NOT_SERVING, new requests
-    /// are refused, and running streams finish before this returns.
+    /// are refused, and running streams finish before this returns. Health follows replica
+    /// readiness until then.
     pub async fn serve(
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -130,37 +134,6 @@ impl Bound {
         let router = core.router().clone();
         router.start(stop.clone()).await;
 
-        let (reporter, health) = vlm_service_kit::grpc::health();
-        let reflection = vlm_service_kit::grpc::reflection()
-            .map_err(|e| ServeError::Reflection(e.to_string()))?;
-        // Health follows replica readiness until draining.
-        {
-            let reporter = reporter.clone();
-            let mut ready = router.ready();
-            let stop = stop.clone();
-            tokio::spawn(async move {
-                loop {
-                    let r = *ready.borrow_and_update();
-                    vlm_service_kit::grpc::set_serving(&reporter, "vlm.v1.Gateway", r).await;
-                    tokio::select! {
-                        _ = stop.cancelled() => break,
-                        c = ready.changed() => if c.is_err() { break },
-                    }
-                }
-            });
-        }
-
-        let drain = stop.clone();
-        let admission = core.admission().clone();
-        let reporter2 = reporter.clone();
-        tokio::spawn(async move {
-            shutdown.await;
-            tracing::info!("draining: refusing new requests, finishing running ones");
-            drain.cancel();
-            admission.drain();
-            vlm_service_kit::grpc::set_serving(&reporter2, "vlm.v1.Gateway", false).await;
-        });
-
         let svc = tonic::service::interceptor::InterceptedService::new(
             vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(
                 core.clone(),
@@ -170,15 +143,19 @@ impl Bound {
             .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
             cfg.api_keys.interceptor(),
         );
-        let grpc_stop = stop.clone();
-        let grpc_task = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(reflection)
+        let drain_stop = stop.clone();
+        let admission = core.admission().clone();
+        let grpc_task = GrpcServer::on_listener(grpc, SERVICE_NAME)
             .add_service(svc)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(grpc),
-                async move { grpc_stop.cancelled().await },
-            );
+            .health_follows(router.ready())
+            .on_drain(async move {
+                tracing::info!("draining: refusing new requests, finishing running ones");
+                // Stops the replica polling and the HTTP API (which finishes its streams).
+                drain_stop.cancel();
+                admission.drain();
+            })
+            // Nothing to load: the tokenizer was loaded by `bind`; readiness is the replicas'.
+            .serve(async { Ok::<(), Infallible>(()) }, shutdown);
 
         let state = openai::HttpState {
             core: core.clone(),
@@ -187,11 +164,16 @@ impl Bound {
             metrics: vlm_service_kit::metrics_http::recorder(),
             images: fetch::ImageFetcher::new(cfg.image_fetch.clone()),
         };
-        let http_stop = stop.clone();
         let http_task = axum::serve(http, openai::router(state))
-            .with_graceful_shutdown(async move { http_stop.cancelled().await });
+            .with_graceful_shutdown(stop.clone().cancelled_owned());
         let (g, h) = tokio::join!(grpc_task, async { http_task.await });
-        g.map_err(|e| ServeError::Grpc(e.to_string()))?;
+        let stopped = g.map_err(|e| match e {
+            server::ServeError::Reflection(e) => ServeError::Reflection(e.to_string()),
+            server::ServeError::Load(never) => match never {},
+        })?;
+        stopped
+            .served
+            .map_err(|e| ServeError::Grpc(e.to_string()))?;
         h.map_err(|e| ServeError::Grpc(format!("HTTP: {e}")))?;
         Ok(())
     }

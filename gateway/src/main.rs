@@ -129,12 +129,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     rt.block_on(async move {
         let bound = vlm_gateway::bind(cfg).await?;
-        println!(
-            "listening grpc={} http={}",
-            bound.grpc_addr, bound.http_addr
-        );
-        use std::io::Write;
-        let _ = std::io::stdout().flush();
+        bound.announce();
         bound
             .serve(vlm_service_kit::shutdown::shutdown_signal())
             .await?;

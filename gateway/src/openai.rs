@@ -5,7 +5,7 @@
 use crate::auth::ApiKeys;
 use crate::error::GatewayError;
 use crate::fetch::{ImageFetcher, Target};
-use crate::generate::{Core, Delta, Usage};
+use crate::generate::{Core, Delta};
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
+use vlm_service_kit::generation::{Finish, Usage};
 
 #[derive(Clone)]
 pub struct HttpState {
@@ -308,6 +309,15 @@ fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
+/// The OpenAI `finish_reason` string (`cancelled` is ours: OpenAI has no such end).
+fn finish_reason(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop => "stop",
+        Finish::Length => "length",
+        Finish::Cancelled => "cancelled",
+    }
+}
+
 fn usage_json(u: Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
@@ -330,7 +340,7 @@ pub fn chunk_json(id: &str, model: &str, created: u64, d: &Delta, first: bool) -
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": d.finish.map(|f| f.openai())}],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": d.finish.map(finish_reason)}],
     });
     if d.finish.is_some() {
         v["usage"] = usage_json(d.usage);
@@ -441,7 +451,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish.map(|f| f.openai())}],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish.map(finish_reason)}],
         "usage": usage_json(usage),
     }))
     .into_response()
@@ -451,7 +461,6 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
 mod tests {
     use super::*;
     use crate::fetch::FetchOptions;
-    use crate::generate::Finish;
 
     #[test]
     fn sse_chunks() {

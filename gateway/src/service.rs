@@ -1,12 +1,13 @@
 //! The tonic `vlm.v1.Gateway` service: an adapter that decodes the proto, calls
 //! [`Core::start`], and maps deltas and errors back.
-use crate::generate::{Core, Delta, Finish};
+use crate::generate::{Core, Delta};
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use futures::Stream;
 use prost::Message;
 use std::pin::Pin;
 use tonic::{Request, Response, Status};
 use vlm_proto::v1 as pb;
+use vlm_service_kit::generation::Finish;
 
 pub struct GatewayService {
     core: Core,
@@ -62,17 +63,8 @@ fn response(request_id: &str, d: Delta) -> pb::GenerateResponse {
         request_id: request_id.to_string(),
         text: d.text,
         token_ids: d.token_ids,
-        finish_reason: match d.finish {
-            None => pb::FinishReason::Unspecified,
-            Some(Finish::Stop) => pb::FinishReason::Stop,
-            Some(Finish::Length) => pb::FinishReason::Length,
-            Some(Finish::Cancelled) => pb::FinishReason::Cancelled,
-        } as i32,
-        usage: Some(pb::Usage {
-            prompt_tokens: d.usage.prompt_tokens,
-            image_tokens: d.usage.image_tokens,
-            completion_tokens: d.usage.completion_tokens,
-        }),
+        finish_reason: Finish::to_wire(d.finish),
+        usage: Some(d.usage.into()),
     }
 }
 

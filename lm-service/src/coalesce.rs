@@ -41,8 +41,8 @@ pub fn coalesced(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{Finish, Usage};
     use futures::StreamExt;
+    use vlm_service_kit::generation::{Finish, Usage};
 
     fn ev(t: u32, finish: Option<Finish>) -> Result<GenEvent, LmError> {
         Ok(GenEvent {

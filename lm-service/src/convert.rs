@@ -1,11 +1,12 @@
 //! Wire types (vlm.v1) to domain types and back. The only module besides the vision client
 //! that touches generated proto types.
-use crate::engine::{EngineInfo, Finish, GenEvent};
+use crate::engine::{EngineInfo, GenEvent};
 use crate::generate::{GenerateInput, ImageIn, SamplingIn};
 use crate::scheduler::SchedulerLoad;
 use vlm_compute::HostDtype;
 use std::time::Instant;
 use vlm_proto as pb;
+use vlm_service_kit::generation::Finish;
 
 pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> GenerateInput {
     let s = r.sampling.unwrap_or_default();
@@ -38,17 +39,8 @@ pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> Ge
 pub fn token_event(e: GenEvent) -> pb::TokenEvent {
     pb::TokenEvent {
         token_ids: e.tokens,
-        finish_reason: match e.finish {
-            None => pb::FinishReason::Unspecified,
-            Some(Finish::Stop) => pb::FinishReason::Stop,
-            Some(Finish::Length) => pb::FinishReason::Length,
-            Some(Finish::Cancelled) => pb::FinishReason::Cancelled,
-        } as i32,
-        usage: Some(pb::Usage {
-            prompt_tokens: e.usage.prompt_tokens,
-            image_tokens: e.usage.image_tokens,
-            completion_tokens: e.usage.completion_tokens,
-        }),
+        finish_reason: Finish::to_wire(e.finish),
+        usage: Some(e.usage.into()),
     }
 }
 

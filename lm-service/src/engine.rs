@@ -18,6 +18,7 @@ use tracing::Span;
 use vlm_compute::{build_chunk, BackendInfo, DecodeRow, HostDtype, ImageEmbeds, LmBackend};
 use vlm_compute::{PromptLayout, Qwen3VlConfig};
 use vlm_config::DeployConfig;
+use vlm_service_kit::generation::{Finish, Usage};
 
 /// How to start the engine.
 #[derive(Debug, Clone)]
@@ -54,22 +55,6 @@ impl EngineInfo {
     pub fn max_sequence_tokens(&self) -> usize {
         (self.deploy.max_seq_len as u64).min(self.pool_tokens()) as usize
     }
-}
-
-/// Why a generation ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finish {
-    Stop,
-    Length,
-    Cancelled,
-}
-
-/// Token accounting.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    pub prompt_tokens: u32,
-    pub image_tokens: u32,
-    pub completion_tokens: u32,
 }
 
 /// One streamed step of a generation.

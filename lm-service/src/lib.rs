@@ -31,9 +31,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::watch;
 use vlm_config::DeployConfig;
-use vlm_service_kit::{affinity, grpc, metrics_http};
+use vlm_service_kit::server::{self, GrpcServer};
+use vlm_service_kit::{affinity, metrics_http};
 
 /// gRPC service name for health.
 pub const SERVICE_NAME: &str = "vlm.v1.Lm";
@@ -161,137 +162,115 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServeError> {
     let d = cfg.deploy.clone();
-    let cores =
-        affinity::resolve(&d.device, "device").map_err(|e| ServeError::Config(e.to_string()))?;
+    // The LM's compute threads are pinned one per core when its backend runs on host cores.
+    let backend = vlm_backends::Backend::resolve(&d.kernels, d.dtype, vlm_backends::Part::Lm)
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    let cores = if backend.devices_are_cores() {
+        affinity::resolve(&d.device, "device").map_err(|e| ServeError::Config(e.to_string()))?
+    } else {
+        Vec::new()
+    };
     let num_blocks = resolve_num_blocks(&d, &cfg.model_dir)?;
-    let recorder = metrics_http::recorder();
+    // The recorder first: the zeroed series below must reach it.
+    let _ = metrics_http::recorder();
     register_metrics(&d.decoder_batch_sizes);
-    let (reporter, health) = grpc::health();
-    grpc::set_serving(&reporter, SERVICE_NAME, false).await;
-
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
+    let listeners = server::bind(cfg.listen, cfg.metrics_listen)
         .await
-        .map_err(|source| ServeError::Bind {
-            addr: cfg.listen.to_string(),
-            source,
+        .map_err(|e| ServeError::Bind {
+            addr: e.addr.to_string(),
+            source: e.source,
         })?;
-    let grpc_addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: cfg.listen.to_string(),
-        source,
-    })?;
-    let stop_metrics = CancellationToken::new();
-    let metrics_addr = metrics_http::serve(
-        cfg.metrics_listen,
-        recorder,
-        stop_metrics.clone().cancelled_owned(),
-    )
-    .await
-    .map_err(|source| ServeError::Bind {
-        addr: cfg.metrics_listen.to_string(),
-        source,
-    })?;
-    println!("listening grpc={grpc_addr} metrics={metrics_addr}");
+    listeners.announce();
 
     // The server runs from now on; `Lm` answers UNAVAILABLE until the context is set.
     let cell: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
-    let stop = CancellationToken::new();
-    let drain_cell = cell.clone();
-    let drain_reporter = reporter.clone();
-    let drain_stop = stop.clone();
-    let drain = async move {
-        tokio::select! {
-            _ = shutdown => {}
-            _ = drain_stop.cancelled() => {}
-        }
-        grpc::set_serving(&drain_reporter, SERVICE_NAME, false).await;
-        if let Some(ctx) = drain_cell.get() {
-            ctx.draining.store(true, Ordering::SeqCst);
-            tracing::info!("draining: waiting for running and queued sequences");
-            loop {
-                let l = ctx.engine.load();
-                if l.running == 0 && l.waiting == 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            tracing::info!("drained");
-        }
-    };
-    let reflection = grpc::reflection().map_err(|e| ServeError::Transport(e.to_string()))?;
     let lm = vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone()))
         .max_decoding_message_size(256 << 20);
-    let server = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(reflection)
-            .add_service(lm)
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                drain,
-            ),
-    );
-
-    let opts = EngineOptions {
-        model_dir: cfg.model_dir.clone(),
-        deploy: d.clone(),
-        num_blocks,
-        cores: cores.clone(),
+    // Health follows the engine thread: if it ever dies, stop advertising this replica.
+    let (alive_tx, alive_rx) = watch::channel(true);
+    let load = async {
+        let opts = EngineOptions {
+            model_dir: cfg.model_dir.clone(),
+            deploy: d.clone(),
+            num_blocks,
+            cores: cores.clone(),
+        };
+        let (engine, thread) = tokio::task::spawn_blocking(move || EngineHandle::start(opts))
+            .await
+            .map_err(|e| ServeError::Model(format!("engine start panicked: {e}")))?
+            .map_err(|e| ServeError::Model(e.to_string()))?;
+        let info = engine.info().clone();
+        tracing::info!(
+            model = %info.model.model_id,
+            weights_mib = info.weight_bytes as f64 / (1 << 20) as f64,
+            kv_blocks = info.num_blocks,
+            block_len = info.block_len,
+            kv_tokens = info.pool_tokens(),
+            kv_mib = info.kv_bytes as f64 / (1 << 20) as f64,
+            decode_graphs = ?d.decoder_batch_sizes,
+            prefill_chunk = d.prefill_chunk_size,
+            batch_size = d.batch_size,
+            cores = ?cores,
+            backend = info.backend.backend,
+            device = %info.backend.device,
+            kernels = %info.backend.kernels_line(),
+            "LM engine ready: prefill path and decode graphs warmed, KV pool allocated"
+        );
+        let _ = cell.set(Arc::new(Context {
+            engine: engine.clone(),
+            cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
+            vision: vision_client::VisionClients::new(),
+            draining: AtomicBool::new(false),
+        }));
+        tokio::spawn(watch_engine(engine.clone(), alive_tx));
+        Ok::<_, ServeError>((engine, thread))
     };
-    let started = tokio::task::spawn_blocking(move || EngineHandle::start(opts))
+    let stopped = GrpcServer::new(listeners, SERVICE_NAME)
+        .add_service(lm)
+        .health_follows(alive_rx)
+        .on_drain(drain(cell.clone()))
+        .serve(load, shutdown)
         .await
-        .map_err(|e| ServeError::Model(format!("engine start panicked: {e}")))
-        .and_then(|r| r.map_err(|e| ServeError::Model(e.to_string())));
-    let (engine, thread) = match started {
-        Ok(x) => x,
-        Err(e) => {
-            stop.cancel();
-            let _ = server.await;
-            stop_metrics.cancel();
-            return Err(e);
-        }
-    };
-    let info = engine.info().clone();
-    tracing::info!(
-        model = %info.model.model_id,
-        weights_mib = info.weight_bytes as f64 / (1 << 20) as f64,
-        kv_blocks = info.num_blocks,
-        block_len = info.block_len,
-        kv_tokens = info.pool_tokens(),
-        kv_mib = info.kv_bytes as f64 / (1 << 20) as f64,
-        decode_graphs = ?d.decoder_batch_sizes,
-        prefill_chunk = d.prefill_chunk_size,
-        batch_size = d.batch_size,
-        cores = ?cores,
-        "LM engine ready: prefill path and decode graphs warmed, KV pool allocated"
-    );
-    let ctx = Arc::new(Context {
-        engine: engine.clone(),
-        cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
-        vision: vision_client::VisionClients::new(),
-        draining: AtomicBool::new(false),
-    });
-    let _ = cell.set(ctx);
-    if !stop.is_cancelled() {
-        grpc::set_serving(&reporter, SERVICE_NAME, true).await;
-        tracing::info!(%grpc_addr, %metrics_addr, "SERVING");
-    }
-    // If the engine thread ever dies, stop advertising this replica.
-    let watch_engine = engine.clone();
-    let watch_reporter = reporter.clone();
-    let watcher = tokio::spawn(async move {
-        while watch_engine.is_alive() {
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        tracing::error!("the LM engine thread has stopped; reporting NOT_SERVING");
-        grpc::set_serving(&watch_reporter, SERVICE_NAME, false).await;
-    });
-
-    let served = server
-        .await
-        .map_err(|e| ServeError::Transport(format!("server task: {e}")))?;
-    watcher.abort();
-    stop_metrics.cancel();
+        .map_err(|e| match e {
+            server::ServeError::Reflection(e) => ServeError::Transport(e.to_string()),
+            server::ServeError::Load(e) => e,
+        })?;
+    let (engine, thread) = stopped.loaded;
     engine.shutdown();
     let _ = tokio::task::spawn_blocking(move || thread.join()).await;
-    served.map_err(|e| ServeError::Transport(e.to_string()))
+    stopped.served.map_err(|e| match e {
+        server::ServerError::Transport(e) => ServeError::Transport(e.to_string()),
+        server::ServerError::Task(e) => ServeError::Transport(format!("server task: {e}")),
+    })
+}
+
+/// The drain's own step, while the server still accepts calls: refuse new requests (Load
+/// reports `draining`), then wait until no sequence runs or waits.
+async fn drain(cell: Arc<OnceLock<Arc<Context>>>) {
+    let Some(ctx) = cell.get() else {
+        return;
+    };
+    ctx.draining.store(true, Ordering::SeqCst);
+    tracing::info!("draining: waiting for running and queued sequences");
+    loop {
+        let l = ctx.engine.load();
+        if l.running == 0 && l.waiting == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tracing::info!("drained");
+}
+
+/// Sends `false` on `alive` once the engine thread has stopped; ends when nobody listens.
+async fn watch_engine(engine: EngineHandle, alive: watch::Sender<bool>) {
+    while engine.is_alive() {
+        tokio::select! {
+            () = alive.closed() => return,
+            () = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+    }
+    if alive.send(false).is_ok() {
+        tracing::error!("the LM engine thread has stopped; reporting NOT_SERVING");
+    }
 }

@@ -22,16 +22,24 @@ pub async fn set_serving(reporter: &HealthReporter, service_name: &str, serving:
     reporter.set_service_status(service_name, status).await;
 }
 
-/// Reflection (v1) over the vlm.v1 descriptors and the health service's.
-pub fn reflection() -> Result<
+/// Reflection (v1) over the vlm.v1 descriptors and the health service's, listing only
+/// `services` (the ones this server serves, e.g. "vlm.v1.Vision" and "grpc.health.v1.Health")
+/// and reflection itself; every symbol of the descriptors still resolves.
+pub fn reflection(
+    services: &[&str],
+) -> Result<
     tonic_reflection::server::v1::ServerReflectionServer<
         impl tonic_reflection::server::v1::ServerReflection,
     >,
     tonic_reflection::server::Error,
 > {
-    tonic_reflection::server::Builder::configure()
+    let builder = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(vlm_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name(tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME);
+    services
+        .iter()
+        .fold(builder, |b, s| b.with_service_name(*s))
         .build_v1()
 }
 

@@ -1,11 +1,14 @@
 //! What every vlm service shares, wired once: logging and tracing setup, the Prometheus
-//! endpoint, `grpc.health.v1` + reflection, the shutdown signal, and core pinning for the CPU
-//! device pool.
+//! endpoint, `grpc.health.v1` + reflection, the gRPC server's start-up and drain ([`server`]),
+//! the shutdown signal, core pinning for the CPU device pool, and the generation types the LM
+//! and the gateway both speak ([`generation`]).
 
 pub mod affinity;
 pub mod backend_info;
 pub mod config;
+pub mod generation;
 pub mod grpc;
 pub mod metrics_http;
+pub mod server;
 pub mod shutdown;
 pub mod telemetry;

@@ -18,8 +18,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio_stream::StreamExt;
 use vlm_config::VisualConfig;
+use vlm_service_kit::server::{self, GrpcServer, Listeners};
 
 /// The gRPC service name reported by `grpc.health.v1`.
 pub const SERVICE_NAME: &str = "vlm.v1.Vision";
@@ -106,10 +106,7 @@ pub async fn run(
         return dry_run(&opts).await;
     }
     let bound = bind(opts).await?;
-    println!(
-        "listening grpc={} metrics={}",
-        bound.grpc_addr, bound.metrics_addr
-    );
+    bound.listeners.announce();
     bound.serve(shutdown).await
 }
 
@@ -117,8 +114,7 @@ pub async fn run(
 pub struct Bound {
     pub grpc_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
-    grpc: tokio::net::TcpListener,
-    metrics_stop: tokio::sync::watch::Sender<bool>,
+    listeners: Listeners,
     cores: Vec<Option<usize>>,
     opts: Options,
 }
@@ -127,37 +123,17 @@ pub struct Bound {
 pub async fn bind(opts: Options) -> Result<Bound, ServeError> {
     opts.validate()?;
     let cores = device_cores(&opts)?;
-    let grpc = tokio::net::TcpListener::bind(opts.listen)
+    let listeners = server::bind(opts.listen, opts.metrics_listen)
         .await
-        .map_err(|source| ServeError::Bind {
-            what: "gRPC",
-            addr: opts.listen,
-            source,
+        .map_err(|e| ServeError::Bind {
+            what: e.what,
+            addr: e.addr,
+            source: e.source,
         })?;
-    let grpc_addr = grpc.local_addr().map_err(|source| ServeError::Bind {
-        what: "gRPC",
-        addr: opts.listen,
-        source,
-    })?;
-    let (metrics_stop, mut stopped) = tokio::sync::watch::channel(false);
-    let metrics_addr = vlm_service_kit::metrics_http::serve(
-        opts.metrics_listen,
-        vlm_service_kit::metrics_http::recorder(),
-        async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        },
-    )
-    .await
-    .map_err(|source| ServeError::Bind {
-        what: "metrics",
-        addr: opts.metrics_listen,
-        source,
-    })?;
     Ok(Bound {
-        grpc_addr,
-        metrics_addr,
-        grpc,
-        metrics_stop,
+        grpc_addr: listeners.grpc_addr,
+        metrics_addr: listeners.metrics_addr,
+        listeners,
         cores,
         opts,
     })
@@ -181,102 +157,65 @@ fn device_cores(opts: &Options) -> Result<Vec<Option<usize>>, ServeError> {
 
 impl Bound {
     /// Serves health (NOT_SERVING) and reflection at once, loads the weights and prepares every
-    /// bucket, reports SERVING, and on `shutdown` drains: NOT_SERVING first, then in-flight
-    /// calls finish, then the compute threads stop.
+    /// bucket, reports SERVING, and on `shutdown` drains: NOT_SERVING first, the drain delay,
+    /// then in-flight calls finish, then the compute threads stop.
     pub async fn serve(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServeError> {
         let Bound {
-            grpc_addr,
-            grpc,
-            metrics_stop,
+            listeners,
             cores,
             opts,
             ..
         } = self;
-        let (reporter, health) = vlm_service_kit::grpc::health();
-        vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, false).await;
-        let reflection = vlm_service_kit::grpc::reflection()
-            .map_err(|e| ServeError::Reflection(e.to_string()))?;
         let slot: EncoderSlot = Arc::new(std::sync::OnceLock::new());
         let vision =
             vlm_proto::v1::vision_server::VisionServer::new(VisionService::new(Arc::clone(&slot)))
                 .max_decoding_message_size(opts.max_request_bytes)
                 .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|s| {
-            s.inspect(|s| {
-                let _ = s.set_nodelay(true);
-            })
-        });
-        let (drain_tx, drain_rx) = tokio::sync::oneshot::channel::<()>();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(health)
-                .add_service(reflection)
-                .add_service(vision)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = drain_rx.await;
-                }),
-        );
-        tracing::info!(%grpc_addr, "gRPC up (NOT_SERVING until the ViT is ready)");
-
-        tokio::pin!(shutdown);
-        let loaded = tokio::select! {
-            r = prepare(&opts, &cores) => Some(r),
-            _ = &mut shutdown => None,
+        let load = async {
+            let devices = prepare(&opts, &cores).await?;
+            let cfg = EncoderConfig {
+                visual: opts.visual.clone(),
+                max_decode_pixels: opts.max_decode_pixels,
+                queue_capacity: opts.queue_capacity,
+                max_chunk_bytes: opts.max_chunk_bytes,
+            };
+            let vcfg = vlm_compute::Qwen3VlConfig::from_dir(&opts.model_dir)
+                .map_err(|source| ServeError::Load {
+                    dir: opts.model_dir.clone(),
+                    source,
+                })?
+                .vision;
+            let encoder = Encoder::start(devices, cfg, &vcfg, model_id(&opts))?;
+            let _ = slot.set(encoder.clone());
+            tracing::info!(
+                queue_capacity = opts.queue_capacity,
+                devices = ?opts.visual.device,
+                "ViT ready: every bucket prepared, compute threads started"
+            );
+            Ok::<_, ServeError>(encoder)
         };
-        let encoder = match loaded {
-            Some(Ok(devices)) => {
-                let model_id = model_id(&opts);
-                let cfg = EncoderConfig {
-                    visual: opts.visual.clone(),
-                    max_decode_pixels: opts.max_decode_pixels,
-                    queue_capacity: opts.queue_capacity,
-                    max_chunk_bytes: opts.max_chunk_bytes,
-                };
-                let vcfg = vlm_compute::Qwen3VlConfig::from_dir(&opts.model_dir)
-                    .map_err(|source| ServeError::Load {
-                        dir: opts.model_dir.clone(),
-                        source,
-                    })?
-                    .vision;
-                let encoder = Encoder::start(devices, cfg, &vcfg, model_id)?;
-                let _ = slot.set(encoder.clone());
-                vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, true).await;
-                tracing::info!(
-                    queue_capacity = opts.queue_capacity,
-                    devices = ?opts.visual.device,
-                    "SERVING vlm.v1.Vision"
-                );
-                shutdown.await;
-                Some(encoder)
-            }
-            Some(Err(e)) => {
-                let _ = drain_tx.send(());
-                let _ = metrics_stop.send(true);
-                let _ = server.await;
-                return Err(e);
-            }
-            None => None,
-        };
-        tracing::info!("draining: NOT_SERVING, finishing in-flight calls");
-        vlm_service_kit::grpc::set_serving(&reporter, SERVICE_NAME, false).await;
-        if !opts.drain_delay.is_zero() {
-            tokio::time::sleep(opts.drain_delay).await;
-        }
-        let _ = drain_tx.send(());
-        let served = server
+        let stopped = GrpcServer::new(listeners, SERVICE_NAME)
+            .add_service(vision)
+            .drain_delay(opts.drain_delay)
+            .tcp_nodelay(true)
+            .serve(load, shutdown)
             .await
-            .map_err(|e| ServeError::Thread(format!("gRPC server task: {e}")))?;
-        if let Some(encoder) = encoder {
-            tokio::task::spawn_blocking(move || encoder.shutdown())
-                .await
-                .map_err(|e| ServeError::Thread(e.to_string()))?;
-        }
-        let _ = metrics_stop.send(true);
+            .map_err(|e| match e {
+                server::ServeError::Reflection(e) => ServeError::Reflection(e.to_string()),
+                server::ServeError::Load(e) => e,
+            })?;
+        let encoder = stopped.loaded;
+        tokio::task::spawn_blocking(move || encoder.shutdown())
+            .await
+            .map_err(|e| ServeError::Thread(e.to_string()))?;
         tracing::info!("drained; bye");
-        served.map_err(ServeError::from)
+        stopped.served.map_err(|e| match e {
+            server::ServerError::Transport(e) => ServeError::Transport(e),
+            server::ServerError::Task(e) => ServeError::Thread(format!("gRPC server task: {e}")),
+        })
     }
 }
 

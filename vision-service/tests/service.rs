@@ -413,6 +413,12 @@ async fn info_health_and_metrics_describe_the_replica() {
         .into_inner();
     let reply = format!("{:?}", stream.message().await.expect("reply"));
     assert!(reply.contains("vlm.v1.Vision"), "{reply}");
+    // Only what this server serves: the other vlm services are not listed.
+    assert!(reply.contains("grpc.health.v1.Health"), "{reply}");
+    assert!(
+        !reply.contains("vlm.v1.Lm") && !reply.contains("vlm.v1.Gateway"),
+        "{reply}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,14 +14,17 @@
 //! The accounting is documented in [`memory`]; the cost model in [`buckets`].
 //!
 //! ```
-//! use vlm_config::plan::{self, DeviceKind, ModelDims, PlanOptions};
+//! use vlm_config::plan::{self, DeviceKind, ModelDims, PlanOptions, RblnSizing};
 //! let cfg = vlm_config::DeployConfig::from_json(r#"{
 //!     "visual": {"max_seq_len": 16384, "device": 0},
 //!     "device": 0, "max_seq_len": 32768, "kvcache_partition_len": 8192,
 //!     "batch_size": 4, "decoder_batch_sizes": [1, 2, 4]
 //! }"#).unwrap().config;
 //! let dims = ModelDims::qwen3_vl_2b();
-//! let p = plan::plan(&cfg, &dims, &DeviceKind::rebel(), &PlanOptions::default());
+//! let (kind, opts) = (DeviceKind::rebel(), PlanOptions::default());
+//! // The sizes of the runtime that holds the parts: here the seeds' NPU runtime; for the kinds
+//! // this project runs on, `vlm_backends::sizing` gives the backends' own.
+//! let p = plan::plan(&cfg, &dims, &kind, &RblnSizing::for_kind(&kind, &opts), &opts);
 //! assert!(p.fits);
 //! assert_eq!(p.kv.bytes_per_token, 112 * 1024); // 16-bit on an NPU
 //! ```

@@ -137,13 +137,12 @@ impl PagedKvCache {
 
     /// Checks that a block table covers `tokens` tokens with valid, usable block ids.
     pub fn check_table(&self, table: &[u32], tokens: usize, what: &str) -> Result<()> {
-        Ok(vlm_compute::check_table(
-            table,
-            tokens,
-            self.num_blocks,
-            self.block_len,
-            what,
-        )?)
+        vlm_compute::check_table(table, tokens, self.num_blocks, self.block_len, what).map_err(
+            |e| match e {
+                vlm_compute::ComputeError::KvCache(m) => ModelError::KvCache(m),
+                other => other.into(),
+            },
+        )
     }
 
     /// Writes k, v: (n, kv_heads, head_dim) of tokens at cache indices [start, start+n) of the

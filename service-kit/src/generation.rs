@@ -1,0 +1,129 @@
+//! Why a generation ended and its token accounting: one definition for the LM and the gateway,
+//! and the only conversions to and from the wire types (`vlm.v1.FinishReason`, `vlm.v1.Usage`).
+use vlm_proto::v1 as pb;
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// EOS, a stop token id, or a stop string.
+    Stop,
+    /// `max_tokens` (or the context) reached.
+    Length,
+    /// The request was cancelled (deadline, the caller going away, shutdown).
+    Cancelled,
+}
+
+/// Token accounting of one generation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub image_tokens: u32,
+    pub completion_tokens: u32,
+}
+
+impl From<Finish> for pb::FinishReason {
+    fn from(f: Finish) -> Self {
+        match f {
+            Finish::Stop => pb::FinishReason::Stop,
+            Finish::Length => pb::FinishReason::Length,
+            Finish::Cancelled => pb::FinishReason::Cancelled,
+        }
+    }
+}
+
+/// `FINISH_REASON_UNSPECIFIED`: the generation has not ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("finish reason unspecified: the generation has not ended")]
+pub struct NotFinished;
+
+impl TryFrom<pb::FinishReason> for Finish {
+    type Error = NotFinished;
+    fn try_from(r: pb::FinishReason) -> Result<Self, NotFinished> {
+        match r {
+            pb::FinishReason::Unspecified => Err(NotFinished),
+            pb::FinishReason::Stop => Ok(Finish::Stop),
+            pb::FinishReason::Length => Ok(Finish::Length),
+            pb::FinishReason::Cancelled => Ok(Finish::Cancelled),
+        }
+    }
+}
+
+impl Finish {
+    /// The wire field `finish_reason` of a message: UNSPECIFIED until the last one.
+    pub fn to_wire(finish: Option<Finish>) -> i32 {
+        finish.map_or(pb::FinishReason::Unspecified, pb::FinishReason::from) as i32
+    }
+
+    /// The wire field read back: None for UNSPECIFIED and for values this build does not
+    /// know.
+    pub fn from_wire(finish_reason: i32) -> Option<Finish> {
+        pb::FinishReason::try_from(finish_reason)
+            .ok()
+            .and_then(|r| Finish::try_from(r).ok())
+    }
+}
+
+impl From<Usage> for pb::Usage {
+    fn from(u: Usage) -> Self {
+        pb::Usage {
+            prompt_tokens: u.prompt_tokens,
+            image_tokens: u.image_tokens,
+            completion_tokens: u.completion_tokens,
+        }
+    }
+}
+
+impl From<pb::Usage> for Usage {
+    fn from(u: pb::Usage) -> Self {
+        Usage {
+            prompt_tokens: u.prompt_tokens,
+            image_tokens: u.image_tokens,
+            completion_tokens: u.completion_tokens,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finish_reasons_round_trip_on_the_wire() {
+        assert_eq!(Finish::to_wire(None), pb::FinishReason::Unspecified as i32);
+        assert_eq!(
+            Finish::from_wire(pb::FinishReason::Unspecified as i32),
+            None
+        );
+        for (f, wire) in [
+            (Finish::Stop, pb::FinishReason::Stop),
+            (Finish::Length, pb::FinishReason::Length),
+            (Finish::Cancelled, pb::FinishReason::Cancelled),
+        ] {
+            assert_eq!(pb::FinishReason::from(f), wire);
+            assert_eq!(Finish::try_from(wire), Ok(f));
+            assert_eq!(Finish::to_wire(Some(f)), wire as i32);
+            assert_eq!(Finish::from_wire(wire as i32), Some(f));
+        }
+        // A value from a newer peer reads as "not finished", as before.
+        assert_eq!(Finish::from_wire(99), None);
+    }
+
+    #[test]
+    fn usage_round_trips() {
+        let u = Usage {
+            prompt_tokens: 7,
+            image_tokens: 3,
+            completion_tokens: 11,
+        };
+        let wire = pb::Usage::from(u);
+        assert_eq!(
+            (
+                wire.prompt_tokens,
+                wire.image_tokens,
+                wire.completion_tokens
+            ),
+            (7, 3, 11)
+        );
+        assert_eq!(Usage::from(wire), u);
+    }
+}

@@ -1,0 +1,309 @@
+//! A vlm service's gRPC life, written once: health (NOT_SERVING until the service's loading is
+//! done, then SERVING), reflection over the services it serves, and the drain on shutdown.
+//!
+//! ```text
+//! bind ─ announce ─ serve: NOT_SERVING ── load ──> SERVING (or follow a readiness signal)
+//!                                     shutdown ──> NOT_SERVING ─ drain delay ─ on_drain
+//!                                                  ─ stop accepting, finish in-flight calls
+//!                                                  ─ stop /metrics ─ hand back what was loaded
+//! ```
+//!
+//! What a service loads, and how it shuts that down, stays in the service: [`GrpcServer::serve`]
+//! takes the loading future and hands its output back in [`Stopped`].
+mod listen;
+
+pub use listen::{announce, bind, bind_grpc, listening_line, BindError, GrpcListener, Listeners};
+
+use crate::grpc;
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+use tonic::server::NamedService;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::server::HealthReporter;
+
+type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Why [`GrpcServer::serve`] failed before or while loading.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError<E> {
+    /// The reflection service could not be built from the descriptors (nothing was served).
+    #[error("reflection: {0}")]
+    Reflection(#[source] tonic_reflection::server::Error),
+    /// The loading future failed; the server has been stopped.
+    #[error(transparent)]
+    Load(E),
+}
+
+/// How the gRPC server itself ended.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("{0}")]
+    Transport(#[from] tonic::transport::Error),
+    /// The server task panicked or was cancelled.
+    #[error("gRPC server task: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// A server that has drained and stopped.
+#[must_use = "what was loaded is the caller's to shut down"]
+pub struct Stopped<T> {
+    /// What the loading future returned.
+    pub loaded: T,
+    /// How the gRPC server ended.
+    pub served: Result<(), ServerError>,
+}
+
+/// The builder of a service's gRPC server. See the module docs for its life.
+pub struct GrpcServer {
+    grpc: GrpcListener,
+    metrics_stop: Option<oneshot::Sender<()>>,
+    service_name: &'static str,
+    routes: Routes,
+    served_names: Vec<&'static str>,
+    drain_delay: Duration,
+    tcp_nodelay: bool,
+    ready: Option<watch::Receiver<bool>>,
+    on_drain: Option<BoxFuture>,
+}
+
+impl GrpcServer {
+    /// A server on `listeners`; `service_name` (e.g. "vlm.v1.Vision") is reported by
+    /// `grpc.health.v1` together with the overall status "". The metrics server is stopped
+    /// last, once the gRPC server has drained.
+    pub fn new(listeners: Listeners, service_name: &'static str) -> GrpcServer {
+        let Listeners {
+            grpc, metrics_stop, ..
+        } = listeners;
+        GrpcServer {
+            metrics_stop: Some(metrics_stop),
+            ..GrpcServer::on_listener(grpc, service_name)
+        }
+    }
+
+    /// A server on a bound gRPC listener ([`bind_grpc`]), for a service whose `/metrics` is
+    /// served elsewhere.
+    pub fn on_listener(grpc: GrpcListener, service_name: &'static str) -> GrpcServer {
+        GrpcServer {
+            grpc,
+            metrics_stop: None,
+            service_name,
+            routes: Routes::default(),
+            served_names: Vec::new(),
+            drain_delay: Duration::ZERO,
+            tcp_nodelay: false,
+            ready: None,
+            on_drain: None,
+        }
+    }
+
+    /// Serves `svc` (answering from the start: a service refuses calls itself until it is
+    /// loaded). Reflection lists it.
+    pub fn add_service<S>(mut self, svc: S) -> GrpcServer
+    where
+        S: tonic::codegen::Service<
+                tonic::codegen::http::Request<tonic::body::Body>,
+                Error = Infallible,
+            > + NamedService
+            + Clone
+            + Send
+            + Sync
+            + 'static,
+        S::Response: axum::response::IntoResponse,
+        S::Future: Send + 'static,
+    {
+        self.served_names.push(S::NAME);
+        self.routes = self.routes.add_service(svc);
+        self
+    }
+
+    /// On shutdown, how long to keep accepting calls after reporting NOT_SERVING, so that load
+    /// balancers and health checks see it first. Zero by default.
+    pub fn drain_delay(mut self, delay: Duration) -> GrpcServer {
+        self.drain_delay = delay;
+        self
+    }
+
+    /// Sets `TCP_NODELAY` on accepted connections (off by default, the OS's choice).
+    pub fn tcp_nodelay(mut self, on: bool) -> GrpcServer {
+        self.tcp_nodelay = on;
+        self
+    }
+
+    /// Once loaded, health follows `ready` (true = SERVING) instead of staying SERVING, until
+    /// the drain. A closed channel leaves the last status.
+    pub fn health_follows(mut self, ready: watch::Receiver<bool>) -> GrpcServer {
+        self.ready = Some(ready);
+        self
+    }
+
+    /// Runs `drain` on shutdown after NOT_SERVING and the drain delay, while the server still
+    /// accepts calls (e.g. refuse new work and wait for running work); the server stops
+    /// accepting when it completes. It also runs when loading fails.
+    pub fn on_drain(mut self, drain: impl Future<Output = ()> + Send + 'static) -> GrpcServer {
+        self.on_drain = Some(Box::pin(drain));
+        self
+    }
+
+    /// Serves health (NOT_SERVING), reflection and the added services at once, then awaits
+    /// `load`. When it succeeds, health goes SERVING until `shutdown`; then the drain: NOT_SERVING,
+    /// the drain delay, [`on_drain`](Self::on_drain), stop accepting and let in-flight calls
+    /// finish, stop `/metrics`. A `shutdown` during loading drains at once, then waits for the
+    /// loading to end so that the caller can shut down what it made.
+    ///
+    /// When `load` fails the server stops at once (health never leaves NOT_SERVING) and the
+    /// error is returned.
+    pub async fn serve<T, E>(
+        self,
+        load: impl Future<Output = Result<T, E>>,
+        shutdown: impl Future<Output = ()>,
+    ) -> Result<Stopped<T>, ServeError<E>> {
+        let GrpcServer {
+            grpc,
+            metrics_stop,
+            service_name,
+            routes,
+            mut served_names,
+            drain_delay,
+            tcp_nodelay,
+            ready,
+            on_drain,
+        } = self;
+        let (reporter, health) = grpc::health();
+        grpc::set_serving(&reporter, service_name, false).await;
+        served_names.push(tonic_health::pb::health_server::SERVICE_NAME);
+        let reflection = grpc::reflection(&served_names).map_err(ServeError::Reflection)?;
+        let routes = routes.add_service(health).add_service(reflection);
+        let grpc_addr = grpc.addr;
+        let incoming = TcpIncoming::from(grpc.listener).with_nodelay(tcp_nodelay.then_some(true));
+        let (stop_accepting, stop_rx) = oneshot::channel::<()>();
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_routes(routes)
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = stop_rx.await;
+                }),
+        );
+        tracing::info!(
+            %grpc_addr,
+            "gRPC up ({service_name} NOT_SERVING until it is loaded)"
+        );
+        let drain = Drain {
+            grpc_addr,
+            reporter,
+            service_name,
+            delay: drain_delay,
+            on_drain,
+            stop_accepting,
+            server,
+        };
+        let stop_metrics = move || {
+            if let Some(tx) = metrics_stop {
+                let _ = tx.send(());
+            }
+        };
+
+        tokio::pin!(load);
+        tokio::pin!(shutdown);
+        let loaded = tokio::select! {
+            r = &mut load => Some(r),
+            () = &mut shutdown => None,
+        };
+        match loaded {
+            Some(Ok(loaded)) => {
+                let mut drain = drain;
+                drain.follow_until(ready, shutdown.as_mut()).await;
+                let served = drain.run().await;
+                stop_metrics();
+                Ok(Stopped { loaded, served })
+            }
+            Some(Err(e)) => {
+                let _ = drain.stop().await;
+                stop_metrics();
+                Err(ServeError::Load(e))
+            }
+            None => {
+                let served = drain.run().await;
+                let loaded = load.await;
+                stop_metrics();
+                match loaded {
+                    Ok(loaded) => Ok(Stopped { loaded, served }),
+                    Err(e) => Err(ServeError::Load(e)),
+                }
+            }
+        }
+    }
+}
+
+/// What the drain needs, gathered before loading starts.
+struct Drain {
+    grpc_addr: SocketAddr,
+    reporter: HealthReporter,
+    service_name: &'static str,
+    delay: Duration,
+    on_drain: Option<BoxFuture>,
+    stop_accepting: oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+}
+
+impl Drain {
+    // `&mut self` throughout: `on_drain` is Send but not Sync, and a shared borrow held across
+    // an await would make `serve`'s future lose Send.
+    async fn set_serving(&mut self, serving: bool) {
+        grpc::set_serving(&self.reporter, self.service_name, serving).await;
+        let status = if serving { "SERVING" } else { "NOT_SERVING" };
+        tracing::info!(grpc_addr = %self.grpc_addr, "{status} {}", self.service_name);
+    }
+
+    /// SERVING (or following `ready`) until `shutdown`.
+    async fn follow_until(
+        &mut self,
+        ready: Option<watch::Receiver<bool>>,
+        mut shutdown: Pin<&mut impl Future<Output = ()>>,
+    ) {
+        let Some(mut ready) = ready else {
+            self.set_serving(true).await;
+            shutdown.await;
+            return;
+        };
+        let mut last = None;
+        loop {
+            let now = *ready.borrow_and_update();
+            if last != Some(now) {
+                self.set_serving(now).await;
+                last = Some(now);
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                changed = ready.changed() => if changed.is_err() {
+                    shutdown.await;
+                    return;
+                },
+            }
+        }
+    }
+
+    /// NOT_SERVING, the delay, `on_drain`, then stop accepting and wait for in-flight calls.
+    async fn run(mut self) -> Result<(), ServerError> {
+        tracing::info!("draining: NOT_SERVING, finishing in-flight calls");
+        self.set_serving(false).await;
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.stop().await
+    }
+
+    /// `on_drain`, then stop accepting and wait for in-flight calls.
+    async fn stop(self) -> Result<(), ServerError> {
+        if let Some(on_drain) = self.on_drain {
+            on_drain.await;
+        }
+        let _ = self.stop_accepting.send(());
+        self.server.await??;
+        Ok(())
+    }
+}
