@@ -44,7 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let iters: usize = arg(&args, "--iters", "1").parse()?;
     let profile = args.iter().any(|a| a == "--profile");
     if profile {
-        tracing_subscriber::fmt().with_writer(std::io::stderr).init();
+        tracing_subscriber::fmt()
+            .with_writer(std::io::stderr)
+            .init();
     }
     let warmup = arg(&args, "--warmup", "1") != "0";
     println!(
@@ -87,7 +89,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })?
         .remove(0);
         let load_s = t.elapsed().as_secs_f64();
-        let patch_dim = vlm_compute::Qwen3VlConfig::from_dir(&dir)?.vision.patch_dim();
+        let patch_dim = vlm_compute::Qwen3VlConfig::from_dir(&dir)?
+            .vision
+            .patch_dim();
         eprintln!(
             "{mode}: loaded in {load_s:.2} s ({} backend: {})",
             graphs.info().backend,
@@ -100,7 +104,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let n = grid[1] * grid[2];
             // Deterministic pseudo-random pixels in [-1, 1).
             let values: Vec<f32> = (0..n * patch_dim)
-                .map(|i| ((i as u32).wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 23) as f32 - 1.0)
+                .map(|i| {
+                    ((i as u32).wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 23) as f32 - 1.0
+                })
                 .collect();
             let pv = PixelValues {
                 values,

@@ -171,14 +171,16 @@ pub fn sizing(
         }));
     }
     if !kind.shared_pool {
-        return Ok(Box::new(vlm_backend_candle::sizing::CandleSizing { accelerator: true }));
+        return Ok(Box::new(vlm_backend_candle::sizing::CandleSizing {
+            accelerator: true,
+        }));
     }
     let of = |b: Backend, visual_kernels: &KernelConfig| -> Box<dyn Sizing> {
         match b {
             Backend::Cpu => Box::new(vlm_backend_cpu::sizing::CpuSizing::new(visual_kernels)),
-            Backend::Candle => Box::new(vlm_backend_candle::sizing::CandleSizing {
-                accelerator: false,
-            }),
+            Backend::Candle => {
+                Box::new(vlm_backend_candle::sizing::CandleSizing { accelerator: false })
+            }
         }
     };
     let vdtype = opts.dtype.unwrap_or(cfg.visual.dtype);
@@ -239,7 +241,9 @@ impl Sizing for PartSizing {
         self.of(part).pool(part, n)
     }
     fn process_baseline(&self) -> u64 {
-        self.visual.process_baseline().max(self.lm.process_baseline())
+        self.visual
+            .process_baseline()
+            .max(self.lm.process_baseline())
     }
 }
 

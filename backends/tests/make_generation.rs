@@ -39,7 +39,12 @@ fn tied_tiny_models_do_not_collapse() {
         opts.seed = seed;
         let made = make_model(dir.path(), &opts).unwrap();
         assert!(made.config.tie_word_embeddings);
-        let pipeline = Oracle::load(&CpuKernels::new(CpuOptions::detect()), dir.path(), DType::F32).unwrap();
+        let pipeline = Oracle::load(
+            &CpuKernels::new(CpuOptions::detect()),
+            dir.path(),
+            DType::F32,
+        )
+        .unwrap();
         let tok = ChatTokenizer::from_dir(dir.path()).unwrap();
         let images = pipeline
             .encode_images(std::slice::from_ref(&pixels))

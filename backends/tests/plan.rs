@@ -153,7 +153,7 @@ fn a_cpu_service_resident_figure_is_baseline_weights_held_buffers_and_kv() {
     let kind = DeviceKind::cpu_with(64 * GIB);
     let opts = PlanOptions::default();
     let s = sizing(&c, &kind, &opts);
-let v = plan::service_bytes(&c, &dims, &kind, s.as_ref(), Service::Vision, &opts).unwrap();
+    let v = plan::service_bytes(&c, &dims, &kind, s.as_ref(), Service::Vision, &opts).unwrap();
     let held = engine_bytes(&dims, 1024).0 + engine_bytes(&dims, 4096).0;
     assert_eq!(v.held_buffers, held);
     assert!(v.held_buffers < v.buffers);
@@ -163,8 +163,8 @@ let v = plan::service_bytes(&c, &dims, &kind, s.as_ref(), Service::Vision, &opts
     assert_eq!(l.resident(), CPU_PROCESS_BASELINE + l.weights + l.kv_cache);
     // Device memory of an accelerator carries no process baseline.
     let h200 = DeviceKind::h200();
-let hs = sizing(&c, &h200, &opts);
-let h = plan::service_bytes(&c, &dims, &h200, hs.as_ref(), Service::Lm, &opts).unwrap();
+    let hs = sizing(&c, &h200, &opts);
+    let h = plan::service_bytes(&c, &dims, &h200, hs.as_ref(), Service::Lm, &opts).unwrap();
     assert_eq!(h.process_baseline, 0);
 }
 
@@ -176,8 +176,20 @@ fn every_cpu_vision_device_holds_its_own_workspaces() {
     let dims = ModelDims::qwen3_vl_2b();
     let kind = DeviceKind::cpu_with(64 * GIB);
     let opts = PlanOptions::default();
-    let a = plan::visual_bytes(&one, &dims, &kind, sizing(&one, &kind, &opts).as_ref(), &opts);
-    let b = plan::visual_bytes(&three, &dims, &kind, sizing(&three, &kind, &opts).as_ref(), &opts);
+    let a = plan::visual_bytes(
+        &one,
+        &dims,
+        &kind,
+        sizing(&one, &kind, &opts).as_ref(),
+        &opts,
+    );
+    let b = plan::visual_bytes(
+        &three,
+        &dims,
+        &kind,
+        sizing(&three, &kind, &opts).as_ref(),
+        &opts,
+    );
     assert_eq!(b.weights, a.weights, "the weights are shared");
     assert_eq!(b.buffers, 3 * a.buffers);
     assert_eq!(b.held_buffers, 3 * a.held_buffers);

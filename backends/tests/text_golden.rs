@@ -22,7 +22,12 @@ fn load_with<K: Kernels>(k: &K, case: &Case) -> TextModel<K> {
 
 /// Last-position logits of the case's prompt prefilled in chunks of `chunk` with blocks of
 /// `block_len` tokens.
-fn prefill<K: Kernels>(model: &TextModel<K>, case: &Case, chunk: usize, block_len: usize) -> Tensor {
+fn prefill<K: Kernels>(
+    model: &TextModel<K>,
+    case: &Case,
+    chunk: usize,
+    block_len: usize,
+) -> Tensor {
     let ids = case.input_ids();
     let images = case.images();
     let layout = PromptLayout::new(&ids, &case.grids, &case.cfg).unwrap();

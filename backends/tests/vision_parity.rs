@@ -39,12 +39,23 @@ fn config_dtype(d: DType) -> vlm_config::Dtype {
 }
 
 /// The ViT of `ckpt` prepared at `buckets` on one device of `backend`.
-fn bucketed(ckpt: &Path, dtype: DType, buckets: &[usize], backend: Backend) -> Box<dyn VisionBackend> {
+fn bucketed(
+    ckpt: &Path,
+    dtype: DType,
+    buckets: &[usize],
+    backend: Backend,
+) -> Box<dyn VisionBackend> {
     match backend {
         Backend::CpuEngine => Box::new(
-            vlm_backend_cpu::vit::load(ckpt, config_dtype(dtype), buckets, &[0], CpuOptions::detect())
-                .unwrap()
-                .remove(0),
+            vlm_backend_cpu::vit::load(
+                ckpt,
+                config_dtype(dtype),
+                buckets,
+                &[0],
+                CpuOptions::detect(),
+            )
+            .unwrap()
+            .remove(0),
         ),
         Backend::Candle => Box::new(
             vlm_backend_candle::vision::load(ckpt, config_dtype(dtype), buckets, &[0])
@@ -310,7 +321,10 @@ fn vision_matches_reference() {
                 .forward_traced(&pv, im.grid, Some(&mut trace))
                 .unwrap();
             assert_eq!(out.grid_thw, im.grid);
-            assert_eq!(out.embeds.dim(0).unwrap(), im.merged_rows.1 - im.merged_rows.0);
+            assert_eq!(
+                out.embeds.dim(0).unwrap(),
+                im.merged_rows.1 - im.merged_rows.0
+            );
             merged.push(out.embeds);
             for (k, d) in out.deepstack.into_iter().enumerate() {
                 if deepstack.len() <= k {
@@ -712,7 +726,13 @@ fn engine_matches_oracle_on_larger_and_multi_frame_grids() {
             let graphs = bucketed(&ckpt, DType::F32, &[bucket], backend);
             let run = graphs.encode(&pv).unwrap();
             let mut pairs = vec![(tensor(&run.embeds.embeds), &exact.embeds)];
-            pairs.extend(run.embeds.deepstack.iter().map(tensor).zip(&exact.deepstack));
+            pairs.extend(
+                run.embeds
+                    .deepstack
+                    .iter()
+                    .map(tensor)
+                    .zip(&exact.deepstack),
+            );
             for (a, b) in pairs {
                 let (abs, rel) = diff(&a, b);
                 println!(

@@ -101,8 +101,8 @@ fn main() {
         (Service::Lm, "lm-service"),
     ] {
         let kind = plan::DeviceKind::cpu().unwrap();
-    let sizing = vlm_backends::sizing(&cfg, &kind, &plan::PlanOptions::default()).unwrap();
-    let planned = plan::cpu_service_bytes(&cfg, &dims, sizing.as_ref(), service).unwrap();
+        let sizing = vlm_backends::sizing(&cfg, &kind, &plan::PlanOptions::default()).unwrap();
+        let planned = plan::cpu_service_bytes(&cfg, &dims, sizing.as_ref(), service).unwrap();
         let resident = planned.resident();
         println!(
             "{name}: planned resident {} ({resident} B) = baseline {} + weights {} + held buffers {} + kv cache {}; \

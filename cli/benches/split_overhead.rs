@@ -24,8 +24,8 @@ use vlm_backend_cpu::{CpuKernels, CpuOptions};
 use vlm_compute::VisionBackend;
 use vlm_model::oracle::{GreedyRequest, Oracle};
 use vlm_preprocess::{preprocess_bytes, PreprocessConfig};
-use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
 use vlm_proto::v1 as pb;
+use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
 
 fn env_usize(k: &str, d: usize) -> usize {
     std::env::var(k)

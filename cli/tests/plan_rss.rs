@@ -33,13 +33,31 @@ num_devices: 1
 device: [LM_DEVICE]
 ";
 
+/// The same with two-core pools for both parts: the vision service runs one ViT instance per
+/// core, each with its own bucket workspaces and one shared copy of the weights; the LM is one
+/// engine whose compute threads are pinned one per core, holding its weights and KV pool once.
+const POOLS: &str = "\
+visual:
+  max_seq_len: [1024, 4096, 16384]
+  num_devices: 2
+  device: [0, 1]
+max_seq_len: 4096
+kvcache_partition_len: 256
+kvcache_num_blocks: 128
+batch_size: 8
+decoder_batch_sizes: [1, 2, 4, 8]
+prefill_chunk_size: 128
+num_devices: 2
+device: [0, 1]
+";
+
 // The std mutex only keeps the two tests' processes from running at once (each test has its
 // own runtime), so holding it across the awaits is the point.
 #[allow(clippy::await_holding_lock)]
-async fn check(service: Service) {
+async fn check(service: Service, file: &str, yaml: &str) {
     let _serial = support::serial();
     let model = tiny_model();
-    let config = write_config("plan-rss.yaml", CONFIG);
+    let config = write_config(file, yaml);
     let cfg = vlm_config::DeployConfig::from_path(&config).unwrap().config;
     let dims = ModelDims::from_dir(&model).unwrap();
     let kind = plan::DeviceKind::cpu().unwrap();
@@ -70,10 +88,33 @@ async fn check(service: Service) {
 
 #[tokio::test]
 async fn vision_service_holds_what_the_plan_says() {
-    check(Service::Vision).await;
+    check(Service::Vision, "plan-rss.yaml", CONFIG).await;
 }
 
 #[tokio::test]
 async fn lm_service_holds_what_the_plan_says() {
-    check(Service::Lm).await;
+    check(Service::Lm, "plan-rss.yaml", CONFIG).await;
+}
+
+/// Whether this process may run on two cores (the pools below need them).
+fn two_cores() -> bool {
+    let n = vlm_service_kit::affinity::allowed_cores().len();
+    if n < 2 {
+        eprintln!("skipped: the two-core pools need 2 cores, this process may use {n}");
+    }
+    n >= 2
+}
+
+#[tokio::test]
+async fn a_two_core_vision_pool_holds_what_the_plan_says() {
+    if two_cores() {
+        check(Service::Vision, "plan-rss-pools.yaml", POOLS).await;
+    }
+}
+
+#[tokio::test]
+async fn a_two_core_lm_pool_holds_what_the_plan_says() {
+    if two_cores() {
+        check(Service::Lm, "plan-rss-pools.yaml", POOLS).await;
+    }
 }

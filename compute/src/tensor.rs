@@ -180,8 +180,9 @@ mod tests {
         let mut two = [0f32; 4];
         t.rows_to_f32(1, &mut two).unwrap();
         assert_eq!(two, [-3.0, 4.0, 5.0, 6.0]);
-        let half = HostTensor::from_le_bytes(HostDtype::Bf16, vec![3, 2], t.to_le_bytes(HostDtype::Bf16))
-            .unwrap();
+        let half =
+            HostTensor::from_le_bytes(HostDtype::Bf16, vec![3, 2], t.to_le_bytes(HostDtype::Bf16))
+                .unwrap();
         assert_eq!(half.to_f32(), t.to_f32());
         assert!(t.rows_to_f32(2, &mut two).is_err());
         assert!(HostTensor::from_le_bytes(HostDtype::F32, vec![2], vec![0; 7]).is_err());

@@ -193,10 +193,7 @@ fn automatic_blocks_fill_what_is_left_and_the_vit_takes_its_share() {
 #[test]
 fn automatic_blocks_are_capped_at_a_full_batch() {
     let c = cfg(r#"{"max_seq_len": 4096, "kvcache_partition_len": 1024, "batch_size": 2}"#);
-    assert_eq!(
-        resolve_on(&c, &dims(), &DeviceKind::rebel()).unwrap(),
-        8
-    );
+    assert_eq!(resolve_on(&c, &dims(), &DeviceKind::rebel()).unwrap(), 8);
     let p = plan_on(&c, &dims(), &DeviceKind::rebel(), &PlanOptions::default());
     assert!(p.fits && p.full_batch);
 }

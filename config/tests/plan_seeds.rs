@@ -164,11 +164,23 @@ fn atom_disjoint_16_against_shared_8_at_batch_8() {
     assert!(d.shared_devices.is_empty());
     assert_eq!(s.shared_devices, (0..8).collect::<Vec<_>>());
     assert_eq!(
-        plan::resolve_kv_blocks(&disjoint, &dims(), &kind, &RblnSizing::for_kind(&kind, &PlanOptions::default())).unwrap(),
+        plan::resolve_kv_blocks(
+            &disjoint,
+            &dims(),
+            &kind,
+            &RblnSizing::for_kind(&kind, &PlanOptions::default())
+        )
+        .unwrap(),
         69
     );
     assert_eq!(
-        plan::resolve_kv_blocks(&shared, &dims(), &kind, &RblnSizing::for_kind(&kind, &PlanOptions::default())).unwrap(),
+        plan::resolve_kv_blocks(
+            &shared,
+            &dims(),
+            &kind,
+            &RblnSizing::for_kind(&kind, &PlanOptions::default())
+        )
+        .unwrap(),
         69
     );
     let lm_headroom = |p: &Plan| {
@@ -223,4 +235,3 @@ fn atom_disjoint_16_against_shared_8_at_batch_8() {
     at.max_seq_len = ld as u32;
     assert!(run(&at, &kind, &full_batch()).fits);
 }
-

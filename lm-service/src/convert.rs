@@ -3,8 +3,8 @@
 use crate::engine::{EngineInfo, GenEvent};
 use crate::generate::{GenerateInput, ImageIn, SamplingIn};
 use crate::scheduler::SchedulerLoad;
-use vlm_compute::HostDtype;
 use std::time::Instant;
+use vlm_compute::HostDtype;
 use vlm_proto as pb;
 use vlm_service_kit::generation::Finish;
 

@@ -369,9 +369,9 @@ fn image_oracle(
     use vlm_preprocess::{preprocess_bytes, PreprocessConfig};
     let kernels = CpuKernels::new(CpuOptions::detect());
     let pipe = Oracle::load(&kernels, &tiny_dir(), vlm_model::DType::F32)
-    .unwrap()
-    .with_prefill_chunk_size(chunk)
-    .with_block_len(block_len);
+        .unwrap()
+        .with_prefill_chunk_size(chunk)
+        .with_block_len(block_len);
     let pv = preprocess_bytes(bytes, &PreprocessConfig::default()).unwrap();
     let grid = pv.grid_thw;
     let embeds = pipe.encode_images(&[pv]).unwrap();

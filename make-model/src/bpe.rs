@@ -1,11 +1,11 @@
 //! Byte-level BPE in the GPT-2 / Qwen2 style: the 256-symbol byte alphabet, the Qwen2
 //! pre-tokenizer, and a small deterministic merge trainer.
-use vlm_compute::{ComputeError, Result};
-pub use vlm_tokenizer::byte_alphabet;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
 use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer};
+use vlm_compute::{ComputeError, Result};
+pub use vlm_tokenizer::byte_alphabet;
 
 /// Qwen2's pre-tokenizer split pattern (contractions, letter runs with one leading non-letter,
 /// single digits, punctuation runs, newlines, spaces). Accepted by the fancy-regex backend.

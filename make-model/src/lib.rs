@@ -18,12 +18,12 @@ pub use manifest::{weight_manifest, Init, TensorSpec};
 pub use preset::Preset;
 pub use vocab::{VocabLayout, ADDED_TOKENS, CHAT_TEMPLATE};
 
-use vlm_compute::{Qwen3VlConfig, VisionConfig};
-use vlm_compute::{ComputeError, Result};
 use serde_json::{json, Value};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use vlm_compute::{ComputeError, Result};
+use vlm_compute::{Qwen3VlConfig, VisionConfig};
 
 /// The dtype weights are stored in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

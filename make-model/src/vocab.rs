@@ -2,9 +2,9 @@
 //! small embedded corpus, the Qwen added tokens at the checkpoint's ids) and
 //! `tokenizer_config.json` (the Qwen3-VL chat template, eos and pad tokens).
 use super::bpe;
-use vlm_compute::Result;
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
+use vlm_compute::Result;
 
 /// The embedded English text the merges are learned from.
 const CORPUS: &str = include_str!("corpus.txt");

@@ -3,11 +3,11 @@
 use super::init;
 use super::manifest::TensorSpec;
 use super::WeightDtype;
-use vlm_compute::{ComputeError, Result};
 use serde_json::{json, Map, Value};
 use std::io::Write;
 use std::path::Path;
 use std::sync::mpsc;
+use vlm_compute::{ComputeError, Result};
 
 /// Values generated per chunk (then written): bounds memory at 8 Mi values (32 MB in f32).
 const CHUNK_VALUES: usize = 8 << 20;

@@ -2,8 +2,8 @@
 use safetensors::SafeTensors;
 use std::collections::BTreeMap;
 use std::path::Path;
-use vlm_make_model::{make_model, preset_manifest, MakeOptions, Preset, WeightDtype};
 use vlm_compute::Qwen3VlConfig;
+use vlm_make_model::{make_model, preset_manifest, MakeOptions, Preset, WeightDtype};
 
 /// `qwen3-vl-2b-weights.txt` from the reference (shared/reference), kept here so the test runs
 /// without the shared folder; compared with the shared copy when that is present.

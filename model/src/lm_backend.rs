@@ -40,12 +40,8 @@ impl<K: Kernels> LmBackend for TextBackend<K> {
     }
 
     fn memory(&self) -> LmMemory {
-        let block_bytes = PagedKvCache::bytes_for(
-            self.model.config(),
-            0,
-            self.kv.block_len(),
-            self.kv.dtype(),
-        );
+        let block_bytes =
+            PagedKvCache::bytes_for(self.model.config(), 0, self.kv.block_len(), self.kv.dtype());
         LmMemory {
             weight_bytes: self.model.weight_bytes() as u64,
             kv_block_bytes: block_bytes as u64,

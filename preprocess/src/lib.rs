@@ -11,8 +11,8 @@ mod patchify;
 mod resize;
 
 pub use decode::{decode_image, over_white, read_image_size, to_rgb_on_white};
-pub use patchify::{normalize_u8, patchify};
 pub use error::{PreprocessError, Result};
+pub use patchify::{normalize_u8, patchify};
 pub use resize::resize_bicubic;
 
 use image::RgbImage;

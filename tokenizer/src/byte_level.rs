@@ -17,4 +17,3 @@ pub fn byte_alphabet() -> Vec<(u8, char)> {
     }
     out
 }
-

@@ -490,9 +490,9 @@ impl Inner {
         generation_eos: Vec<u32>,
     ) -> Result<Self> {
         let need = |t: &str| {
-            tokenizer
-                .token_to_id(t)
-                .ok_or_else(|| TokenizerError::Tokenizer(format!("tokenizer.json has no {t} token")))
+            tokenizer.token_to_id(t).ok_or_else(|| {
+                TokenizerError::Tokenizer(format!("tokenizer.json has no {t} token"))
+            })
         };
         let image_pad_id = need(IMAGE_PAD)?;
         let vision_start_id = need(VISION_START)?;
@@ -517,12 +517,9 @@ impl Inner {
             .map(|(id, _)| id)
             .collect();
         let byte_decoder = match tokenizer.get_decoder() {
-            Some(DecoderWrapper::ByteLevel(_)) => Some(
-                byte_alphabet()
-                    .into_iter()
-                    .map(|(b, c)| (c, b))
-                    .collect(),
-            ),
+            Some(DecoderWrapper::ByteLevel(_)) => {
+                Some(byte_alphabet().into_iter().map(|(b, c)| (c, b)).collect())
+            }
             _ => None,
         };
         let has_template = template.is_some();

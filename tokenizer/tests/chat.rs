@@ -1,8 +1,8 @@
 //! The generated tokenizer and chat template, through `ChatTokenizer`.
 use std::path::Path;
+use vlm_compute::Qwen3VlConfig;
 use vlm_make_model::{make_model, MakeOptions, Preset};
 use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
-use vlm_compute::Qwen3VlConfig;
 
 /// A preset's checkpoint without weights (config + tokenizer files only).
 fn metadata(preset: Preset) -> tempfile::TempDir {

@@ -3,10 +3,10 @@
 //! Info, metrics, SIGTERM drain, dry run.
 mod support;
 
-use vlm_compute::HostDtype as DType;
 use std::time::{Duration, Instant};
 use support::*;
 use tonic::Code;
+use vlm_compute::HostDtype as DType;
 use vlm_proto::v1 as pb;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

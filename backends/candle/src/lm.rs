@@ -38,7 +38,10 @@ pub fn load(
             format!("cpu cores {devices:?}")
         },
         dtype: vlm_model::dtype::host_dtype(dtype),
-        kernels: vec![("ops".into(), "candle".into()), ("kv_cache".into(), kv.into())],
+        kernels: vec![
+            ("ops".into(), "candle".into()),
+            ("kv_cache".into(), kv.into()),
+        ],
     };
     Ok(TextBackend::new(model, num_blocks, block_len, info)?)
 }

@@ -47,7 +47,11 @@ pub fn load(
             };
             let lens = buckets::prepare(bucket_lens, model.config().merge_unit())?;
             let memory = VisionMemory {
-                weight_bytes: vlm_model::weights::held_bytes(&dims, vlm_config::plan::Part::Visual, dtype.size_in_bytes() as u64),
+                weight_bytes: vlm_model::weights::held_bytes(
+                    &dims,
+                    vlm_config::plan::Part::Visual,
+                    dtype.size_in_bytes() as u64,
+                ),
                 weights_shared: device.is_cpu(),
                 buckets: lens
                     .iter()
@@ -105,4 +109,3 @@ impl CandleVision {
         &self.model
     }
 }
-

@@ -213,6 +213,8 @@ fn on_cache_memory(
     let q = q.contiguous()?;
     let qd = CpuF32::new(&q, "q")?;
     let mut out = vec![0f32; n * h * hd];
-    with_layer(kv, layer, |cache| f(cache, kv.geometry(), qd.slice(), &mut out))?;
+    with_layer(kv, layer, |cache| {
+        f(cache, kv.geometry(), qd.slice(), &mut out)
+    })?;
     Ok(Tensor::from_vec(out, (n, h * hd), q.device())?)
 }

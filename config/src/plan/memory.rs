@@ -274,8 +274,8 @@ pub fn visual_bytes(
     let t = sizing.dtypes(Part::Visual, cfg.visual.dtype);
     let weights = sizing.weight_bytes(dims, Part::Visual, t.weights);
     let policy = sizing.vit_buffers(&cfg.visual);
-    let host = kind.shared_pool
-        && sizing.pool(Part::Visual, cfg.visual.num_devices) == Ok(PoolUse::Host);
+    let host =
+        kind.shared_pool && sizing.pool(Part::Visual, cfg.visual.num_devices) == Ok(PoolUse::Host);
     let copies = if host {
         (cfg.visual.num_devices as u64).max(1)
     } else {
@@ -757,7 +757,12 @@ pub fn service_bytes(
 
 /// Bytes of a KV pool of `blocks` usable blocks as the LM's backend allocates it (its extra
 /// blocks included).
-pub fn kv_pool_bytes(cfg: &DeployConfig, dims: &ModelDims, blocks: u32, sizing: &dyn Sizing) -> u64 {
+pub fn kv_pool_bytes(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    blocks: u32,
+    sizing: &dyn Sizing,
+) -> u64 {
     let kv = kv_geometry(cfg, dims, sizing, &PlanOptions::default());
     (blocks as u64 + kv.extra_blocks as u64) * kv.block_bytes
 }

@@ -44,7 +44,9 @@ pub use memory::{
     service_bytes, visual_bytes, DevicePlan, Item, KvPlan, Part, PartBytes, Plan, PlanOptions,
     Service, Suggestion, CPU_PROCESS_BASELINE,
 };
-pub use sizing::{graph_lm_elems, graph_vit_elems, BucketBytes, Dtypes, PoolUse, RblnSizing, Sizing};
+pub use sizing::{
+    graph_lm_elems, graph_vit_elems, BucketBytes, Dtypes, PoolUse, RblnSizing, Sizing,
+};
 
 /// Why a plan cannot be made, or why the automatic KV block count has no answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -80,10 +80,7 @@ impl RblnSizing {
     /// The runtime of an RBLN `kind`, in its native dtype or `--dtype`'s.
     pub fn for_kind(kind: &super::device::DeviceKind, opts: &super::memory::PlanOptions) -> Self {
         RblnSizing {
-            dtype: opts
-                .dtype
-                .or(kind.native_dtype)
-                .unwrap_or(Dtype::Bf16),
+            dtype: opts.dtype.or(kind.native_dtype).unwrap_or(Dtype::Bf16),
         }
     }
 }
@@ -146,7 +143,9 @@ pub fn graph_vit_elems(dims: &ModelDims, b: u64) -> u64 {
     );
     let head_dim = d / h.max(1);
     let per_row = 11 * d + i + dims.patch_dim + head_dim;
-    let q_block = ((16u64 << 20) / (h * b).max(1) / 16 * 16).clamp(16, 1024).min(b);
+    let q_block = ((16u64 << 20) / (h * b).max(1) / 16 * 16)
+        .clamp(16, 1024)
+        .min(b);
     let scores = 2 * h * q_block * b;
     let unit = dims.spatial_merge * dims.spatial_merge;
     let merged = d * unit;

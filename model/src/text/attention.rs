@@ -101,15 +101,9 @@ impl<K: Kernels> Attention<K> {
         let q = rope.apply(&self.q_norm.forward(&q)?, cos, sin)?;
         let k = rope.apply(&self.k_norm.forward(&k)?, cos, sin)?;
         // 2. cache write, then attention over the cache: (n, H*hd).
-        let y = self.k.attention(
-            &q,
-            &k,
-            &v,
-            step.kv,
-            layer,
-            &step.rows,
-            self.scale as f32,
-        )?;
+        let y = self
+            .k
+            .attention(&q, &k, &v, step.kv, layer, &step.rows, self.scale as f32)?;
         // 3. (n, hidden)
         self.o_proj.forward(&y)
     }

@@ -229,12 +229,7 @@ impl PagedKvCache {
     /// The cached K and V of tokens [0, len) of a sequence, as per-block f32 views
     /// `(kv_heads, n_i, head_dim)` (strided, no copy, for an f32 cache; widened copies of a
     /// bf16 one), in order.
-    pub fn read(
-        &self,
-        layer: usize,
-        table: &[u32],
-        len: usize,
-    ) -> Result<Vec<(Tensor, Tensor)>> {
+    pub fn read(&self, layer: usize, table: &[u32], len: usize) -> Result<Vec<(Tensor, Tensor)>> {
         let mut out = Vec::with_capacity(self.blocks_for(len));
         let mut done = 0;
         while done < len {

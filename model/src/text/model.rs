@@ -14,8 +14,8 @@ use crate::weights::var_builder;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
-use vlm_compute::{PrefillChunk, Qwen3VlConfig, TextConfig};
 use vlm_compute::Position3;
+use vlm_compute::{PrefillChunk, Qwen3VlConfig, TextConfig};
 
 /// `embed_tokens`: (vocab, hidden) in the weight storage dtype; looked-up rows are f32. When
 /// the checkpoint ties `lm_head` to it, the rows are read from the head's weight (one copy).
@@ -259,7 +259,11 @@ impl<K: Kernels> TextModel<K> {
             Ok(Tensor::from_vec(rows, (len, hidden), &self.device)?)
         };
         for r in &c.images {
-            x.slice_set(&host_rows(&r.image.embeds, r.src_start, r.len)?, 0, r.dst_start)?;
+            x.slice_set(
+                &host_rows(&r.image.embeds, r.src_start, r.len)?,
+                0,
+                r.dst_start,
+            )?;
         }
         // 2. Per deepstack level, (n, hidden) zero except at the image rows.
         let mut deepstack = Vec::new();
@@ -317,7 +321,10 @@ impl<K: Kernels> TextModel<K> {
                 )));
             }
             if img.deepstack.len() != self.deepstack_levels
-                || img.deepstack.iter().any(|d| d.shape() != img.embeds.shape())
+                || img
+                    .deepstack
+                    .iter()
+                    .any(|d| d.shape() != img.embeds.shape())
             {
                 return Err(ModelError::invalid(format!(
                     "image rows {k}: {} deepstack features, the model takes {} shaped like the embeddings",

@@ -53,7 +53,9 @@ impl<K: Kernels> Linear<K> {
 
     /// (N, in) f32 -> (N, out) f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.k.matmul(&x.to_dtype(DType::F32)?.contiguous()?, &self.weight)?;
+        let y = self
+            .k
+            .matmul(&x.to_dtype(DType::F32)?.contiguous()?, &self.weight)?;
         Ok(y.broadcast_add(&self.bias)?)
     }
 }

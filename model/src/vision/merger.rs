@@ -6,9 +6,9 @@
 use super::linear::{LayerNorm, Linear};
 use crate::error::Result;
 use crate::kernels::Kernels;
-use vlm_compute::VisionConfig;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
+use vlm_compute::VisionConfig;
 
 #[derive(Debug, Clone)]
 pub struct PatchMerger<K: Kernels> {
@@ -40,7 +40,13 @@ impl<K: Kernels> PatchMerger<K> {
         Ok(PatchMerger {
             norm: LayerNorm::new(vb.pp("norm"), norm_dim)?,
             linear_fc1: Linear::new(k, vb.pp("linear_fc1"), merged_dim, merged_dim, dtype)?,
-            linear_fc2: Linear::new(k, vb.pp("linear_fc2"), merged_dim, cfg.out_hidden_size, dtype)?,
+            linear_fc2: Linear::new(
+                k,
+                vb.pp("linear_fc2"),
+                merged_dim,
+                cfg.out_hidden_size,
+                dtype,
+            )?,
             postshuffle,
             merged_dim,
         })

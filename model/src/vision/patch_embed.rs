@@ -4,9 +4,9 @@
 use super::linear::Linear;
 use crate::error::Result;
 use crate::kernels::Kernels;
-use vlm_compute::VisionConfig;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
+use vlm_compute::VisionConfig;
 
 #[derive(Debug, Clone)]
 pub struct PatchEmbed<K: Kernels> {

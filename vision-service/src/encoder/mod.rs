@@ -22,8 +22,8 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use vlm_config::VisualConfig;
 use vlm_compute::{BackendInfo, VisionBackend, VisionConfig};
+use vlm_config::VisualConfig;
 use worker::{Job, Outcome, Shared};
 
 /// Chunks buffered per request between the forwarding task and the response stream.

@@ -78,8 +78,11 @@ pub fn run(
         }
         shared.in_flight.fetch_add(1, Ordering::AcqRel);
         metrics::gauge!("vlm_vision_images_in_flight").increment(1.0);
-        let work =
-            || std::panic::catch_unwind(AssertUnwindSafe(|| encode_one(backend.as_ref(), &shared, &job)));
+        let work = || {
+            std::panic::catch_unwind(AssertUnwindSafe(|| {
+                encode_one(backend.as_ref(), &shared, &job)
+            }))
+        };
         let result = match &pool {
             Some(p) => p.install(work),
             None => work(),

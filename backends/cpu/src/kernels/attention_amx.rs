@@ -244,7 +244,10 @@ mod tests {
             let k: Vec<f32> = (0..rows * hd).map(|i| rnd(i, 2)).collect();
             let v: Vec<f32> = (0..rows * hd).map(|i| rnd(i, 3)).collect();
             let (k16, v16) = pack(&k, &v, rows, hd);
-            let (kv, vv) = (BView::new(&k16, rows, hd).with_amx(true), BView::new(&v16, hd, rows).with_amx(true));
+            let (kv, vv) = (
+                BView::new(&k16, rows, hd).with_amx(true),
+                BView::new(&v16, hd, rows).with_amx(true),
+            );
             // Query blocks and key ranges off the 32-row grid, within one chunk and across two.
             for (q0, bq, keys) in [
                 (0, 40, 0..44),

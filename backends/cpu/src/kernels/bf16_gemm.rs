@@ -136,7 +136,6 @@ impl PackedB {
     }
 }
 
-
 /// The bf16 rows of A a thread converted last: which call and row block they are, so that the
 /// next task of the same call on the same block (another run of panels) does not convert again.
 struct AScratch {
@@ -632,7 +631,8 @@ mod tests {
                 .collect();
             let packed = PackedB::from_rows(&w, n, k, k);
             for accumulate in [false, true] {
-                for (parallel, amx) in [(false, false), (true, false), (false, true), (true, true)] {
+                for (parallel, amx) in [(false, false), (true, false), (false, true), (true, true)]
+                {
                     let mut c = vec![0.5f32; m * (n + 3)];
                     // SAFETY: sizes as documented.
                     unsafe {
@@ -823,28 +823,9 @@ mod tests {
                 let mut c = vec![0.25f32; m * n];
                 unsafe {
                     if bf16_a {
-                        gemm_bf16_a(
-                            m,
-                            a16.as_ptr(),
-                            kp,
-                            view,
-                            c.as_mut_ptr(),
-                            n,
-                            true,
-                            true,
-                        );
+                        gemm_bf16_a(m, a16.as_ptr(), kp, view, c.as_mut_ptr(), n, true, true);
                     } else {
-                        gemm(
-                            m,
-                            k,
-                            a.as_ptr(),
-                            k,
-                            view,
-                            c.as_mut_ptr(),
-                            n,
-                            true,
-                            true,
-                        );
+                        gemm(m, k, a.as_ptr(), k, view, c.as_mut_ptr(), n, true, true);
                     }
                 }
                 c

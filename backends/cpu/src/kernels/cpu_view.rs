@@ -1,8 +1,8 @@
 //! Borrowing a tensor's CPU data (f32, or bf16 for a bf16 KV cache) as a slice, for the
 //! kernels that work on slices.
-use vlm_model::{ModelError, Result};
 use candle_core::{CpuStorage, Storage, StorageRef, Tensor};
 use std::marker::PhantomData;
+use vlm_model::{ModelError, Result};
 
 /// An element type a CPU storage can be borrowed as.
 pub(crate) trait CpuElem: Sized {

@@ -10,8 +10,8 @@
 //! inside a block, four rows per pass (`cpu::vec::CacheElem`).
 use super::softmax::softmax_scaled;
 use super::vec::CacheElem;
-use vlm_model::text::CacheGeometry;
 use rayon::prelude::*;
+use vlm_model::text::CacheGeometry;
 
 thread_local! {
     /// One task's scores, (g, ctx + 1): reused, not allocated per row, head and layer.

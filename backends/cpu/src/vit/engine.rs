@@ -55,7 +55,6 @@ impl Workspace {
             v: vlm_model::resident::zeros_resident_f32(rows * d),
         }
     }
-
 }
 
 fn big_width(cfg: &VisionConfig) -> usize {
@@ -94,7 +93,9 @@ fn matmul_wt(
         return Ok(());
     }
     let CpuWeight::Dense(w) = lin.weight() else {
-        return Err(ModelError::Weights("linear weight is neither dense nor packed".into()));
+        return Err(ModelError::Weights(
+            "linear weight is neither dense nor packed".into(),
+        ));
     };
     let w = CpuF32::new(w, "linear weight")?;
     let w = w.slice();

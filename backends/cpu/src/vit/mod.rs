@@ -78,14 +78,16 @@ pub fn load(
     let tiles = (opts.attention_tiles.0 as u64, opts.attention_tiles.1 as u64);
     let plan_dims = vlm_config::plan::ModelDims::from_dir(dir)
         .map_err(|e| ComputeError::Weights(e.to_string()))?;
-    let weight_bytes = vlm_model::weights::held_bytes(&plan_dims, Part::Visual, dtype.size_in_bytes() as u64);
+    let weight_bytes =
+        vlm_model::weights::held_bytes(&plan_dims, Part::Visual, dtype.size_in_bytes() as u64);
     cores
         .iter()
         .map(|&core| {
             let buckets = lens
                 .iter()
                 .map(|&len| {
-                    let (held, bytes) = vit_bucket_bytes(&dims, len as u64, THREADS_PER_DEVICE, tiles);
+                    let (held, bytes) =
+                        vit_bucket_bytes(&dims, len as u64, THREADS_PER_DEVICE, tiles);
                     Bucket {
                         len,
                         memory: BucketMemory {
