@@ -161,7 +161,10 @@ fn a_chunk_whose_image_rows_miss_image_tokens_is_rejected() {
     let err = model
         .forward(&BatchInput::Prefill(chunk), &mut kv)
         .unwrap_err();
-    assert!(matches!(err, ModelError::InvalidInput(_)), "{err}");
+    assert!(
+        matches!(err, ModelError::Compute(ComputeError::InvalidInput(_))),
+        "{err}"
+    );
     assert!(err.to_string().contains("not covered"), "{err}");
 }
 
@@ -178,7 +181,10 @@ fn a_block_table_too_short_is_a_kv_cache_error() {
     let err = model
         .forward(&BatchInput::Prefill(chunk), &mut kv)
         .unwrap_err();
-    assert!(matches!(err, ModelError::KvCache(_)), "{err}");
+    assert!(
+        matches!(err, ModelError::Compute(ComputeError::KvCache(_))),
+        "{err}"
+    );
 }
 
 #[test]

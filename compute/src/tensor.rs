@@ -109,7 +109,7 @@ impl HostTensor {
     pub fn rows_to_f32(&self, start: usize, out: &mut [f32]) -> Result<()> {
         let per_row = self.row_len().max(1);
         let rows = out.len() / per_row;
-        if out.len() % per_row != 0 || start + rows > self.rows() {
+        if !out.len().is_multiple_of(per_row) || start + rows > self.rows() {
             return Err(ComputeError::invalid(format!(
                 "rows {start}..{} of a {:?} tensor",
                 start + rows,

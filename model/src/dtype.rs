@@ -31,17 +31,3 @@ pub fn kv_dtype(weights: DType) -> DType {
         DType::F32
     }
 }
-
-/// The planner's dtypes of a part whose config says `dtype`: weights in it, activations in f32,
-/// the KV cache per [`kv_dtype`].
-pub fn plan_dtypes(dtype: vlm_config::Dtype) -> vlm_config::plan::Dtypes {
-    vlm_config::plan::Dtypes {
-        weights: dtype,
-        activations: vlm_config::Dtype::F32,
-        kv: if dtype == vlm_config::Dtype::Bf16 {
-            vlm_config::Dtype::Bf16
-        } else {
-            vlm_config::Dtype::F32
-        },
-    }
-}

@@ -1,32 +1,12 @@
-//! The model crate's error type; backends hand it to the services as the seam's
-//! [`ComputeError`] (tensor-library errors become its `Backend` variant).
+//! The model crate's error: the seam's [`ComputeError`] (what went wrong, in the terms the
+//! services map to a status), or a tensor operation that failed. Backends hand it on as a
+//! `ComputeError` (tensor-library errors become its `Backend` variant).
 use std::path::PathBuf;
 use vlm_compute::ComputeError;
 
-/// Everything that can go wrong in loading or running the model.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    /// A file of the checkpoint is missing or unreadable.
-    #[error("checkpoint file {path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A JSON file of the checkpoint does not parse or is inconsistent.
-    #[error("checkpoint config {path}: {message}")]
-    Config { path: PathBuf, message: String },
-    /// A weight is missing or has the wrong shape (the message names it).
-    #[error("weights: {0}")]
-    Weights(String),
-    /// The caller's input is invalid (bad image, too many patches, ids that do not match the
-    /// image grids, ...). The message names the limit and the value.
-    #[error("invalid input: {0}")]
-    InvalidInput(String),
-    /// The paged KV cache has no room (a scheduler bug if it happens: it must check first).
-    #[error("kv cache: {0}")]
-    KvCache(String),
-    /// From the seam's host-side code (config.json, rope index, host tensors).
+    /// Bad input, a bad checkpoint, a KV cache misuse: see [`ComputeError`].
     #[error(transparent)]
     Compute(#[from] ComputeError),
     /// A tensor operation failed.
@@ -37,25 +17,35 @@ pub enum ModelError {
 pub type Result<T> = std::result::Result<T, ModelError>;
 
 impl ModelError {
+    /// The caller's input is invalid (the message names the limit and the value).
     pub fn invalid(msg: impl Into<String>) -> Self {
-        ModelError::InvalidInput(msg.into())
+        ComputeError::InvalidInput(msg.into()).into()
     }
+    /// A weight is missing or has the wrong shape (the message names it).
+    pub fn weights(msg: impl Into<String>) -> Self {
+        ComputeError::Weights(msg.into()).into()
+    }
+    /// The paged KV cache cannot take the step (a scheduler bug if it happens).
+    pub fn kv_cache(msg: impl Into<String>) -> Self {
+        ComputeError::KvCache(msg.into()).into()
+    }
+    /// A checkpoint file is missing or unreadable.
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ModelError::Io {
+        ComputeError::io(path, source).into()
+    }
+    /// A JSON file of the checkpoint does not parse or is inconsistent.
+    pub fn config(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        ComputeError::Config {
             path: path.into(),
-            source,
+            message: message.into(),
         }
+        .into()
     }
 }
 
 impl From<ModelError> for ComputeError {
     fn from(e: ModelError) -> Self {
         match e {
-            ModelError::Io { path, source } => ComputeError::Io { path, source },
-            ModelError::Config { path, message } => ComputeError::Config { path, message },
-            ModelError::Weights(m) => ComputeError::Weights(m),
-            ModelError::InvalidInput(m) => ComputeError::InvalidInput(m),
-            ModelError::KvCache(m) => ComputeError::KvCache(m),
             ModelError::Compute(c) => c,
             ModelError::Candle(c) => ComputeError::Backend(c.to_string()),
         }

@@ -7,7 +7,7 @@
 //! (candle's own ops, any device). A new backend implements this trait (or runs a forward of
 //! its own, such as compiled graphs) and the seam's `LmBackend` / `VisionBackend`.
 use crate::error::Result;
-use crate::text::{AttnRows, PagedKvCache};
+use crate::text::AttnCall;
 use candle_core::{DType, Device, Tensor};
 
 pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
@@ -47,18 +47,8 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// The KV cache dtype for weights stored as `weights`.
     fn kv_dtype(&self, weights: DType) -> DType;
 
-    /// Writes this step's k, v (n, kv_heads, head_dim) of `layer` into the cache at the
-    /// positions `rows` gives, then returns the attention of q (n, heads, head_dim) over the
-    /// cache, (n, heads * head_dim): causal within a chunk, GQA, softmax(q·kᵀ · scale)·v.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        kv: &PagedKvCache,
-        layer: usize,
-        rows: &AttnRows,
-        scale: f32,
-    ) -> Result<Tensor>;
+    /// Writes the call's k, v into the cache at the positions its rows give, then returns the
+    /// attention of q over the cache, (n, heads * head_dim): causal within a chunk, GQA,
+    /// softmax(q·kᵀ · scale)·v.
+    fn attention(&self, call: &AttnCall) -> Result<Tensor>;
 }

@@ -11,6 +11,7 @@ pub mod kernels;
 pub mod lm_backend;
 pub mod oracle;
 pub mod resident;
+pub mod sizing;
 pub mod text;
 pub mod vision;
 pub mod weights;

@@ -17,17 +17,11 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     if index.is_file() {
         let text = std::fs::read_to_string(&index).map_err(|e| ModelError::io(&index, e))?;
         let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| ModelError::Config {
-                path: index.clone(),
-                message: e.to_string(),
-            })?;
+            serde_json::from_str(&text).map_err(|e| ModelError::config(&index, e.to_string()))?;
         let map = json
             .get("weight_map")
             .and_then(|m| m.as_object())
-            .ok_or_else(|| ModelError::Config {
-                path: index.clone(),
-                message: "no \"weight_map\" object".into(),
-            })?;
+            .ok_or_else(|| ModelError::config(&index, "no \"weight_map\" object"))?;
         let mut files: Vec<PathBuf> = map
             .values()
             .filter_map(|v| v.as_str())
@@ -72,20 +66,4 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
     // which is the same contract every safetensors loader has.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
     Ok(vb)
-}
-
-/// Bytes of a part's weights as this crate loads them with matrices of `matrix_bytes` bytes
-/// per value (a bf16 matrix packed by a backend takes the same bytes): 1-D norm weights and
-/// biases in f32, everything else counted as the planner counts it (`ModelDims::params`).
-pub fn held_bytes(
-    d: &vlm_config::plan::ModelDims,
-    part: vlm_config::plan::Part,
-    matrix_bytes: u64,
-) -> u64 {
-    let p = d.params();
-    let (all, vectors) = match part {
-        vlm_config::plan::Part::Visual => (p.visual, p.visual_vectors),
-        vlm_config::plan::Part::Lm => (p.text, p.text_vectors),
-    };
-    (all - vectors) * matrix_bytes + vectors * 4
 }

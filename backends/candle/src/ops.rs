@@ -2,7 +2,7 @@
 //! Weights stay in their storage dtype and are widened to f32 per product; attention is
 //! `vlm_model::text::paged_attention` (scores per cached block, softmax in f32).
 use candle_core::{DType, Device, Tensor};
-use vlm_model::text::{paged_attention, AttnRows, PagedKvCache};
+use vlm_model::text::{paged_attention, AttnCall};
 use vlm_model::{Kernels, Result};
 
 #[derive(Debug, Clone)]
@@ -48,17 +48,8 @@ impl Kernels for CandleKernels {
     fn kv_dtype(&self, weights: DType) -> DType {
         vlm_model::dtype::kv_dtype(weights)
     }
-    fn attention(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        kv: &PagedKvCache,
-        layer: usize,
-        rows: &AttnRows,
-        scale: f32,
-    ) -> Result<Tensor> {
-        paged_attention::attention(q, k, v, kv, layer, rows, scale)
+    fn attention(&self, call: &AttnCall) -> Result<Tensor> {
+        paged_attention::attention(call)
     }
 }
 

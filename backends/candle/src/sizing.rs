@@ -3,8 +3,8 @@
 //! (`graph_vit_elems`, `graph_lm_elems`: the forward's live tensors, f32) at a time. On a CUDA
 //! build each device of a pool holds its own copy; on the CPU the pool's cores share one.
 use vlm_config::plan::{
-    graph_lm_elems, graph_vit_elems, BucketBytes, BufferPolicy, Dtypes, ModelDims, Part, PoolUse,
-    Sizing, CPU_PROCESS_BASELINE,
+    graph_vit_elems, BucketBytes, BufferPolicy, Dtypes, ModelDims, Part, PoolUse, Sizing,
+    CPU_PROCESS_BASELINE,
 };
 use vlm_config::{DeployConfig, Dtype, VisualConfig};
 
@@ -19,13 +19,13 @@ impl Sizing for CandleSizing {
         "candle"
     }
     fn dtypes(&self, _: Part, dtype: Dtype) -> Dtypes {
-        vlm_model::dtype::plan_dtypes(dtype)
+        vlm_model::sizing::dtypes(dtype)
     }
     fn weight_bytes(&self, dims: &ModelDims, part: Part, weights: Dtype) -> u64 {
-        vlm_model::weights::held_bytes(dims, part, weights.bytes())
+        vlm_model::sizing::weight_bytes(dims, part, weights)
     }
     fn kv_extra_blocks(&self) -> u32 {
-        1
+        vlm_model::sizing::KV_EXTRA_BLOCKS
     }
     fn vit_bucket(&self, dims: &ModelDims, _: &VisualConfig, rows: u64) -> BucketBytes {
         BucketBytes {
@@ -37,7 +37,7 @@ impl Sizing for CandleSizing {
         BufferPolicy::PerRun
     }
     fn lm_step(&self, dims: &ModelDims, cfg: &DeployConfig, rows: u64, logit_rows: u64) -> u64 {
-        4 * graph_lm_elems(dims, rows, logit_rows, cfg.max_seq_len as u64)
+        vlm_model::sizing::lm_step_bytes(dims, cfg, rows, logit_rows)
     }
     fn lm_buffers(&self) -> BufferPolicy {
         BufferPolicy::PerRun

@@ -26,6 +26,8 @@ pub fn load(
     devices: &[u32],
 ) -> Result<Vec<CandleVision>> {
     let dims = ModelDims::from_dir(dir).map_err(|e| ComputeError::Weights(e.to_string()))?;
+    let weight_bytes =
+        vlm_model::sizing::weight_bytes(&dims, vlm_config::plan::Part::Visual, dtype);
     let dtype = vlm_model::dtype::candle_dtype(dtype);
     // On the host every core shares one copy of the weights (tensors share their storage when
     // cloned); each GPU holds its own.
@@ -47,11 +49,7 @@ pub fn load(
             };
             let lens = buckets::prepare(bucket_lens, model.config().merge_unit())?;
             let memory = VisionMemory {
-                weight_bytes: vlm_model::weights::held_bytes(
-                    &dims,
-                    vlm_config::plan::Part::Visual,
-                    dtype.size_in_bytes() as u64,
-                ),
+                weight_bytes,
                 weights_shared: device.is_cpu(),
                 buckets: lens
                     .iter()

@@ -19,7 +19,7 @@ use crate::kv_raw::{with_layer, write_decode_rows, KvLayer};
 use crate::options::CpuOptions;
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
-use vlm_model::text::{paged_attention, AttnRows, CacheGeometry, PagedKvCache};
+use vlm_model::text::{paged_attention, AttnCall, AttnRows, CacheGeometry, PagedKvCache};
 use vlm_model::{Kernels, Result};
 
 /// Rows up to which a dense weight is streamed with the decode gemv.
@@ -160,16 +160,16 @@ impl Kernels for CpuKernels {
         vlm_model::dtype::kv_dtype(weights)
     }
 
-    fn attention(
-        &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
-        kv: &PagedKvCache,
-        layer: usize,
-        rows: &AttnRows,
-        scale: f32,
-    ) -> Result<Tensor> {
+    fn attention(&self, call: &AttnCall) -> Result<Tensor> {
+        let AttnCall {
+            q,
+            k,
+            v,
+            kv,
+            layer,
+            rows,
+            scale,
+        } = *call;
         let h = q.dim(1)?;
         let amx = self.opts.amx;
         match rows {
@@ -187,7 +187,7 @@ impl Kernels for CpuKernels {
                     }
                 })
             }
-            AttnRows::Chunk { .. } => paged_attention::attention(q, k, v, kv, layer, rows, scale),
+            AttnRows::Chunk { .. } => paged_attention::attention(call),
             AttnRows::Decode(rows) => {
                 let (k, v) = (k.contiguous()?, v.contiguous()?);
                 let (kd, vd) = (CpuF32::new(&k, "k")?, CpuF32::new(&v, "v")?);

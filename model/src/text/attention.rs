@@ -4,7 +4,7 @@ use super::kv_cache::PagedKvCache;
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::MRope;
-use super::step::AttnRows;
+use super::step::{AttnCall, AttnRows};
 use crate::error::{ModelError, Result};
 use crate::kernels::Kernels;
 use candle_core::Tensor;
@@ -46,9 +46,8 @@ impl<K: Kernels> Attention<K> {
     /// `vb` at `...layers.{i}.self_attn`.
     pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
         if cfg.attention_bias {
-            return Err(ModelError::Weights(
-                "text_config attention_bias=true is not supported (Qwen3-VL has no attention bias)"
-                    .into(),
+            return Err(ModelError::weights(
+                "text_config attention_bias=true is not supported (Qwen3-VL has no attention bias)",
             ));
         }
         let (h, kv, hd, d) = (
@@ -101,9 +100,15 @@ impl<K: Kernels> Attention<K> {
         let q = rope.apply(&self.q_norm.forward(&q)?, cos, sin)?;
         let k = rope.apply(&self.k_norm.forward(&k)?, cos, sin)?;
         // 2. cache write, then attention over the cache: (n, H*hd).
-        let y = self
-            .k
-            .attention(&q, &k, &v, step.kv, layer, &step.rows, self.scale as f32)?;
+        let y = self.k.attention(&AttnCall {
+            q: &q,
+            k: &k,
+            v: &v,
+            kv: step.kv,
+            layer,
+            rows: &step.rows,
+            scale: self.scale as f32,
+        })?;
         // 3. (n, hidden)
         self.o_proj.forward(&y)
     }

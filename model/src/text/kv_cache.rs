@@ -58,13 +58,13 @@ impl PagedKvCache {
         device: &Device,
     ) -> Result<Self> {
         if num_blocks == 0 || block_len == 0 {
-            return Err(ModelError::KvCache(format!(
+            return Err(ModelError::kv_cache(format!(
                 "a paged KV cache needs at least one block of at least one token \
                  (got {num_blocks} blocks of {block_len})"
             )));
         }
         if !matches!(dtype, DType::F32 | DType::BF16) {
-            return Err(ModelError::KvCache(format!(
+            return Err(ModelError::kv_cache(format!(
                 "a KV cache of {dtype:?} is not supported (f32, bf16)"
             )));
         }
@@ -137,12 +137,13 @@ impl PagedKvCache {
 
     /// Checks that a block table covers `tokens` tokens with valid, usable block ids.
     pub fn check_table(&self, table: &[u32], tokens: usize, what: &str) -> Result<()> {
-        vlm_compute::check_table(table, tokens, self.num_blocks, self.block_len, what).map_err(
-            |e| match e {
-                vlm_compute::ComputeError::KvCache(m) => ModelError::KvCache(m),
-                other => other.into(),
-            },
-        )
+        Ok(vlm_compute::check_table(
+            table,
+            tokens,
+            self.num_blocks,
+            self.block_len,
+            what,
+        )?)
     }
 
     /// Writes k, v: (n, kv_heads, head_dim) of tokens at cache indices [start, start+n) of the

@@ -21,7 +21,7 @@ impl<K: Kernels> Linear<K> {
         match weight.dtype() {
             DType::F32 | DType::F16 | DType::BF16 => {}
             other => {
-                return Err(ModelError::Weights(format!(
+                return Err(ModelError::weights(format!(
                     "linear weight dtype {other:?} is not supported (f32, f16, bf16)"
                 )))
             }

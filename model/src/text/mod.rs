@@ -30,4 +30,4 @@ pub use mlp::Mlp;
 pub use model::TextModel;
 pub use norm::RmsNorm;
 pub use rope::MRope;
-pub use step::{causal_mask, AttnRows};
+pub use step::{causal_mask, AttnCall, AttnRows};

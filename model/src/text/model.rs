@@ -57,7 +57,7 @@ impl<K: Kernels> TextModel<K> {
     /// storage dtype is the builder's.
     pub fn new(k: &K, cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel<K>> {
         Self::build(k, cfg, vb).map_err(|e| match e {
-            ModelError::Candle(c) => ModelError::Weights(c.to_string()),
+            ModelError::Candle(c) => ModelError::weights(c.to_string()),
             other => other,
         })
     }
@@ -73,14 +73,14 @@ impl<K: Kernels> TextModel<K> {
         if !t.num_attention_heads.is_multiple_of(t.num_key_value_heads)
             || !t.head_dim.is_multiple_of(2)
         {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "{} heads / {} kv heads / head_dim {} is not a valid Qwen3 attention",
                 t.num_attention_heads, t.num_key_value_heads, t.head_dim
             )));
         }
         let deepstack_levels = cfg.vision.deepstack_visual_indexes.len();
         if deepstack_levels > t.num_hidden_layers {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "{deepstack_levels} deepstack levels but only {} text layers",
                 t.num_hidden_layers
             )));
@@ -221,7 +221,7 @@ impl<K: Kernels> TextModel<K> {
 
     fn check_cache(&self, kv: &PagedKvCache) -> Result<()> {
         if kv.num_layers() != self.layers.len() {
-            return Err(ModelError::KvCache(format!(
+            return Err(ModelError::kv_cache(format!(
                 "the cache has {} layers, the model {}",
                 kv.num_layers(),
                 self.layers.len()
@@ -230,7 +230,7 @@ impl<K: Kernels> TextModel<K> {
         let (k, _) = kv.layer(0);
         let dims = k.dims();
         if dims[1] != self.cfg.num_key_value_heads || dims[3] != self.cfg.head_dim {
-            return Err(ModelError::KvCache(format!(
+            return Err(ModelError::kv_cache(format!(
                 "the cache is shaped {dims:?}, the model has {} kv heads of dim {}",
                 self.cfg.num_key_value_heads, self.cfg.head_dim
             )));

@@ -3,21 +3,22 @@
 //! softmax in f32, the weighted sum of V block by block (reference: `eager_attention_forward`
 //! of `Qwen3VLTextAttention`, with `repeat_kv` as a reshape).
 use super::kv_cache::PagedKvCache;
-use super::step::AttnRows;
+use super::step::{AttnCall, AttnRows};
 use crate::error::{ModelError, Result};
 use candle_core::{DType, Tensor, D};
 
-/// [`crate::Kernels::attention`] in candle ops: writes k, v (n, kv_heads, hd) of `layer` into
+/// [`crate::Kernels::attention`] in candle ops: writes k, v (n, kv_heads, hd) of the layer into
 /// the cache, then attends q (n, heads, hd) over it. Returns (n, heads*hd).
-pub fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    kv: &PagedKvCache,
-    layer: usize,
-    rows: &AttnRows,
-    scale: f32,
-) -> Result<Tensor> {
+pub fn attention(call: &AttnCall) -> Result<Tensor> {
+    let AttnCall {
+        q,
+        k,
+        v,
+        kv,
+        layer,
+        rows,
+        scale,
+    } = *call;
     let (n, h, hd) = q.dims3()?;
     match rows {
         AttnRows::Chunk { start, table, mask } => {
@@ -108,7 +109,7 @@ pub fn attend(
         });
         off += c;
     }
-    let out = out.ok_or_else(|| ModelError::KvCache("attention over an empty context".into()))?;
+    let out = out.ok_or_else(|| ModelError::kv_cache("attention over an empty context"))?;
     // (KV, g, n, hd) -> (n, KV, g, hd) -> (n, H*hd)
     Ok(out
         .reshape((nkv, g, n, hd))?

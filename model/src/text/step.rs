@@ -1,6 +1,20 @@
 //! What one attention call of a step is over: the rows' cache positions. Handed to
 //! [`crate::Kernels::attention`].
+use super::kv_cache::PagedKvCache;
 use candle_core::Tensor;
+
+/// One attention call of a step: this step's q (n, heads, head_dim), k and v (n, kv_heads,
+/// head_dim) of `layer`, and where their rows sit in the cache.
+pub struct AttnCall<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub v: &'a Tensor,
+    pub kv: &'a PagedKvCache,
+    pub layer: usize,
+    pub rows: &'a AttnRows<'a>,
+    /// `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
 
 /// Where the rows of one attention call come from and go to.
 pub enum AttnRows<'a> {

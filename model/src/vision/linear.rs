@@ -26,7 +26,7 @@ impl<K: Kernels> Linear<K> {
     pub fn from_parts(k: &K, weight: Tensor, bias: Tensor) -> Result<Self> {
         let (out_dim, _) = weight.dims2()?;
         if bias.dims() != [out_dim] {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "bias shape {:?} does not match weight shape {:?}",
                 bias.dims(),
                 weight.dims()

@@ -81,13 +81,13 @@ impl<K: Kernels> VisionModel<K> {
     /// Builds the model from a VarBuilder positioned at `model.visual`.
     pub fn new(k: &K, cfg: &VisionConfig, vb: VarBuilder, dtype: DType) -> Result<VisionModel<K>> {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "vision compute dtype {dtype:?} is not supported (f32, f16, bf16)"
             )));
         }
         let merge = cfg.spatial_merge_size;
         if merge == 0 || cfg.num_heads == 0 || !cfg.head_dim().is_multiple_of(4) {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "vision_config: spatial_merge_size {merge} must be positive and head_dim {} a multiple of 4",
                 cfg.head_dim()
             )));

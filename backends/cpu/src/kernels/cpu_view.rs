@@ -45,9 +45,9 @@ impl<'a, T: CpuElem> CpuView<'a, T> {
         let (guard, layout) = t.storage_and_layout();
         let (start, end) = layout
             .contiguous_offsets()
-            .ok_or_else(|| ModelError::Weights(format!("{what}: not contiguous")))?;
+            .ok_or_else(|| ModelError::weights(format!("{what}: not contiguous")))?;
         if !matches!(&*guard, Storage::Cpu(s) if T::of(s).is_some()) {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "{what}: not {} on the CPU",
                 T::NAME
             )));

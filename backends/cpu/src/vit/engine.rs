@@ -72,7 +72,7 @@ fn matmul_wt(
     if let CpuWeight::Packed(p) = lin.weight() {
         let (out, in_dim) = (p.n(), p.k());
         if x.len() < rows * in_dim || dst.len() < rows * out {
-            return Err(ModelError::Weights(format!(
+            return Err(ModelError::weights(format!(
                 "linear ({out}, {in_dim}): buffers too small for {rows} rows"
             )));
         }
@@ -93,8 +93,8 @@ fn matmul_wt(
         return Ok(());
     }
     let CpuWeight::Dense(w) = lin.weight() else {
-        return Err(ModelError::Weights(
-            "linear weight is neither dense nor packed".into(),
+        return Err(ModelError::weights(
+            "linear weight is neither dense nor packed",
         ));
     };
     let w = CpuF32::new(w, "linear weight")?;
@@ -102,7 +102,7 @@ fn matmul_wt(
     let out = lin.out_dim();
     let in_dim = w.len() / out.max(1);
     if x.len() < rows * in_dim || dst.len() < rows * out || w.len() != out * in_dim {
-        return Err(ModelError::Weights(format!(
+        return Err(ModelError::weights(format!(
             "linear ({out}, {in_dim}): buffers too small for {rows} rows"
         )));
     }

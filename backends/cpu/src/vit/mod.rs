@@ -69,6 +69,9 @@ pub fn load(
             }
         )));
     }
+    let plan_dims = vlm_config::plan::ModelDims::from_dir(dir)
+        .map_err(|e| ComputeError::Weights(e.to_string()))?;
+    let weight_bytes = vlm_model::sizing::weight_bytes(&plan_dims, Part::Visual, dtype);
     let dtype = vlm_model::dtype::candle_dtype(dtype);
     let kernels = CpuKernels::new(opts);
     let model = Arc::new(VisionModel::load(&kernels, dir, dtype).map_err(ComputeError::from)?);
@@ -76,10 +79,6 @@ pub fn load(
     let lens = buckets::prepare(buckets, cfg.merge_unit())?;
     let dims = VitDims::of(cfg);
     let tiles = (opts.attention_tiles.0 as u64, opts.attention_tiles.1 as u64);
-    let plan_dims = vlm_config::plan::ModelDims::from_dir(dir)
-        .map_err(|e| ComputeError::Weights(e.to_string()))?;
-    let weight_bytes =
-        vlm_model::weights::held_bytes(&plan_dims, Part::Visual, dtype.size_in_bytes() as u64);
     cores
         .iter()
         .map(|&core| {

@@ -1,0 +1,41 @@
+//! What this crate's forward holds and allocates, as functions of the model's dimensions: the
+//! figures every backend that runs it reports to the planner (`vlm_config::plan::Sizing`), from
+//! one place.
+use vlm_config::plan::{graph_lm_elems, Dtypes, ModelDims, Part};
+use vlm_config::{DeployConfig, Dtype};
+
+/// The dtypes of a part whose config says `dtype`: weights in it, activations in f32, the KV
+/// cache per [`crate::dtype::kv_dtype`] (bf16 for bf16 weights, else f32).
+pub fn dtypes(dtype: Dtype) -> Dtypes {
+    Dtypes {
+        weights: dtype,
+        activations: Dtype::F32,
+        kv: if dtype == Dtype::Bf16 {
+            Dtype::Bf16
+        } else {
+            Dtype::F32
+        },
+    }
+}
+
+/// Bytes of a part's weights as this crate loads them with matrices stored as `weights` (a
+/// bf16 matrix packed by a backend takes the same bytes): 1-D norm weights and biases in f32,
+/// everything else counted as the planner counts it (`ModelDims::params`).
+pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
+    let p = d.params();
+    let (all, vectors) = match part {
+        Part::Visual => (p.visual, p.visual_vectors),
+        Part::Lm => (p.text, p.text_vectors),
+    };
+    (all - vectors) * weights.bytes() + vectors * 4
+}
+
+/// KV blocks a [`crate::text::PagedKvCache`] allocates beyond the usable ones: the dummy block
+/// padded decode rows write to.
+pub const KV_EXTRA_BLOCKS: u32 = 1;
+
+/// Bytes of one text step's live activations (allocated per op, freed after the step): f32,
+/// the scores of every cached block side by side over `max_seq_len` keys.
+pub fn lm_step_bytes(d: &ModelDims, cfg: &DeployConfig, rows: u64, logit_rows: u64) -> u64 {
+    4 * graph_lm_elems(d, rows, logit_rows, cfg.max_seq_len as u64)
+}
