@@ -197,7 +197,10 @@ def test_dockerfile_builds_what_the_manifests_run():
     assert set(pkgs) == {"vlm-vision-service", "vlm-lm-service", "vlm-gateway", "vlm-cli"}
     assert set(bins) == m.BINARIES
     assert re.search(r"^FROM .* AS cpu$", text, re.M) and re.search(r"^FROM .* AS cuda$", text, re.M)
-    assert 'ARG CARGO_FEATURES="cuda"' in text
+    # The CUDA stage enables the compute backends' CUDA build, a feature that exists.
+    assert 'ARG CARGO_FEATURES="vlm-backends/cuda"' in text
+    backends = (m.DEPLOY.parent / "backends" / "Cargo.toml").read_text()
+    assert re.search(r'^cuda = \["vlm-backend-candle/cuda"\]$', backends, re.M)
     # The last stage (plain `docker build`) is the CPU image; both run as the pods' user.
     assert re.findall(r"^FROM .* AS (\S+)$", text, re.M)[-1] == "cpu"
     users = re.findall(r"^USER (\d+):(\d+)$", text, re.M)

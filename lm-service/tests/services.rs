@@ -212,6 +212,16 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
     );
     assert_eq!(info.vocab_size, 1000);
     assert_eq!(info.image_token_id, 993);
+    // The compute backend as it reported itself at load, with its kernel choices.
+    let backend = info.backend.expect("Lm.Info names its backend");
+    assert_eq!(backend.backend, "cpu");
+    let kernels: Vec<(&str, &str)> = backend
+        .kernels
+        .iter()
+        .map(|k| (k.name.as_str(), k.value.as_str()))
+        .collect();
+    assert!(kernels.contains(&("kv_cache", "f32")), "{kernels:?}");
+    assert!(kernels.iter().any(|(k, _)| *k == "gemv"), "{kernels:?}");
 
     let e = generate(
         &mut client,

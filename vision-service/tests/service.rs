@@ -376,6 +376,16 @@ async fn info_health_and_metrics_describe_the_replica() {
         (5, 0, 0)
     );
     assert!(!info.model_id.is_empty());
+    // The compute backend as it reported itself at load: the CPU engine for f32 on core 0, and
+    // its kernel choices.
+    let backend = info.backend.expect("Vision.Info names its backend");
+    assert_eq!(backend.backend, "cpu");
+    assert_eq!(backend.device, "cpu core 0");
+    let kernels: Vec<&str> = backend.kernels.iter().map(|k| k.name.as_str()).collect();
+    assert!(
+        kernels.contains(&"bf16_products") && kernels.contains(&"vit_attention_tiles"),
+        "{kernels:?}"
+    );
 
     let mut client = server.client().await;
     collect(&mut client, request(vec![encoded(png(256, 256, 2))]))
