@@ -14,6 +14,7 @@ pub const LM_KEYS: &[&str] = &[
     "create_runtimes",
     "dtype",
     "kernels",
+    "prefix_caching",
     "visual",
 ];
 

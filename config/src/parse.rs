@@ -249,6 +249,7 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
         create_runtimes: lm.bool("create_runtimes", true)?,
         dtype: lm.dtype("dtype")?,
         kernels: kernels::parse(&lm, kernels::Part::Lm)?,
+        prefix_caching: lm.bool("prefix_caching", true)?,
         visual: VisualConfig {
             max_seq_len: vis
                 .u32_list("max_seq_len")?

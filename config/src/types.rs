@@ -138,6 +138,10 @@ pub struct DeployConfig {
     /// they are `visual.kernels` keys, so they are not written out either).
     #[serde(serialize_with = "serialize_lm_kernels")]
     pub kernels: KernelConfig,
+    /// KV blocks are content-addressed and reused across requests that share a prefix
+    /// (conversation turns, a shared system prompt or image); freed blocks stay cached until
+    /// the pool needs them.
+    pub prefix_caching: bool,
     pub visual: VisualConfig,
 }
 

@@ -116,6 +116,7 @@ impl Core {
                 prompt_tokens: valid.prompt_tokens(),
                 image_tokens: valid.image_tokens,
                 completion_tokens: 0,
+                cached_tokens: 0,
             },
             max_tokens: valid.sampling.max_tokens,
             arrived,

@@ -484,6 +484,7 @@ mod tests {
             prompt_tokens: 10,
             image_tokens: 4,
             completion_tokens: 3,
+            cached_tokens: 0,
         };
         let last = Delta {
             text: String::new(),

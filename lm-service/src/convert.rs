@@ -82,5 +82,6 @@ pub fn load(l: SchedulerLoad, draining: bool) -> pb::LoadReport {
         total_kv_blocks: l.total_blocks,
         tokens_in_flight: l.tokens_in_flight,
         draining,
+        cached_kv_blocks: l.cached_blocks,
     }
 }

@@ -265,6 +265,8 @@ struct SeqState {
     last_token_at: Option<Instant>,
     /// Open from submission to admission.
     queue_span: Option<Span>,
+    /// Prompt tokens found in the prefix cache at the sequence's first admission.
+    cached_tokens: u32,
 }
 
 impl SeqState {
@@ -273,6 +275,7 @@ impl SeqState {
             prompt_tokens: self.req.prompt.len() as u32,
             image_tokens: self.req.image_tokens,
             completion_tokens: self.generated.len() as u32,
+            cached_tokens: self.cached_tokens,
         }
     }
 }
@@ -340,6 +343,7 @@ impl Engine {
                         sampler,
                         last_token_at: None,
                         queue_span: Some(queue_span),
+                        cached_tokens: 0,
                     },
                 );
                 true

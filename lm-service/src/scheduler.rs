@@ -126,6 +126,8 @@ pub struct SchedulerLoad {
     pub waiting: u32,
     pub free_blocks: u32,
     pub total_blocks: u32,
+    /// Of the free blocks, those holding a cached prefix.
+    pub cached_blocks: u32,
     pub tokens_in_flight: u64,
 }
 
@@ -212,6 +214,7 @@ impl Scheduler {
             waiting: self.waiting.len() as u32,
             free_blocks: self.kv.free_blocks(),
             total_blocks: self.kv.total_blocks(),
+            cached_blocks: self.kv.cached_free_blocks(),
             tokens_in_flight: self.seqs.values().map(|s| s.num_tokens as u64).sum(),
         }
     }

@@ -19,6 +19,8 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub image_tokens: u32,
     pub completion_tokens: u32,
+    /// Of `prompt_tokens`, those read from the LM's prefix cache instead of computed.
+    pub cached_tokens: u32,
 }
 
 impl From<Finish> for pb::FinishReason {
@@ -69,6 +71,7 @@ impl From<Usage> for pb::Usage {
             prompt_tokens: u.prompt_tokens,
             image_tokens: u.image_tokens,
             completion_tokens: u.completion_tokens,
+            cached_tokens: u.cached_tokens,
         }
     }
 }
@@ -79,6 +82,7 @@ impl From<pb::Usage> for Usage {
             prompt_tokens: u.prompt_tokens,
             image_tokens: u.image_tokens,
             completion_tokens: u.completion_tokens,
+            cached_tokens: u.cached_tokens,
         }
     }
 }

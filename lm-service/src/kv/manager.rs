@@ -50,6 +50,10 @@ impl KvManager {
     pub fn used_blocks(&self) -> u32 {
         self.pool.used_count()
     }
+    /// Free blocks that hold a cached prefix (0 until prefix caching lands).
+    pub fn cached_free_blocks(&self) -> u32 {
+        0
+    }
     pub fn dummy_block(&self) -> u32 {
         self.pool.dummy()
     }
