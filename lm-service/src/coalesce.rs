@@ -52,6 +52,7 @@ mod tests {
                 prompt_tokens: 3,
                 image_tokens: 0,
                 completion_tokens: t,
+                cached_tokens: 0,
             },
         })
     }
