@@ -118,15 +118,17 @@ mod tests {
             prompt_tokens: 7,
             image_tokens: 3,
             completion_tokens: 11,
+            cached_tokens: 5,
         };
         let wire = pb::Usage::from(u);
         assert_eq!(
             (
                 wire.prompt_tokens,
                 wire.image_tokens,
-                wire.completion_tokens
+                wire.completion_tokens,
+                wire.cached_tokens
             ),
-            (7, 3, 11)
+            (7, 3, 11, 5)
         );
         assert_eq!(Usage::from(wire), u);
     }
