@@ -155,6 +155,7 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
                     request_id: format!("bench-{s}"),
                     prompt: ids,
                     images: Vec::new(),
+                    image_hashes: Vec::new(),
                     layout,
                     image_tokens: 0,
                     sampling: SamplingConfig::greedy(),

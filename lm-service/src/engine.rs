@@ -3,7 +3,7 @@
 //! the loop takes new commands, drops sequences whose caller went away, asks the scheduler for
 //! a plan, runs it, samples, and streams the tokens out.
 use crate::error::LmError;
-use crate::kv::SeqId;
+use crate::kv::{BlockKey, ImageSpan, KeyChain, SeqId};
 use crate::sampler::{Sampler, SamplingConfig};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
 use std::collections::HashMap;
@@ -73,6 +73,8 @@ pub struct SeqRequest {
     pub request_id: String,
     pub prompt: Vec<u32>,
     pub images: Vec<ImageEmbeds>,
+    /// Each image's content hash, in prompt order (its prefix-cache identity).
+    pub image_hashes: Vec<Vec<u8>>,
     pub layout: PromptLayout,
     pub image_tokens: u32,
     pub sampling: SamplingConfig,
@@ -117,6 +119,21 @@ impl std::fmt::Debug for Command {
             Command::Shutdown => f.write_str("Shutdown"),
         }
     }
+}
+
+/// Where each image's placeholder tokens are, with its content hash and grid.
+fn image_spans(req: &SeqRequest) -> Vec<ImageSpan> {
+    req.layout
+        .image_spans
+        .iter()
+        .zip(&req.image_hashes)
+        .zip(&req.images)
+        .map(|((tokens, hash), img)| ImageSpan {
+            tokens: tokens.clone(),
+            content_hash: hash.clone(),
+            grid: img.grid_thw,
+        })
+        .collect()
 }
 
 /// The rayon pool the backend computes on: one thread per core of the LM pool, each pinned to
@@ -193,10 +210,11 @@ impl EngineHandle {
                     };
                     Ok::<_, LmError>((backend, pool, info))
                 })();
-                let (backend, pool) = match started {
+                let (backend, pool, model_id, dtype) = match started {
                     Ok((backend, pool, info)) => {
+                        let ids = (info.model.model_id.clone(), info.dtype);
                         let _ = ready_tx.send(Ok(info));
-                        (backend, pool)
+                        (backend, pool, ids.0, ids.1)
                     }
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -204,9 +222,15 @@ impl EngineHandle {
                     }
                 };
                 let sched = Scheduler::new(SchedulerConfig::new(&opts.deploy, opts.num_blocks));
+                let salt = crate::kv::prefix::salt(
+                    &model_id,
+                    dtype.as_str(),
+                    opts.deploy.kvcache_partition_len as usize,
+                );
                 let mut engine = Engine {
                     backend,
                     sched,
+                    salt,
                     seqs: HashMap::new(),
                     rx,
                     load: load2,
@@ -267,6 +291,8 @@ struct SeqState {
     queue_span: Option<Span>,
     /// Prompt tokens found in the prefix cache at the sequence's first admission.
     cached_tokens: u32,
+    /// Content keys of its full blocks (prefix caching).
+    keys: KeyChain,
 }
 
 impl SeqState {
@@ -283,6 +309,8 @@ impl SeqState {
 struct Engine {
     backend: Box<dyn LmBackend>,
     sched: Scheduler,
+    /// What every prefix-cache key of this replica shares (model, dtype, block size).
+    salt: BlockKey,
     seqs: HashMap<SeqId, SeqState>,
     rx: mpsc::Receiver<Command>,
     load: Arc<Mutex<SchedulerLoad>>,
@@ -334,6 +362,13 @@ impl Engine {
                 let id = SEQ_IDS.fetch_add(1, Ordering::Relaxed);
                 let queue_span = tracing::info_span!(parent: &req.span, "queue", seq = id);
                 self.sched.add(id, req.prompt.len(), req.deadline);
+                let mut keys = KeyChain::new(
+                    self.salt,
+                    self.sched.config().block_len as usize,
+                    image_spans(&req),
+                );
+                keys.extend(&req.prompt, &[]);
+                self.sched.extend_keys(id, keys.keys());
                 let sampler = Sampler::new(req.sampling.clone());
                 self.seqs.insert(
                     id,
@@ -344,6 +379,7 @@ impl Engine {
                         last_token_at: None,
                         queue_span: Some(queue_span),
                         cached_tokens: 0,
+                        keys,
                     },
                 );
                 true
@@ -398,7 +434,14 @@ impl Engine {
         }
         for id in &plan.admitted {
             if let Some(s) = self.seqs.get_mut(id) {
-                s.queue_span = None;
+                if s.queue_span.take().is_some() {
+                    // First admission: what the prefix cache held of the prompt.
+                    let hit = self.sched.prefix_hit(*id).unwrap_or(0);
+                    s.cached_tokens = hit as u32;
+                    metrics::counter!("vlm_lm_prefix_cache_prompt_tokens_total")
+                        .increment(s.req.prompt.len() as u64);
+                    metrics::counter!("vlm_lm_prefix_cache_hit_tokens_total").increment(hit as u64);
+                }
             }
         }
 
@@ -504,6 +547,12 @@ impl Engine {
         metrics::counter!("vlm_lm_generated_tokens_total").increment(1);
         s.last_token_at = Some(now);
         s.generated.push(token);
+        // A block of known tokens became full: its key, for the prefix cache.
+        let added = s.keys.extend(&s.req.prompt, &s.generated);
+        if added > 0 {
+            let keys = s.keys.keys();
+            self.sched.extend_keys(id, &keys[keys.len() - added..]);
+        }
         let finish = if s.req.stop_ids.contains(&token) {
             Some(Finish::Stop)
         } else if s.generated.len() >= s.req.max_new_tokens {
@@ -535,6 +584,7 @@ impl Engine {
         metrics::gauge!("vlm_lm_waiting").set(l.waiting as f64);
         metrics::gauge!("vlm_lm_kv_blocks_used").set((l.total_blocks - l.free_blocks) as f64);
         metrics::gauge!("vlm_lm_kv_blocks_free").set(l.free_blocks as f64);
+        metrics::gauge!("vlm_lm_kv_blocks_cached").set(l.cached_blocks as f64);
         if let Ok(mut g) = self.load.lock() {
             *g = l;
         }

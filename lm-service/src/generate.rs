@@ -160,10 +160,16 @@ pub async fn generate(
     let image_tokens = grids.iter().map(|&g| shape.rows_for(g) as u32).sum();
 
     let (tx, rx) = unbounded_channel();
+    let image_hashes = input
+        .images
+        .iter()
+        .map(|i| i.content_hash.clone())
+        .collect();
     ctx.engine.submit(SeqRequest {
         request_id: input.request_id,
         prompt: input.input_ids,
         images,
+        image_hashes,
         layout,
         image_tokens,
         sampling,

@@ -130,6 +130,8 @@ fn register_metrics(graphs: &[u32]) {
         "vlm_lm_embedding_cache_hits_total",
         "vlm_lm_embedding_cache_misses_total",
         "vlm_lm_generated_tokens_total",
+        "vlm_lm_prefix_cache_prompt_tokens_total",
+        "vlm_lm_prefix_cache_hit_tokens_total",
     ] {
         metrics::counter!(name).increment(0);
     }
@@ -151,6 +153,15 @@ fn register_metrics(graphs: &[u32]) {
         "decode steps by decode graph (bucket) run"
     );
     metrics::describe_gauge!("vlm_lm_kv_blocks_used", "KV blocks held by sequences");
+    metrics::describe_gauge!(
+        "vlm_lm_kv_blocks_cached",
+        "free KV blocks holding a cached prefix (reused on a hit, evicted when needed)"
+    );
+    metrics::describe_counter!(
+        "vlm_lm_prefix_cache_hit_tokens_total",
+        "prompt tokens read from the prefix cache instead of computed (hit rate: divide by \
+         vlm_lm_prefix_cache_prompt_tokens_total)"
+    );
 }
 
 /// Binds `cfg.listen` and `cfg.metrics_listen` (printing `listening grpc=ADDR metrics=ADDR`),

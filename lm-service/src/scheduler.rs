@@ -18,7 +18,13 @@
 //!    prompt;
 //! 5. the decode batch runs the smallest decode graph that holds it
 //!    ([`vlm_config::DeployConfig::decoder_graph_for`]).
-use crate::kv::{KvManager, SeqId};
+//!
+//! Prefix caching (`prefix_caching: true`): the caller gives each sequence the content keys of
+//! its full blocks of known tokens ([`Scheduler::extend_keys`]); at admission its table starts
+//! with the cached blocks of its longest cached prefix and its computed tokens with them (at
+//! least one token is always computed, so the chunk that ends the prompt has logits); every
+//! full block it computes is registered for the sequences after it.
+use crate::kv::{BlockKey, KvManager, SeqId};
 use std::collections::{HashMap, VecDeque};
 use std::time::Instant;
 use vlm_config::DeployConfig;
@@ -31,6 +37,8 @@ pub struct SchedulerConfig {
     pub num_blocks: u32,
     /// Tokens per block (`kvcache_partition_len`).
     pub block_len: u32,
+    /// Reuse cached blocks of a known prefix (`prefix_caching`).
+    pub prefix_caching: bool,
 }
 
 impl SchedulerConfig {
@@ -39,6 +47,7 @@ impl SchedulerConfig {
             deploy: deploy.clone(),
             num_blocks,
             block_len: deploy.kvcache_partition_len,
+            prefix_caching: deploy.prefix_caching,
         }
     }
 }
@@ -100,6 +109,12 @@ struct SeqMeta {
     num_computed: usize,
     deadline: Option<Instant>,
     running: bool,
+    /// Content keys of its full blocks of known tokens (prefix caching).
+    keys: Vec<BlockKey>,
+    /// Blocks of its table registered (or found) in the cache.
+    registered: usize,
+    /// Tokens found in the cache at its first admission.
+    prefix_hit: Option<usize>,
 }
 
 impl SeqMeta {
@@ -173,9 +188,25 @@ impl Scheduler {
                 num_computed: 0,
                 deadline,
                 running: false,
+                keys: Vec::new(),
+                registered: 0,
+                prefix_hit: None,
             },
         );
         self.waiting.push_back(seq);
+    }
+
+    /// Appends content keys of `seq`'s next full blocks (block `i` of its known tokens gets
+    /// the `i`-th key given over all calls).
+    pub fn extend_keys(&mut self, seq: SeqId, keys: &[BlockKey]) {
+        if let Some(m) = self.seqs.get_mut(&seq) {
+            m.keys.extend_from_slice(keys);
+        }
+    }
+
+    /// Prompt tokens `seq` found in the prefix cache when it was first admitted (`None` before).
+    pub fn prefix_hit(&self, seq: SeqId) -> Option<usize> {
+        self.seqs.get(&seq).and_then(|m| m.prefix_hit)
     }
 
     /// The longest sequence (prompt + generated) this pool can ever hold.
@@ -272,13 +303,19 @@ impl Scheduler {
                     break;
                 };
                 let target = self.seqs[&id].prefill_target();
+                let hit = self.allocate_cached_prefix(id, target);
                 if self.kv.allocate(id, target).is_none() {
+                    self.kv.free(id); // the prefix goes back too
                     break;
                 }
                 self.waiting.pop_front();
                 self.running.push(id);
+                let block_len = self.cfg.block_len as usize;
                 if let Some(m) = self.seqs.get_mut(&id) {
                     m.running = true;
+                    m.num_computed = hit * block_len;
+                    m.registered = hit;
+                    m.prefix_hit.get_or_insert(hit * block_len);
                 }
                 plan.admitted.push(id);
             }
@@ -325,9 +362,38 @@ impl Scheduler {
         plan
     }
 
+    /// The cached blocks of `seq`'s longest cached prefix, at most those of `target - 1`
+    /// tokens (one token is always computed); the number taken.
+    fn allocate_cached_prefix(&mut self, seq: SeqId, target: usize) -> usize {
+        if !self.cfg.prefix_caching {
+            return 0;
+        }
+        let m = &self.seqs[&seq];
+        let most = (target.saturating_sub(1) / self.cfg.block_len as usize).min(m.keys.len());
+        let keys = m.keys[..most].to_vec();
+        self.kv.allocate_prefix(seq, &keys)
+    }
+
+    /// Registers `seq`'s full computed blocks that have keys and are not registered yet.
+    fn register_computed(&mut self, seq: SeqId) {
+        if !self.cfg.prefix_caching {
+            return;
+        }
+        let block_len = self.cfg.block_len as usize;
+        let Some(m) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        let upto = (m.num_computed / block_len).min(m.keys.len());
+        for i in m.registered..upto {
+            self.kv.register(seq, i, m.keys[i]);
+        }
+        m.registered = m.registered.max(upto);
+    }
+
     /// Records that `plan` ran: decode rows cached their token and produced one more; the
     /// prefill chunk is cached (and produced the first token when `sample`). Sequences the
-    /// caller removed in between are skipped.
+    /// caller removed in between are skipped. Blocks that became full are registered in the
+    /// prefix cache.
     pub fn update(&mut self, plan: &StepPlan) {
         if let Some(d) = &plan.decode {
             for r in &d.rows {
@@ -335,6 +401,7 @@ impl Scheduler {
                     m.num_computed += 1;
                     m.num_tokens += 1;
                 }
+                self.register_computed(r.seq);
             }
         }
         if let Some(p) = &plan.prefill {
@@ -344,6 +411,7 @@ impl Scheduler {
                     m.num_tokens += 1;
                 }
             }
+            self.register_computed(p.seq);
         }
     }
 
@@ -353,6 +421,7 @@ impl Scheduler {
         if let Some(m) = self.seqs.get_mut(&seq) {
             m.num_computed = 0;
             m.running = false;
+            m.registered = 0;
         }
         // Older preempted sequences end up in front of newer ones: victims are taken newest
         // first, each pushed to the front.
@@ -381,6 +450,7 @@ mod tests {
             deploy: d,
             num_blocks: blocks,
             block_len,
+            prefix_caching: false,
         }
     }
 
@@ -633,5 +703,148 @@ mod tests {
         assert!(s.finish(1));
         assert!(!s.finish(1));
         assert_eq!(s.load().free_blocks, 9);
+    }
+
+    // ---- prefix caching
+
+    fn caching(blocks: u32, block_len: u32) -> Scheduler {
+        let mut c = cfg(4, &[1, 2, 4], 64, blocks, block_len);
+        c.prefix_caching = true;
+        Scheduler::new(c)
+    }
+
+    fn keys(ids: &[u8]) -> Vec<BlockKey> {
+        ids.iter().map(|&i| [i; 16]).collect()
+    }
+
+    /// Adds `seq` with its prompt's block keys.
+    fn add_keyed(s: &mut Scheduler, seq: SeqId, prompt_len: usize, k: &[u8]) {
+        s.add(seq, prompt_len, None);
+        s.extend_keys(seq, &keys(k));
+    }
+
+    #[test]
+    fn a_shared_prefix_is_not_computed_again() {
+        let now = Instant::now();
+        let mut s = caching(20, 4);
+        add_keyed(&mut s, 1, 10, &[1, 2]); // 2 full blocks + 2 tokens
+        run_until_decoding(&mut s, 1, now);
+        assert_eq!(s.prefix_hit(1), Some(0));
+        assert_eq!(s.kv().cached_blocks(), 2);
+        // The same first two blocks, then other tokens.
+        add_keyed(&mut s, 2, 11, &[1, 2]);
+        let plans = run_until_decoding(&mut s, 2, now);
+        let first = plans
+            .iter()
+            .find_map(|p| p.prefill.clone().filter(|c| c.seq == 2))
+            .unwrap();
+        assert_eq!(
+            (first.start, first.len),
+            (8, 3),
+            "prefill starts after the hit"
+        );
+        assert_eq!(s.prefix_hit(2), Some(8));
+        assert_eq!(
+            &s.kv().table(2)[..2],
+            &s.kv().table(1)[..2],
+            "shared blocks"
+        );
+        // A prompt that is exactly its cached blocks still computes its last block.
+        add_keyed(&mut s, 3, 8, &[1, 2]);
+        run_until_decoding(&mut s, 3, now);
+        assert_eq!(s.prefix_hit(3), Some(4));
+    }
+
+    #[test]
+    fn without_prefix_caching_nothing_is_shared() {
+        let now = Instant::now();
+        let mut s = Scheduler::new(cfg(4, &[1, 2, 4], 64, 20, 4));
+        add_keyed(&mut s, 1, 10, &[1, 2]);
+        run_until_decoding(&mut s, 1, now);
+        add_keyed(&mut s, 2, 10, &[1, 2]);
+        run_until_decoding(&mut s, 2, now);
+        assert_eq!(s.prefix_hit(2), Some(0));
+        assert_eq!(s.kv().cached_blocks(), 0);
+    }
+
+    #[test]
+    fn generated_blocks_are_cached_for_the_next_turn() {
+        let now = Instant::now();
+        let mut s = caching(20, 4);
+        add_keyed(&mut s, 1, 6, &[1]);
+        run_until_decoding(&mut s, 1, now);
+        // Tokens 6 and 7 are generated: block 1 (tokens 4..8) is then known; its key arrives
+        // as the engine samples token 7, and it is registered once token 7 is computed.
+        step(&mut s, now); // computes token 6, samples token 7
+        s.extend_keys(1, &keys(&[2]));
+        assert_eq!(s.kv().cached_blocks(), 1);
+        step(&mut s, now); // computes token 7
+        assert_eq!(s.kv().cached_blocks(), 2);
+        s.finish(1);
+        // The next turn: both blocks and more.
+        add_keyed(&mut s, 2, 12, &[1, 2, 3]);
+        run_until_decoding(&mut s, 2, now);
+        assert_eq!(s.prefix_hit(2), Some(8));
+    }
+
+    #[test]
+    fn cached_blocks_are_evicted_only_under_pressure_and_counts_stay_right() {
+        let now = Instant::now();
+        let mut s = caching(6, 4);
+        add_keyed(&mut s, 1, 8, &[1, 2]);
+        run_until_decoding(&mut s, 1, now);
+        s.finish(1); // cancelled: its 3 blocks free, 2 of them cached
+        assert_eq!((s.kv().free_blocks(), s.kv().cached_free_blocks()), (6, 2));
+        // A sequence needing 5 blocks of other content: the plain free ones first, then one
+        // cached block is evicted.
+        add_keyed(&mut s, 2, 20, &[7, 8, 9, 10, 11]);
+        run_until_decoding(&mut s, 2, now);
+        assert_eq!(s.prefix_hit(2), Some(0));
+        assert_eq!(s.kv().cached_free_blocks(), 1);
+        s.finish(2);
+        assert_eq!(s.kv().free_blocks(), 6);
+        assert_eq!(s.kv().used_blocks(), 0);
+    }
+
+    #[test]
+    fn preempting_a_sharer_keeps_the_shared_blocks_and_it_hits_again() {
+        let now = Instant::now();
+        // 7 blocks of 4: two sequences of 9-token prompts sharing 2 blocks hold 2 + 1 + 1 = 4.
+        let mut s = caching(7, 4);
+        add_keyed(&mut s, 1, 9, &[1, 2]);
+        run_until_decoding(&mut s, 1, now);
+        add_keyed(&mut s, 2, 9, &[1, 2]);
+        run_until_decoding(&mut s, 2, now);
+        assert_eq!(s.kv().used_blocks(), 4);
+        // Both decode until the pool runs out: the newest (2) is preempted, 1 keeps its blocks.
+        let mut preempted = false;
+        for _ in 0..40 {
+            let p = step(&mut s, now);
+            if p.preempted.contains(&2) {
+                preempted = true;
+                assert_eq!(s.kv().table(2).len(), 0);
+                assert!(
+                    s.kv().table(1).len() >= 3,
+                    "the survivor keeps the shared blocks"
+                );
+                break;
+            }
+        }
+        assert!(preempted, "sequence 2 was never preempted");
+        s.finish(1);
+        // Re-admitted, 2 recomputes from its cached prefix, not from zero.
+        let plans = run_until_decoding(&mut s, 2, now);
+        let first = plans
+            .iter()
+            .find_map(|p| p.prefill.clone().filter(|c| c.seq == 2))
+            .unwrap();
+        assert_eq!(first.start, 8);
+        assert_eq!(
+            s.prefix_hit(2),
+            Some(8),
+            "usage reports the first admission's hit"
+        );
+        s.finish(2);
+        assert_eq!(s.kv().used_blocks(), 0);
     }
 }

@@ -1,7 +1,9 @@
 //! Per-sequence KV policy: each sequence holds a block table long enough for its tokens.
 //! `allocate` answers yes (the new blocks) or no (nothing changes); the scheduler decides what
-//! to do about a no.
-use super::block_pool::BlockPool;
+//! to do about a no. With prefix caching, a sequence's table starts with the cached blocks of
+//! its longest known prefix ([`KvManager::allocate_prefix`]), and its own full blocks are
+//! registered for later sequences once computed ([`KvManager::register`]).
+use super::block_pool::{BlockKey, BlockPool};
 use std::collections::HashMap;
 
 /// A sequence's id inside the LM service.
@@ -50,9 +52,13 @@ impl KvManager {
     pub fn used_blocks(&self) -> u32 {
         self.pool.used_count()
     }
-    /// Free blocks that hold a cached prefix (0 until prefix caching lands).
+    /// Free blocks that hold a cached prefix (reused on a hit, evicted when needed).
     pub fn cached_free_blocks(&self) -> u32 {
-        0
+        self.pool.cached_free_count()
+    }
+    /// Blocks holding cached content, held or free.
+    pub fn cached_blocks(&self) -> u32 {
+        self.pool.cached_count()
     }
     pub fn dummy_block(&self) -> u32 {
         self.pool.dummy()
@@ -66,6 +72,35 @@ impl KvManager {
     /// Tokens the whole pool can hold.
     pub fn capacity_tokens(&self) -> u64 {
         self.pool.total() as u64 * self.block_len as u64
+    }
+
+    /// Starts `seq`'s (empty) table with the cached blocks of the longest prefix of `keys`
+    /// (`keys[i]` = the key of block i); returns how many it took (0 on a miss). Nothing is
+    /// computed for those blocks: the sequence's computed tokens start after them.
+    pub fn allocate_prefix(&mut self, seq: SeqId, keys: &[BlockKey]) -> usize {
+        debug_assert!(self.table(seq).is_empty(), "a prefix starts an empty table");
+        let mut hit = Vec::new();
+        for k in keys {
+            match self.pool.lookup(k) {
+                Some(b) => {
+                    self.pool.acquire(b);
+                    hit.push(b);
+                }
+                None => break,
+            }
+        }
+        let n = hit.len();
+        if n > 0 {
+            self.tables.entry(seq).or_default().extend(hit);
+        }
+        n
+    }
+
+    /// Records that block `index` of `seq`'s table is full, computed, and holds `key`.
+    pub fn register(&mut self, seq: SeqId, index: usize, key: BlockKey) {
+        if let Some(&b) = self.tables.get(&seq).and_then(|t| t.get(index)) {
+            self.pool.register(b, key);
+        }
     }
 
     /// Grows `seq`'s table to cover `tokens` tokens. `Some(new blocks)` (possibly empty) on
@@ -89,7 +124,7 @@ impl KvManager {
         match self.tables.remove(&seq) {
             Some(t) => {
                 let n = t.len();
-                self.pool.give_back(t);
+                self.pool.release(t);
                 n
             }
             None => 0,
@@ -124,5 +159,28 @@ mod tests {
         assert_eq!(m.free_blocks(), 3);
         let dummy = m.dummy_block();
         assert!(m.table(2).iter().all(|&b| b != dummy));
+    }
+
+    #[test]
+    fn a_prefix_hit_shares_blocks_and_a_miss_takes_nothing() {
+        let key = |n: u8| [n; 16];
+        let mut m = KvManager::new(6, 4);
+        m.allocate(1, 12).unwrap(); // 3 blocks
+        m.register(1, 0, key(1));
+        m.register(1, 1, key(2));
+        // Sequence 2 shares the first two blocks, stops at the first miss.
+        assert_eq!(m.allocate_prefix(2, &[key(1), key(2), key(3)]), 2);
+        assert_eq!(m.table(2), &m.table(1)[..2]);
+        assert_eq!(m.allocate(2, 10).unwrap().len(), 1);
+        assert_eq!(m.free_blocks(), 2);
+        // A miss on the first block takes nothing.
+        assert_eq!(m.allocate_prefix(3, &[key(9), key(1)]), 0);
+        assert!(m.table(3).is_empty());
+        // Both leave: the registered blocks stay cached (and free).
+        m.free(1);
+        m.free(2);
+        assert_eq!((m.free_blocks(), m.cached_free_blocks()), (6, 2));
+        assert_eq!(m.allocate_prefix(4, &[key(1), key(2)]), 2);
+        assert_eq!(m.cached_free_blocks(), 0);
     }
 }
