@@ -642,3 +642,95 @@ async fn preempted_image_prompts_recompute_to_identical_outputs() {
         "one vision call for the one image"
     );
 }
+
+/// Tokens, and the usage of the last event.
+async fn generate_with_usage(
+    client: &mut vlm_proto::lm_client::LmClient<tonic::transport::Channel>,
+    req: vlm_proto::LmGenerateRequest,
+) -> (Vec<u32>, vlm_proto::Usage) {
+    let mut stream = client.generate(req).await.unwrap().into_inner();
+    let (mut tokens, mut usage) = (Vec::new(), vlm_proto::Usage::default());
+    while let Some(ev) = stream.message().await.unwrap() {
+        tokens.extend_from_slice(&ev.token_ids);
+        if let Some(u) = ev.usage {
+            usage = u;
+        }
+    }
+    (tokens, usage)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_turn_and_a_shared_image_read_their_prefix_from_the_cache() {
+    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
+    let grid = vlm_preprocess::preprocess_bytes(&bytes, &Default::default())
+        .unwrap()
+        .grid_thw;
+    let tokens = grid[0] * (grid[1] / 2) * (grid[2] / 2);
+    let image = LmImage {
+        content_hash: Sha256::digest(&bytes).to_vec(),
+        grid: Some(ImageGrid {
+            t: grid[0] as u32,
+            h: grid[1] as u32,
+            w: grid[2] as u32,
+        }),
+        input: Some(ImageInput {
+            source: Some(vlm_proto::image_input::Source::Encoded(EncodedImage {
+                data: bytes,
+                mime_type: String::new(),
+            })),
+            content_hash: vec![],
+            expected_grid: None,
+        }),
+    };
+    let vision = start_vision();
+    // The same layout with the prefix cache on (the default) and off; blocks of 16 tokens.
+    let config = |caching: bool| {
+        json!({
+            "max_seq_len": 512, "kvcache_partition_len": 16, "kvcache_num_blocks": 64,
+            "batch_size": 2, "decoder_batch_sizes": [1, 2], "prefill_chunk_size": 64,
+            "prefix_caching": caching
+        })
+    };
+    let (on, off) = (start_lm(&config(true)), start_lm(&config(false)));
+    wait_serving(&vision).await;
+    wait_serving(&on).await;
+    wait_serving(&off).await;
+    let (mut c_on, mut c_off) = (lm_client(&on).await, lm_client(&off).await);
+    let ask = |ids: Vec<u32>| request(ids, vec![image.clone()], &vision.endpoint(), greedy(8));
+
+    // Turn 1 misses; both replicas agree.
+    let turn1 = image_prompt(tokens);
+    let (a_on, u1) = generate_with_usage(&mut c_on, ask(turn1.clone())).await;
+    let (a_off, _) = generate_with_usage(&mut c_off, ask(turn1.clone())).await;
+    assert_eq!(a_on, a_off);
+    assert_eq!(u1.cached_tokens, 0);
+    // Turn 2: turn 1, its answer and a new question. Its full blocks of turn 1 and the answer
+    // are read from the cache, and the output is the one computed without the cache.
+    let mut turn2 = turn1.clone();
+    turn2.extend(&a_on);
+    turn2.extend(text_prompt(20, 77));
+    let (b_on, u2) = generate_with_usage(&mut c_on, ask(turn2.clone())).await;
+    let (b_off, u2_off) = generate_with_usage(&mut c_off, ask(turn2.clone())).await;
+    assert_eq!(b_on, b_off, "second turn: cache on vs off");
+    let known = turn1.len() + a_on.len() - 1; // the last answer token is never computed
+    assert_eq!(u2.cached_tokens as usize, known / 16 * 16, "{u2:?}");
+    assert_eq!(u2_off.cached_tokens, 0);
+    // Another prompt with the same text and image but its own question: the blocks up to where
+    // they differ are shared.
+    let mut other = turn1[..turn1.len() - 5].to_vec();
+    other.extend(text_prompt(12, 99));
+    let (c_on_out, u3) = generate_with_usage(&mut c_on, ask(other.clone())).await;
+    let (c_off_out, _) = generate_with_usage(&mut c_off, ask(other.clone())).await;
+    assert_eq!(c_on_out, c_off_out, "shared image prefix: cache on vs off");
+    assert_eq!(
+        u3.cached_tokens as usize,
+        (turn1.len() - 5) / 16 * 16,
+        "{u3:?}"
+    );
+    let hits = on.metric("vlm_lm_prefix_cache_hit_tokens_total").unwrap();
+    assert_eq!(hits as u32, u2.cached_tokens + u3.cached_tokens);
+    assert_eq!(
+        off.metric("vlm_lm_prefix_cache_hit_tokens_total"),
+        Some(0.0)
+    );
+}
