@@ -298,6 +298,11 @@ fn the_report_names_devices_and_verdict() {
     let text = plan::report::render(&p, &dims());
     assert!(text.contains("device 0 (visual + lm)"), "{text}");
     assert!(text.contains("fits: NO"), "{text}");
+    assert!(text.contains("prefix caching: on"), "{text}");
+    let mut off = c.clone();
+    off.prefix_caching = false;
+    let q = plan_on(&off, &dims(), &DeviceKind::atom(), &PlanOptions::default());
+    assert!(!plan::report::render(&q, &dims()).contains("prefix caching"));
     assert!(
         text.contains("changes that fit (each re-planned):"),
         "{text}"

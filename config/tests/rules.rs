@@ -189,3 +189,21 @@ fn defaults_are_valid() {
     assert_eq!(c.decoder_batch_sizes, vec![c.batch_size]);
     assert_eq!(c.prefill_chunk_size, 128);
 }
+
+#[test]
+fn prefix_caching_is_on_by_default_and_a_bool() {
+    let on = vlm_config::DeployConfig::from_json("{}").unwrap().config;
+    assert!(on.prefix_caching);
+    let off = vlm_config::DeployConfig::from_json(r#"{"prefix_caching": false}"#)
+        .unwrap()
+        .config;
+    assert!(!off.prefix_caching);
+    let err = vlm_config::DeployConfig::from_json(r#"{"prefix_caching": "yes"}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("prefix_caching"), "{err}");
+    let err = vlm_config::DeployConfig::from_json(r#"{"visual": {"prefix_caching": true}}"#)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("prefix_caching"), "{err}");
+}

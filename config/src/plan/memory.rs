@@ -161,6 +161,9 @@ pub const CPU_PROCESS_BASELINE: u64 = 12 * super::device::MIB;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KvPlan {
     pub dtype: Dtype,
+    /// Blocks are content-addressed and reused across requests (`prefix_caching`): the pool's
+    /// free blocks hold cached prefixes until a request needs them.
+    pub prefix_caching: bool,
     pub bytes_per_token: u64,
     /// `kvcache_partition_len`.
     pub block_tokens: u32,
@@ -380,6 +383,7 @@ fn kv_geometry(
     let per_seq = cfg.blocks_per_sequence();
     KvPlan {
         dtype: t.kv,
+        prefix_caching: cfg.prefix_caching,
         bytes_per_token,
         block_tokens: cfg.kvcache_partition_len,
         block_bytes: bytes_per_token * cfg.kvcache_partition_len as u64,

@@ -73,6 +73,14 @@ pub fn render(plan: &Plan, dims: &ModelDims) -> String {
         kv.batch_size,
         kv.full_batch_blocks
     );
+    if kv.prefix_caching {
+        let _ = writeln!(
+            s,
+            "prefix caching: on; full blocks of {} tokens are reused by requests sharing a prefix \
+             (freed blocks stay cached, least recently used evicted first)",
+            kv.block_tokens
+        );
+    }
     if !plan.shared_devices.is_empty() {
         let _ = writeln!(s, "visual and lm share devices {:?}", plan.shared_devices);
     }
