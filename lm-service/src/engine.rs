@@ -289,7 +289,7 @@ struct SeqState {
     last_token_at: Option<Instant>,
     /// Open from submission to admission.
     queue_span: Option<Span>,
-    /// Prompt tokens found in the prefix cache at the sequence's first admission.
+    /// Prompt tokens read from the prefix cache (set with the first token).
     cached_tokens: u32,
     /// Content keys of its full blocks (prefix caching).
     keys: KeyChain,
@@ -434,14 +434,7 @@ impl Engine {
         }
         for id in &plan.admitted {
             if let Some(s) = self.seqs.get_mut(id) {
-                if s.queue_span.take().is_some() {
-                    // First admission: what the prefix cache held of the prompt.
-                    let hit = self.sched.prefix_hit(*id).unwrap_or(0);
-                    s.cached_tokens = hit as u32;
-                    metrics::counter!("vlm_lm_prefix_cache_prompt_tokens_total")
-                        .increment(s.req.prompt.len() as u64);
-                    metrics::counter!("vlm_lm_prefix_cache_hit_tokens_total").increment(hit as u64);
-                }
+                s.queue_span.take(); // first admission ends the queue span
             }
         }
 
@@ -539,8 +532,16 @@ impl Engine {
         let token = s.sampler.sample(logits);
         let now = Instant::now();
         match s.last_token_at {
-            None => metrics::histogram!("vlm_lm_time_to_first_token_seconds")
-                .record(now.duration_since(s.req.received).as_secs_f64()),
+            None => {
+                metrics::histogram!("vlm_lm_time_to_first_token_seconds")
+                    .record(now.duration_since(s.req.received).as_secs_f64());
+                // The prompt is in the cache: how much of it was read rather than computed.
+                let hit = self.sched.prefix_hit(id).unwrap_or(0);
+                s.cached_tokens = hit as u32;
+                metrics::counter!("vlm_lm_prefix_cache_prompt_tokens_total")
+                    .increment(s.req.prompt.len() as u64);
+                metrics::counter!("vlm_lm_prefix_cache_hit_tokens_total").increment(hit as u64);
+            }
             Some(t) => metrics::histogram!("vlm_lm_time_per_output_token_seconds")
                 .record(now.duration_since(t).as_secs_f64()),
         }

@@ -113,8 +113,10 @@ struct SeqMeta {
     keys: Vec<BlockKey>,
     /// Blocks of its table registered (or found) in the cache.
     registered: usize,
-    /// Tokens found in the cache at its first admission.
+    /// Prompt tokens read from the cache instead of computed, in its first run.
     prefix_hit: Option<usize>,
+    /// In its first run (never preempted): cache reads still count in `prefix_hit`.
+    hit_open: bool,
 }
 
 impl SeqMeta {
@@ -191,6 +193,7 @@ impl Scheduler {
                 keys: Vec::new(),
                 registered: 0,
                 prefix_hit: None,
+                hit_open: true,
             },
         );
         self.waiting.push_back(seq);
@@ -204,7 +207,8 @@ impl Scheduler {
         }
     }
 
-    /// Prompt tokens `seq` found in the prefix cache when it was first admitted (`None` before).
+    /// Prompt tokens `seq` read from the prefix cache instead of computing them, in its first
+    /// run (`None` before its first admission).
     pub fn prefix_hit(&self, seq: SeqId) -> Option<usize> {
         self.seqs.get(&seq).and_then(|m| m.prefix_hit)
     }
@@ -327,6 +331,7 @@ impl Scheduler {
             let m = &self.seqs[id];
             m.num_computed < m.prefill_target()
         }) {
+            self.adopt_computed_prefix(id);
             let m = &self.seqs[&id];
             let target = m.prefill_target();
             let len = chunk.min(target - m.num_computed);
@@ -372,6 +377,32 @@ impl Scheduler {
         let most = (target.saturating_sub(1) / self.cfg.block_len as usize).min(m.keys.len());
         let keys = m.keys[..most].to_vec();
         self.kv.allocate_prefix(seq, &keys)
+    }
+
+    /// Before `seq` computes its next chunk: blocks other sequences computed since it was
+    /// admitted (an identical prompt admitted in the same step, prefilled first) are read
+    /// from the cache instead, as at admission, still leaving one token to compute.
+    fn adopt_computed_prefix(&mut self, seq: SeqId) {
+        if !self.cfg.prefix_caching {
+            return;
+        }
+        let block_len = self.cfg.block_len as usize;
+        let Some(m) = self.seqs.get_mut(&seq) else {
+            return;
+        };
+        if m.num_computed % block_len != 0 {
+            return; // mid-block: the next block is partly computed by `seq` itself
+        }
+        let most = (m.prefill_target().saturating_sub(1) / block_len).min(m.keys.len());
+        let mut i = m.num_computed / block_len;
+        while i < most && self.kv.adopt_cached(seq, i, &m.keys[i]) {
+            m.num_computed += block_len;
+            m.registered = i + 1;
+            if m.hit_open {
+                *m.prefix_hit.get_or_insert(0) += block_len;
+            }
+            i += 1;
+        }
     }
 
     /// Registers `seq`'s full computed blocks that have keys and are not registered yet.
@@ -422,6 +453,7 @@ impl Scheduler {
             m.num_computed = 0;
             m.running = false;
             m.registered = 0;
+            m.hit_open = false;
         }
         // Older preempted sequences end up in front of newer ones: victims are taken newest
         // first, each pushed to the front.
@@ -846,5 +878,36 @@ mod tests {
         );
         s.finish(2);
         assert_eq!(s.kv().used_blocks(), 0);
+    }
+
+    #[test]
+    fn identical_prompts_admitted_together_compute_their_blocks_once() {
+        let now = Instant::now();
+        let mut s = caching(20, 4);
+        // Two 10-token prompts with the same two full blocks, admitted in one step.
+        add_keyed(&mut s, 1, 10, &[1, 2]);
+        add_keyed(&mut s, 2, 10, &[1, 2]);
+        let p = step(&mut s, now);
+        assert_eq!(p.admitted, vec![1, 2]);
+        assert_eq!(s.prefix_hit(2), Some(0), "nothing was cached at admission");
+        let plans = run_until_decoding(&mut s, 2, now);
+        let chunks: Vec<(usize, usize)> = plans
+            .iter()
+            .filter_map(|p| p.prefill.clone().filter(|c| c.seq == 2))
+            .map(|c| (c.start, c.len))
+            .collect();
+        assert_eq!(
+            chunks,
+            vec![(8, 2)],
+            "2 computes only past the shared blocks"
+        );
+        assert_eq!(s.prefix_hit(2), Some(8));
+        assert_eq!(&s.kv().table(2)[..2], &s.kv().table(1)[..2]);
+        // 2's own blocks for that prefix went back: 3 + 1 held, nothing leaked.
+        assert_eq!(s.kv().used_blocks(), 4);
+        s.finish(1);
+        s.finish(2);
+        assert_eq!(s.kv().used_blocks(), 0);
+        assert_eq!(s.kv().cached_free_blocks(), 2);
     }
 }

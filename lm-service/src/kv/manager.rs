@@ -96,6 +96,26 @@ impl KvManager {
         n
     }
 
+    /// Swaps block `index` of `seq`'s table, taken but not computed yet, for the cached block
+    /// holding `key` when there is one (another sequence computed that content since `seq` was
+    /// admitted: identical prompts arriving together). Whether it did; `seq`'s own block goes
+    /// back to the pool.
+    pub fn adopt_cached(&mut self, seq: SeqId, index: usize, key: &BlockKey) -> bool {
+        let Some(b) = self.pool.lookup(key) else {
+            return false;
+        };
+        let Some(slot) = self.tables.get_mut(&seq).and_then(|t| t.get_mut(index)) else {
+            return false;
+        };
+        if *slot == b {
+            return false;
+        }
+        self.pool.acquire(b);
+        let own = std::mem::replace(slot, b);
+        self.pool.release([own]);
+        true
+    }
+
     /// Records that block `index` of `seq`'s table is full, computed, and holds `key`.
     pub fn register(&mut self, seq: SeqId, index: usize, key: BlockKey) {
         if let Some(&b) = self.tables.get(&seq).and_then(|t| t.get(index)) {
