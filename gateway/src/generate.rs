@@ -287,8 +287,7 @@ impl Pump {
         m::request_finished(status);
         metrics::counter!(m::COMPLETION_TOKENS_TOTAL)
             .increment(self.usage.completion_tokens as u64);
-        metrics::counter!(m::CACHED_PROMPT_TOKENS_TOTAL)
-            .increment(self.usage.cached_tokens as u64);
+        metrics::counter!(m::CACHED_PROMPT_TOKENS_TOTAL).increment(self.usage.cached_tokens as u64);
         metrics::histogram!(m::REQUEST_DURATION_SECONDS)
             .record(self.arrived.elapsed().as_secs_f64());
     }
@@ -400,10 +399,7 @@ mod tests {
         let (d, end) = p.on_event(event(vec![5], None, Some(64))).unwrap();
         assert!(!end);
         assert_eq!(d.usage.cached_tokens, 64);
-        assert_eq!(
-            (d.usage.prompt_tokens, d.usage.completion_tokens),
-            (96, 1)
-        );
+        assert_eq!((d.usage.prompt_tokens, d.usage.completion_tokens), (96, 1));
         // An event without usage keeps the last count; the last delta carries it.
         let (d, _) = p
             .on_event(event(vec![6], Some(Finish::Stop), None))

@@ -449,10 +449,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             Err(e) => return e.into_response(),
         }
     }
-    axum::Json(completion_json(
-        &id, &model, created, &text, finish, usage,
-    ))
-    .into_response()
+    axum::Json(completion_json(&id, &model, created, &text, finish, usage)).into_response()
 }
 
 /// The body of a non-streamed completion.

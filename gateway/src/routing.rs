@@ -782,7 +782,10 @@ mod tests {
             route_lm(&l, &refs(&a), &[], Some(&k), 4),
             Some((q, Route::PrefixBusy { preferred: p }))
         );
-        assert_eq!(route_lm(&l, &refs(&a), &[], Some(&k), 4).unwrap().0, choose_lm(&l, &[]).unwrap());
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4).unwrap().0,
+            choose_lm(&l, &[]).unwrap()
+        );
         // Every replica has waiting requests: the prefix still wins.
         for x in &mut l {
             x.waiting = 2;
@@ -823,11 +826,26 @@ mod tests {
     fn no_key_routes_by_load_as_before() {
         let a = addrs(3);
         let cases: Vec<(Vec<LmLoad>, Vec<usize>)> = vec![
-            (vec![lm(true, 1, 100, 0), lm(true, 0, 10, 0), lm(true, 0, 5, 0)], vec![]),
-            (vec![lm(true, 0, 10, 0), lm(true, 0, 50, 0), lm(true, 0, 50, 0)], vec![]),
-            (vec![lm(true, 0, 50, 2), lm(true, 0, 10, 1), lm(false, 0, 99, 0)], vec![]),
-            (vec![lm(true, 0, 9, 0), lm(true, 0, 9, 0), lm(true, 0, 9, 0)], vec![0]),
-            (vec![lm(true, 0, 9, 0), lm(false, 0, 9, 0), lm(true, 0, 9, 0)], vec![0, 2]),
+            (
+                vec![lm(true, 1, 100, 0), lm(true, 0, 10, 0), lm(true, 0, 5, 0)],
+                vec![],
+            ),
+            (
+                vec![lm(true, 0, 10, 0), lm(true, 0, 50, 0), lm(true, 0, 50, 0)],
+                vec![],
+            ),
+            (
+                vec![lm(true, 0, 50, 2), lm(true, 0, 10, 1), lm(false, 0, 99, 0)],
+                vec![],
+            ),
+            (
+                vec![lm(true, 0, 9, 0), lm(true, 0, 9, 0), lm(true, 0, 9, 0)],
+                vec![0],
+            ),
+            (
+                vec![lm(true, 0, 9, 0), lm(false, 0, 9, 0), lm(true, 0, 9, 0)],
+                vec![0, 2],
+            ),
         ];
         for (loads, ex) in cases {
             assert_eq!(
