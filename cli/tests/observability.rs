@@ -253,6 +253,8 @@ const GATEWAY: &[(&str, Kind, f64)] = &[
     ("vlm_gateway_request_duration_seconds", Kind::Histogram, 1.0),
     ("vlm_gateway_prompt_tokens_total", Kind::Counter, 1.0),
     ("vlm_gateway_completion_tokens_total", Kind::Counter, 1.0),
+    ("vlm_gateway_cached_prompt_tokens_total", Kind::Counter, 0.0),
+    ("vlm_gateway_lm_routes_total", Kind::Counter, 1.0),
 ];
 
 /// What is wrong with `m` against `table` (empty when all is well).

@@ -78,7 +78,8 @@ KNOWN_METRICS = {
     "vlm_gateway_requests_total", "vlm_gateway_queue_depth", "vlm_gateway_in_flight",
     "vlm_gateway_admission_refusals_total", "vlm_gateway_time_to_first_token_seconds",
     "vlm_gateway_request_duration_seconds", "vlm_gateway_prompt_tokens_total",
-    "vlm_gateway_completion_tokens_total",
+    "vlm_gateway_completion_tokens_total", "vlm_gateway_cached_prompt_tokens_total",
+    "vlm_gateway_lm_routes_total",
 }
 HISTOGRAMS = {
     "vlm_vision_encode_seconds", "vlm_vision_padding_fraction",

@@ -6,7 +6,7 @@ use crate::admission::{Admission, Permit};
 use crate::client::{lm_request, ClientError};
 use crate::error::GatewayError;
 use crate::metrics as m;
-use crate::routing::{Lease, Router};
+use crate::routing::{Lease, PrefixKey, Router};
 use crate::stream::TextStream;
 use crate::validation::{ChatRequest, ValidRequest, Validator};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,8 +104,16 @@ impl Core {
         );
         metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(valid.prompt_tokens() as u64);
         let span = tracing::info_span!(parent: &parent, "generate", request_id = %request_id);
+        let key = i.router.prefix_block_len().and_then(|block_len| {
+            PrefixKey::first_block(
+                &valid.input_ids,
+                i.validator.tokenizer().image_pad_id(),
+                valid.images.iter().map(|im| (&im.content_hash, im.tokens)),
+                block_len,
+            )
+        });
         let (lm, stream, first) = self
-            .open(&request_id, &valid)
+            .open(&request_id, &valid, key.as_ref())
             .instrument_span(span.clone())
             .await?;
         tracing::debug!(lm = %lm.addr, "first event");
@@ -135,15 +143,26 @@ impl Core {
         &self,
         request_id: &str,
         valid: &ValidRequest,
+        key: Option<&PrefixKey>,
     ) -> Result<(Lease, tonic::Streaming<TokenEvent>, TokenEvent), GatewayError> {
         let router = &self.inner.router;
         let mut tried: Vec<String> = Vec::new();
         let mut last: Option<ClientError> = None;
-        for _attempt in 0..2 {
-            let lm = match router.pick_lm(&tried) {
-                Ok(l) => l,
+        for attempt in 0..2 {
+            let pick = match router.pick_lm(&tried, key) {
+                Ok(p) => p,
                 Err(e) => return Err(last.map(GatewayError::from).unwrap_or(e)),
             };
+            tracing::debug!(
+                request_id,
+                attempt,
+                lm = %pick.lease.addr,
+                route = pick.route.label(),
+                passed_over = pick.passed_over.as_deref().unwrap_or(""),
+                "LM replica chosen"
+            );
+            metrics::counter!(m::LM_ROUTES_TOTAL, "route" => pick.route.label()).increment(1);
+            let lm = pick.lease;
             let vision = router.pick_vision()?;
             let req = lm_request(request_id, valid, vision.endpoint());
             // The vision lease counts until the first token: the images are encoded by then.
@@ -268,6 +287,7 @@ impl Pump {
         m::request_finished(status);
         metrics::counter!(m::COMPLETION_TOKENS_TOTAL)
             .increment(self.usage.completion_tokens as u64);
+        metrics::counter!(m::CACHED_PROMPT_TOKENS_TOTAL).increment(self.usage.cached_tokens as u64);
         metrics::histogram!(m::REQUEST_DURATION_SECONDS)
             .record(self.arrived.elapsed().as_secs_f64());
     }
@@ -281,6 +301,11 @@ impl Pump {
                 .record((now - self.arrived).as_secs_f64());
         }
         self.usage.completion_tokens += ev.token_ids.len() as u32;
+        // Every LM event carries its cumulative usage: its latest cached count stands. The
+        // other counts are the gateway's own (it ends streams at stop strings).
+        if let Some(u) = &ev.usage {
+            self.usage.cached_tokens = u.cached_tokens;
+        }
         let d = self.text.push(&ev.token_ids)?;
         if d.stopped {
             return Ok((
@@ -330,5 +355,62 @@ trait InstrumentSpan: Sized {
 impl<F: std::future::Future> InstrumentSpan for F {
     fn instrument_span(self, span: tracing::Span) -> tracing::instrument::Instrumented<Self> {
         tracing::Instrument::instrument(self, span)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vlm_proto::v1 as pb;
+
+    fn pump(prompt_tokens: u32) -> Pump {
+        let tok =
+            vlm_tokenizer::ChatTokenizer::from_dir(&crate::validation::tests::tiny_dir()).unwrap();
+        Pump {
+            text: TextStream::new(&tok, Vec::new()),
+            usage: Usage {
+                prompt_tokens,
+                image_tokens: 0,
+                completion_tokens: 0,
+                cached_tokens: 0,
+            },
+            max_tokens: 10,
+            arrived: Instant::now(),
+            first_token_at: None,
+        }
+    }
+
+    fn event(token_ids: Vec<u32>, finish: Option<Finish>, cached: Option<u32>) -> TokenEvent {
+        TokenEvent {
+            token_ids,
+            finish_reason: Finish::to_wire(finish),
+            usage: cached.map(|cached_tokens| pb::Usage {
+                prompt_tokens: 96,
+                image_tokens: 0,
+                completion_tokens: 1,
+                cached_tokens,
+            }),
+        }
+    }
+
+    #[test]
+    fn the_lms_cached_tokens_reach_every_delta() {
+        let mut p = pump(96);
+        let (d, end) = p.on_event(event(vec![5], None, Some(64))).unwrap();
+        assert!(!end);
+        assert_eq!(d.usage.cached_tokens, 64);
+        assert_eq!((d.usage.prompt_tokens, d.usage.completion_tokens), (96, 1));
+        // An event without usage keeps the last count; the last delta carries it.
+        let (d, _) = p
+            .on_event(event(vec![6], Some(Finish::Stop), None))
+            .unwrap();
+        assert_eq!(d.finish, Some(Finish::Stop));
+        assert_eq!(d.usage.cached_tokens, 64);
+        assert_eq!(d.usage.completion_tokens, 2);
+        // A later count (the LM recomputed part of the prompt) replaces it.
+        let mut p = pump(96);
+        p.on_event(event(vec![5], None, Some(64))).unwrap();
+        let (d, _) = p.on_event(event(vec![6], None, Some(32))).unwrap();
+        assert_eq!(d.usage.cached_tokens, 32);
     }
 }

@@ -81,7 +81,13 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         .unwrap_or_else(|| "model".into());
     let limits = Limits::from_config(&cfg.deploy, cfg.max_images, cfg.max_body_bytes);
     let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id);
-    let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing);
+    // Prefix routing only pays when the LMs cache prefixes; their blocks are
+    // `kvcache_partition_len` tokens (the gateway reads the same deployment config).
+    let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing).with_prefix_routing(
+        cfg.deploy
+            .prefix_caching
+            .then_some(cfg.deploy.kvcache_partition_len),
+    );
     let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
     let grpc = server::bind_grpc(cfg.listen)
         .await

@@ -79,6 +79,11 @@ struct Args {
     /// How often replicas are polled for health and load, in milliseconds.
     #[arg(long, env = "VLM_GATEWAY_POLL_MS", default_value_t = 500)]
     poll_ms: u64,
+    /// Prefix routing: a request's preferred LM replica (the one its first KV block hashes to)
+    /// is passed over for the least-loaded one when it has more than this many requests open
+    /// from this gateway beyond that one (or it has requests waiting and another has none).
+    #[arg(long, env = "VLM_GATEWAY_PREFIX_BUSY_MARGIN", default_value_t = 4)]
+    prefix_busy_margin: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -121,6 +126,7 @@ fn main() -> anyhow::Result<()> {
         },
         routing: RoutingOptions {
             poll_interval: Duration::from_millis(a.poll_ms.max(10)),
+            prefix_busy_margin: a.prefix_busy_margin,
             ..Default::default()
         },
     };

@@ -7,6 +7,8 @@ pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "vlm_gateway_time_to_first_token_s
 pub const REQUEST_DURATION_SECONDS: &str = "vlm_gateway_request_duration_seconds";
 pub const PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_prompt_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "vlm_gateway_completion_tokens_total";
+pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_cached_prompt_tokens_total";
+pub const LM_ROUTES_TOTAL: &str = "vlm_gateway_lm_routes_total";
 
 /// Registers every metric with a description, so `/metrics` lists them before the first request.
 pub fn describe() {
@@ -30,10 +32,23 @@ pub fn describe() {
         "Prompt tokens of admitted requests, images included"
     );
     metrics::describe_counter!(COMPLETION_TOKENS_TOTAL, "Tokens generated");
+    metrics::describe_counter!(
+        CACHED_PROMPT_TOKENS_TOTAL,
+        "Prompt tokens the LMs read from their prefix cache"
+    );
+    metrics::describe_counter!(
+        LM_ROUTES_TOTAL,
+        "LM replica choices, by route: prefix (the prompt's first KV block's replica), \
+         prefix_busy (that replica was busy), load (no full first block, or prefix caching off)"
+    );
     metrics::gauge!(QUEUE_DEPTH).set(0.0);
     metrics::gauge!(IN_FLIGHT).set(0.0);
     metrics::counter!(PROMPT_TOKENS_TOTAL).increment(0);
     metrics::counter!(COMPLETION_TOKENS_TOTAL).increment(0);
+    metrics::counter!(CACHED_PROMPT_TOKENS_TOTAL).increment(0);
+    for route in ["prefix", "prefix_busy", "load"] {
+        metrics::counter!(LM_ROUTES_TOTAL, "route" => route).increment(0);
+    }
     for reason in ["queue_full", "kv_budget", "draining"] {
         metrics::counter!(ADMISSION_REFUSALS_TOTAL, "reason" => reason).increment(0);
     }

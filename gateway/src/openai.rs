@@ -318,11 +318,14 @@ fn finish_reason(f: Finish) -> &'static str {
     }
 }
 
-fn usage_json(u: Usage) -> Value {
+/// OpenAI's `usage` object; `prompt_tokens_details.cached_tokens` are the prompt tokens the LM
+/// read from its prefix cache (always present, 0 on a miss, as OpenAI sends it).
+pub fn usage_json(u: Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
     })
 }
 
@@ -446,15 +449,26 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             Err(e) => return e.into_response(),
         }
     }
-    axum::Json(json!({
+    axum::Json(completion_json(&id, &model, created, &text, finish, usage)).into_response()
+}
+
+/// The body of a non-streamed completion.
+pub fn completion_json(
+    id: &str,
+    model: &str,
+    created: u64,
+    text: &str,
+    finish: Option<Finish>,
+    usage: Usage,
+) -> Value {
+    json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish.map(finish_reason)}],
         "usage": usage_json(usage),
-    }))
-    .into_response()
+    })
 }
 
 #[cfg(test)]
@@ -484,7 +498,7 @@ mod tests {
             prompt_tokens: 10,
             image_tokens: 4,
             completion_tokens: 3,
-            cached_tokens: 0,
+            cached_tokens: 8,
         };
         let last = Delta {
             text: String::new(),
@@ -497,9 +511,32 @@ mod tests {
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(
             v["usage"],
-            json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13})
+            json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                   "prompt_tokens_details": {"cached_tokens": 8}})
         );
         assert_eq!(SSE_DONE, "data: [DONE]\n\n");
+    }
+
+    #[test]
+    fn completion_body_reports_cached_prompt_tokens() {
+        let usage = |cached_tokens| Usage {
+            prompt_tokens: 96,
+            image_tokens: 0,
+            completion_tokens: 5,
+            cached_tokens,
+        };
+        let v = completion_json("c2", "m", 9, "Hello", Some(Finish::Stop), usage(64));
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["message"]["content"], "Hello");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens": 96, "completion_tokens": 5, "total_tokens": 101,
+                   "prompt_tokens_details": {"cached_tokens": 64}})
+        );
+        // A miss is an explicit 0, as OpenAI sends it.
+        let v = completion_json("c3", "m", 9, "", Some(Finish::Length), usage(0));
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     }
 
     #[test]

@@ -2,7 +2,15 @@
 //! blocks), vision replicas by `Vision.Info` queue depth; a background task polls both every
 //! `poll_interval`, takes a replica that fails out and puts it back when it answers again, and
 //! re-resolves `dns:///name:port` sources (a Kubernetes headless Service).
+//!
+//! With prefix caching on, a request whose prompt has a full first KV block goes to the LM
+//! replica most likely to hold that block: its [`PrefixKey`] is scored against each eligible
+//! replica's address by rendezvous (highest-random-weight) hashing, so the same first block
+//! keeps landing on the same replica while the set of replicas stays, and adding or removing
+//! another replica moves only the keys that replica wins or held. A preferred replica that is
+//! busy (see [`route_lm`]) is passed over for the least-loaded one.
 use crate::error::GatewayError;
+use sha2::{Digest, Sha256};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -126,6 +134,133 @@ pub fn choose_vision(loads: &[VisionLoad]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// The routing key of a prompt: a hash of its first full KV block (its token ids and the
+/// (content hash, offset) of every image token in it), the block an LM's prefix cache would
+/// reuse first. Prompts that share it share at least that block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrefixKey([u8; 32]);
+
+impl PrefixKey {
+    /// The key of the first `block_len` tokens of `input_ids`; None when the prompt has no full
+    /// block (the LM caches full blocks only, so nothing of it could be reused). `images` are
+    /// (content hash, tokens) in prompt order: the k-th run of `image_pad_id` tokens belongs to
+    /// the k-th image, offsets counting from the image's first token.
+    pub fn first_block<'a>(
+        input_ids: &[u32],
+        image_pad_id: u32,
+        images: impl IntoIterator<Item = (&'a [u8; 32], u32)>,
+        block_len: u32,
+    ) -> Option<PrefixKey> {
+        let n = block_len as usize;
+        if n == 0 || input_ids.len() < n {
+            return None;
+        }
+        let block = &input_ids[..n];
+        let mut h = Sha256::new();
+        h.update(b"vlm-prefix-route-v1");
+        h.update(block_len.to_le_bytes());
+        for id in block {
+            h.update(id.to_le_bytes());
+        }
+        // Placeholder ids are the same for every image: what tells two blocks apart is which
+        // image (and which part of it) they cover.
+        let mut images = images.into_iter();
+        let mut current: Option<(&[u8; 32], u32)> = None;
+        let mut offset = 0u32;
+        for _ in block.iter().filter(|&&id| id == image_pad_id) {
+            let hash = loop {
+                match current {
+                    Some((hash, tokens)) if offset < tokens => break hash,
+                    _ => match images.next() {
+                        Some(next) => {
+                            current = Some(next);
+                            offset = 0;
+                        }
+                        // More placeholders than images: validation never builds such a
+                        // prompt; the token ids alone still key it.
+                        None => return Some(PrefixKey(h.finalize().into())),
+                    },
+                }
+            };
+            h.update(hash);
+            h.update(offset.to_le_bytes());
+            offset += 1;
+        }
+        Some(PrefixKey(h.finalize().into()))
+    }
+
+    /// The rendezvous weight of the replica at `addr` for this key.
+    pub fn score(&self, addr: &str) -> u64 {
+        let mut h = Sha256::new();
+        h.update(self.0);
+        h.update(addr.as_bytes());
+        let d = h.finalize();
+        u64::from_le_bytes(d[..8].try_into().expect("a SHA-256 digest has 32 bytes"))
+    }
+}
+
+/// How [`route_lm`] chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// The request's preferred replica by prefix.
+    Prefix,
+    /// The preferred replica was busy: the least-loaded one instead (which may still be it).
+    PrefixBusy { preferred: usize },
+    /// No key (prompt under one block, or prefix caching off): by load.
+    Load,
+}
+
+impl Route {
+    /// The `route` label of `vlm_gateway_lm_routes_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::Prefix => "prefix",
+            Route::PrefixBusy { .. } => "prefix_busy",
+            Route::Load => "load",
+        }
+    }
+}
+
+/// The LM replica for a request with routing key `key`: among the eligible replicas (healthy,
+/// not draining, not excluded) the one with the highest [`PrefixKey::score`] of its address
+/// (`addrs[i]` is replica `i`'s), unless it is busy: it has waiting requests while another
+/// eligible replica has none, or it has more than `busy_margin` requests opened by us beyond
+/// the least-loaded eligible replica. A busy preferred replica, and no key, fall back to
+/// [`choose_lm`].
+pub fn route_lm(
+    loads: &[LmLoad],
+    addrs: &[&str],
+    excluded: &[usize],
+    key: Option<&PrefixKey>,
+    busy_margin: usize,
+) -> Option<(usize, Route)> {
+    debug_assert_eq!(loads.len(), addrs.len());
+    let Some(key) = key else {
+        return choose_lm(loads, excluded).map(|i| (i, Route::Load));
+    };
+    let eligible = || {
+        loads
+            .iter()
+            .enumerate()
+            .filter(|(i, l)| l.healthy && !l.draining && !excluded.contains(i))
+    };
+    // Ties (two addresses with the same 64-bit weight) go to the lower address, so that every
+    // gateway agrees whatever order its list is in.
+    let (preferred, p) = eligible().max_by(|(i, _), (j, _)| {
+        key.score(addrs[*i])
+            .cmp(&key.score(addrs[*j]))
+            .then_with(|| addrs[*j].cmp(addrs[*i]))
+    })?;
+    let someone_idle = eligible().any(|(_, l)| l.waiting == 0);
+    let least_local = eligible().map(|(_, l)| l.local_in_flight).min()?;
+    let busy = (p.waiting > 0 && someone_idle)
+        || p.local_in_flight > least_local.saturating_add(busy_margin);
+    if !busy {
+        return Some((preferred, Route::Prefix));
+    }
+    choose_lm(loads, excluded).map(|i| (i, Route::PrefixBusy { preferred }))
+}
+
 struct Replica<L> {
     addr: String,
     channel: Channel,
@@ -177,6 +312,14 @@ impl Drop for Lease {
     }
 }
 
+/// An LM replica chosen for one request, and how.
+pub struct LmPick {
+    pub lease: Lease,
+    pub route: Route,
+    /// The prefix-preferred replica's address when it was busy and another was chosen.
+    pub passed_over: Option<String>,
+}
+
 #[derive(Default)]
 struct Sets {
     lm: Vec<Replica<LmLoad>>,
@@ -190,6 +333,9 @@ pub struct RoutingOptions {
     pub poll_timeout: Duration,
     /// DNS sources are re-resolved every this often.
     pub dns_interval: Duration,
+    /// A request's prefix-preferred LM replica counts as busy when it has more than this many
+    /// requests opened by this gateway beyond the least-loaded eligible replica.
+    pub prefix_busy_margin: usize,
 }
 
 impl Default for RoutingOptions {
@@ -198,6 +344,7 @@ impl Default for RoutingOptions {
             poll_interval: Duration::from_millis(500),
             poll_timeout: Duration::from_secs(2),
             dns_interval: Duration::from_secs(5),
+            prefix_busy_margin: 4,
         }
     }
 }
@@ -209,6 +356,8 @@ pub struct Router {
     lm_source: Arc<ReplicaSource>,
     vision_source: Arc<ReplicaSource>,
     opts: RoutingOptions,
+    /// Tokens per LM KV block when the LMs cache prefixes; None = route by load only.
+    prefix_block_len: Option<u32>,
     ready_tx: Arc<watch::Sender<bool>>,
 }
 
@@ -220,8 +369,21 @@ impl Router {
             lm_source: Arc::new(lm),
             vision_source: Arc::new(vision),
             opts,
+            prefix_block_len: None,
             ready_tx: Arc::new(ready_tx),
         }
+    }
+
+    /// Routes requests by their first KV block of `block_len` tokens (the LMs'
+    /// `kvcache_partition_len`) when `Some`: the LMs cache prefixes. None = by load only.
+    pub fn with_prefix_routing(mut self, block_len: Option<u32>) -> Self {
+        self.prefix_block_len = block_len.filter(|&b| b > 0);
+        self
+    }
+
+    /// The block length prefix keys are computed over; None when routing by load only.
+    pub fn prefix_block_len(&self) -> Option<u32> {
+        self.prefix_block_len
     }
 
     /// True while at least one LM and one vision replica are healthy.
@@ -329,8 +491,13 @@ impl Router {
             .send_if_modified(|v| std::mem::replace(v, ready) != ready);
     }
 
-    /// Picks an LM replica, skipping `excluded` addresses.
-    pub fn pick_lm(&self, excluded: &[String]) -> Result<Lease, GatewayError> {
+    /// Picks an LM replica for a request with routing key `key` (see [`route_lm`]), skipping
+    /// `excluded` addresses.
+    pub fn pick_lm(
+        &self,
+        excluded: &[String],
+        key: Option<&PrefixKey>,
+    ) -> Result<LmPick, GatewayError> {
         let sets = self.sets.read().unwrap_or_else(|p| p.into_inner());
         let loads: Vec<LmLoad> = sets
             .lm
@@ -340,6 +507,7 @@ impl Router {
                 ..r.load
             })
             .collect();
+        let addrs: Vec<&str> = sets.lm.iter().map(|r| r.addr.as_str()).collect();
         let ex: Vec<usize> = sets
             .lm
             .iter()
@@ -347,20 +515,25 @@ impl Router {
             .filter(|(_, r)| excluded.contains(&r.addr))
             .map(|(i, _)| i)
             .collect();
-        let i = choose_lm(&loads, &ex).ok_or_else(|| {
-            let healthy = loads.iter().filter(|l| l.healthy && !l.draining).count();
-            GatewayError::Unavailable(format!(
-                "no healthy LM replica to use ({} configured, {healthy} healthy, {} already tried)",
-                loads.len(),
-                excluded.len()
-            ))
-        })?;
+        let (i, route) = route_lm(&loads, &addrs, &ex, key, self.opts.prefix_busy_margin)
+            .ok_or_else(|| {
+                let healthy = loads.iter().filter(|l| l.healthy && !l.draining).count();
+                GatewayError::Unavailable(format!(
+                    "no healthy LM replica to use ({} configured, {healthy} healthy, {} already tried)",
+                    loads.len(),
+                    excluded.len()
+                ))
+            })?;
         let r = &sets.lm[i];
-        Ok(Lease::new(
-            r.addr.clone(),
-            r.channel.clone(),
-            r.local.clone(),
-        ))
+        let passed_over = match route {
+            Route::PrefixBusy { preferred } if preferred != i => Some(addrs[preferred].to_string()),
+            _ => None,
+        };
+        Ok(LmPick {
+            lease: Lease::new(r.addr.clone(), r.channel.clone(), r.local.clone()),
+            route,
+            passed_over,
+        })
     }
 
     pub fn pick_vision(&self) -> Result<Lease, GatewayError> {
@@ -481,6 +654,213 @@ mod tests {
         assert_eq!(choose_lm(&[], &[]), None);
     }
 
+    const PAD: u32 = 9;
+
+    fn key(ids: &[u32]) -> PrefixKey {
+        PrefixKey::first_block(ids, PAD, [], 4).unwrap()
+    }
+
+    #[test]
+    fn prefix_key_covers_the_first_full_block_only() {
+        let img_a = [1u8; 32];
+        let img_b = [2u8; 32];
+        // No full block: nothing to key on.
+        assert_eq!(PrefixKey::first_block(&[1, 2, 3], PAD, [], 4), None);
+        assert_eq!(PrefixKey::first_block(&[1, 2, 3], PAD, [], 0), None);
+        // Exactly one block, and what follows it does not matter.
+        assert_eq!(key(&[1, 2, 3, 4]), key(&[1, 2, 3, 4, 5, 6]));
+        assert_ne!(key(&[1, 2, 3, 4]), key(&[1, 2, 3, 5]));
+        // The block length is part of the key.
+        assert_ne!(
+            PrefixKey::first_block(&[1, 2, 3, 4], PAD, [], 4),
+            PrefixKey::first_block(&[1, 2, 3, 4], PAD, [], 2)
+        );
+        // Same placeholder ids, different images: different keys.
+        let ids = [1, PAD, PAD, PAD, PAD, 2];
+        let with = |imgs: &[(&[u8; 32], u32)]| {
+            PrefixKey::first_block(&ids, PAD, imgs.iter().copied(), 4).unwrap()
+        };
+        assert_ne!(with(&[(&img_a, 4)]), with(&[(&img_b, 4)]));
+        assert_eq!(with(&[(&img_a, 4)]), with(&[(&img_a, 4)]));
+        // Two images in the block: their order counts; an image past the block does not.
+        assert_ne!(
+            with(&[(&img_a, 2), (&img_b, 2)]),
+            with(&[(&img_b, 2), (&img_a, 2)])
+        );
+        let late = [1, 2, 3, 4, PAD, PAD];
+        assert_eq!(
+            PrefixKey::first_block(&late, PAD, [(&img_a, 2)], 4),
+            PrefixKey::first_block(&late, PAD, [(&img_b, 2)], 4)
+        );
+        // Which part of an image the block covers counts (offsets), not only which image:
+        // a block ending in the first 2 tokens of a 2-token image differs from one whose
+        // placeholders are the last 2 of a longer run of the same image started earlier.
+        let a = PrefixKey::first_block(&[1, 2, PAD, PAD], PAD, [(&img_a, 2)], 4);
+        let b = PrefixKey::first_block(&[1, 2, PAD, PAD], PAD, [(&img_a, 5)], 4);
+        assert_eq!(a, b, "the same tokens of the same image");
+        let c = PrefixKey::first_block(&[PAD, PAD, PAD, PAD], PAD, [(&img_a, 4)], 4);
+        let d = PrefixKey::first_block(&[PAD, PAD, PAD, PAD], PAD, [(&img_a, 2), (&img_a, 2)], 4);
+        assert_ne!(c, d, "offsets 0..4 of one image vs 0..2 twice");
+    }
+
+    fn addrs(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("10.0.0.{i}:50052")).collect()
+    }
+
+    fn refs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn the_same_key_picks_the_same_replica_whatever_the_list_order() {
+        let a = addrs(4);
+        let idle = vec![lm(true, 0, 10, 0); 4];
+        let mut won = [0usize; 4];
+        for k in 0..200u32 {
+            let key = key(&[k, k + 1, k + 2, k + 3]);
+            let (i, route) = route_lm(&idle, &refs(&a), &[], Some(&key), 4).unwrap();
+            assert_eq!(route, Route::Prefix);
+            assert_eq!(route_lm(&idle, &refs(&a), &[], Some(&key), 4).unwrap().0, i);
+            // Another gateway listing the replicas the other way round agrees.
+            let rev: Vec<String> = a.iter().rev().cloned().collect();
+            let (j, _) = route_lm(&idle, &refs(&rev), &[], Some(&key), 4).unwrap();
+            assert_eq!(rev[j], a[i]);
+            won[i] += 1;
+        }
+        // Keys spread over every replica (not all to the first, as load alone would do).
+        assert!(won.iter().all(|&w| w >= 20), "{won:?}");
+    }
+
+    #[test]
+    fn removing_an_unrelated_replica_keeps_the_choice() {
+        let a = addrs(5);
+        let idle = vec![lm(true, 0, 10, 0); 5];
+        let mut moved_to_runner_up = 0;
+        for k in 0..100u32 {
+            let key = key(&[7, k, 7, k]);
+            let (i, _) = route_lm(&idle, &refs(&a), &[], Some(&key), 4).unwrap();
+            for gone in 0..a.len() {
+                let rest: Vec<String> = a
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != gone)
+                    .map(|(_, s)| s.clone())
+                    .collect();
+                let (j, _) = route_lm(&idle[1..], &refs(&rest), &[], Some(&key), 4).unwrap();
+                if gone != i {
+                    assert_eq!(rest[j], a[i], "key {k}: removing {} moved it", a[gone]);
+                } else {
+                    // Only the keys the removed replica held move; and to where the retry
+                    // (it excluded) would go.
+                    let (r, _) = route_lm(&idle, &refs(&a), &[i], Some(&key), 4).unwrap();
+                    assert_eq!(rest[j], a[r]);
+                    moved_to_runner_up += 1;
+                }
+            }
+            // Down (unhealthy) is the same as removed.
+            let mut down = idle.clone();
+            let other = (i + 1) % a.len();
+            down[other].healthy = false;
+            assert_eq!(route_lm(&down, &refs(&a), &[], Some(&key), 4).unwrap().0, i);
+        }
+        assert_eq!(moved_to_runner_up, 100);
+    }
+
+    #[test]
+    fn a_busy_preferred_replica_falls_back_to_the_least_loaded() {
+        let a = addrs(3);
+        let k = key(&[1, 2, 3, 4]);
+        let idle = vec![lm(true, 0, 10, 0); 3];
+        let (p, _) = route_lm(&idle, &refs(&a), &[], Some(&k), 4).unwrap();
+        let (q, r) = ((p + 1) % 3, (p + 2) % 3);
+
+        // Waiting requests while another replica has none: busy.
+        let mut l = idle.clone();
+        l[p].waiting = 1;
+        l[q].free_kv_blocks = 50;
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4),
+            Some((q, Route::PrefixBusy { preferred: p }))
+        );
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4).unwrap().0,
+            choose_lm(&l, &[]).unwrap()
+        );
+        // Every replica has waiting requests: the prefix still wins.
+        for x in &mut l {
+            x.waiting = 2;
+        }
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4),
+            Some((p, Route::Prefix))
+        );
+
+        // Opened by us: up to the margin over the least loaded is fine, past it is busy.
+        let mut l = idle.clone();
+        l[p].local_in_flight = 5;
+        l[q].local_in_flight = 1;
+        l[r].local_in_flight = 3;
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4),
+            Some((p, Route::Prefix))
+        );
+        l[p].local_in_flight = 6;
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4),
+            Some((q, Route::PrefixBusy { preferred: p }))
+        );
+        // The margin is the option's.
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 8),
+            Some((p, Route::Prefix))
+        );
+        // The least loaded is counted over eligible replicas only.
+        l[q].healthy = false;
+        assert_eq!(
+            route_lm(&l, &refs(&a), &[], Some(&k), 4),
+            Some((p, Route::Prefix))
+        );
+    }
+
+    #[test]
+    fn no_key_routes_by_load_as_before() {
+        let a = addrs(3);
+        let cases: Vec<(Vec<LmLoad>, Vec<usize>)> = vec![
+            (
+                vec![lm(true, 1, 100, 0), lm(true, 0, 10, 0), lm(true, 0, 5, 0)],
+                vec![],
+            ),
+            (
+                vec![lm(true, 0, 10, 0), lm(true, 0, 50, 0), lm(true, 0, 50, 0)],
+                vec![],
+            ),
+            (
+                vec![lm(true, 0, 50, 2), lm(true, 0, 10, 1), lm(false, 0, 99, 0)],
+                vec![],
+            ),
+            (
+                vec![lm(true, 0, 9, 0), lm(true, 0, 9, 0), lm(true, 0, 9, 0)],
+                vec![0],
+            ),
+            (
+                vec![lm(true, 0, 9, 0), lm(false, 0, 9, 0), lm(true, 0, 9, 0)],
+                vec![0, 2],
+            ),
+        ];
+        for (loads, ex) in cases {
+            assert_eq!(
+                route_lm(&loads, &refs(&a), &ex, None, 4),
+                choose_lm(&loads, &ex).map(|i| (i, Route::Load)),
+                "{loads:?} excluding {ex:?}"
+            );
+        }
+        // A keyed request with every replica out: none.
+        let k = key(&[1, 2, 3, 4]);
+        let down = vec![lm(false, 0, 9, 0); 3];
+        assert_eq!(route_lm(&down, &refs(&a), &[], Some(&k), 4), None);
+        assert_eq!(route_lm(&down[..1], &refs(&a[..1]), &[], Some(&k), 4), None);
+    }
+
     #[test]
     fn vision_choice_prefers_short_queue() {
         let v = |healthy, q, f| VisionLoad {
@@ -537,13 +917,13 @@ mod tests {
         r.refresh_sources().await;
         r.poll().await;
         assert!(!*r.ready().borrow());
-        let e = r.pick_lm(&[]).err().unwrap();
+        let e = r.pick_lm(&[], None).err().unwrap();
         assert!(e.to_string().contains("no healthy LM replica"), "{e}");
         // Marked healthy by hand, then failed by a call: out again.
         r.sets.write().unwrap().lm[0].load.healthy = true;
-        assert!(r.pick_lm(&[]).is_ok());
+        assert!(r.pick_lm(&[], None).is_ok());
         r.mark_lm_failed("127.0.0.1:1");
-        assert!(r.pick_lm(&[]).is_err());
+        assert!(r.pick_lm(&[], None).is_err());
     }
 
     #[tokio::test]

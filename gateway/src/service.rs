@@ -93,3 +93,36 @@ impl pb::gateway_server::Gateway for GatewayService {
         Ok(Response::new(Box::pin(out)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vlm_service_kit::generation::Usage;
+
+    #[test]
+    fn responses_carry_the_usage_with_cached_tokens() {
+        let d = Delta {
+            text: "ok".into(),
+            token_ids: vec![3, 4],
+            finish: Some(Finish::Length),
+            usage: Usage {
+                prompt_tokens: 70,
+                image_tokens: 16,
+                completion_tokens: 2,
+                cached_tokens: 64,
+            },
+        };
+        let r = response("req-1", d);
+        assert_eq!(r.request_id, "req-1");
+        assert_eq!(r.finish_reason, pb::FinishReason::Length as i32);
+        assert_eq!(
+            r.usage,
+            Some(pb::Usage {
+                prompt_tokens: 70,
+                image_tokens: 16,
+                completion_tokens: 2,
+                cached_tokens: 64,
+            })
+        );
+    }
+}

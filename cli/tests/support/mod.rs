@@ -355,11 +355,16 @@ pub async fn wait_serving(addr: &str) {
 
 /// `--model`, `--config`, `--listen 127.0.0.1:0` (and `--metrics-listen 127.0.0.1:0`).
 pub fn service_args(listen_metrics: bool) -> Vec<String> {
+    service_args_with(&config_file(), listen_metrics)
+}
+
+/// [`service_args`] with another config file.
+pub fn service_args_with(config: &Path, listen_metrics: bool) -> Vec<String> {
     let mut a = vec![
         "--model".to_string(),
         tiny_model().display().to_string(),
         "--config".into(),
-        config_file().display().to_string(),
+        config.display().to_string(),
         "--listen".into(),
         "127.0.0.1:0".into(),
     ];
@@ -383,22 +388,26 @@ impl Cluster {
 
     /// Like [`Cluster::start`], with `env` set for all three kinds of process.
     pub async fn start_env(lms: usize, gateway_args: &[&str], env: &[(String, String)]) -> Cluster {
-        let vision = Proc::spawn_env("vision", &bin("vision-service"), &service_args(true), env);
+        Self::start_config(&config_file(), lms, gateway_args, env).await
+    }
+
+    /// Like [`Cluster::start_env`], every process reading `config` (see [`write_config`]).
+    pub async fn start_config(
+        config: &Path,
+        lms: usize,
+        gateway_args: &[&str],
+        env: &[(String, String)],
+    ) -> Cluster {
+        let args = service_args_with(config, true);
+        let vision = Proc::spawn_env("vision", &bin("vision-service"), &args, env);
         let lms: Vec<Proc> = (0..lms)
-            .map(|i| {
-                Proc::spawn_env(
-                    &format!("lm{i}"),
-                    &bin("lm-service"),
-                    &service_args(true),
-                    env,
-                )
-            })
+            .map(|i| Proc::spawn_env(&format!("lm{i}"), &bin("lm-service"), &args, env))
             .collect();
         wait_serving(&vision.addr("grpc")).await;
         for lm in &lms {
             wait_serving(&lm.addr("grpc")).await;
         }
-        let gateway = Self::gateway_env(&vision, &lms, gateway_args, env).await;
+        let gateway = Self::gateway_config(config, &vision, &lms, gateway_args, env).await;
         Cluster {
             gateway,
             lms,
@@ -417,6 +426,17 @@ impl Cluster {
         extra: &[&str],
         env: &[(String, String)],
     ) -> Proc {
+        Self::gateway_config(&config_file(), vision, lms, extra, env).await
+    }
+
+    /// A gateway reading `config`, in front of `vision` and `lms`.
+    pub async fn gateway_config(
+        config: &Path,
+        vision: &Proc,
+        lms: &[Proc],
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Proc {
         let lm_list = lms
             .iter()
             .map(|l| l.addr("grpc"))
@@ -426,7 +446,7 @@ impl Cluster {
             "--model".to_string(),
             tiny_model().display().to_string(),
             "--config".into(),
-            config_file().display().to_string(),
+            config.display().to_string(),
             "--listen".into(),
             "127.0.0.1:0".into(),
             "--http-listen".into(),
