@@ -910,4 +910,32 @@ mod tests {
         assert_eq!(s.kv().used_blocks(), 0);
         assert_eq!(s.kv().cached_free_blocks(), 2);
     }
+
+    #[test]
+    fn cancelling_a_sharer_leaves_the_shared_blocks_to_the_other() {
+        let now = Instant::now();
+        let mut s = caching(10, 4);
+        add_keyed(&mut s, 1, 9, &[1, 2]);
+        run_until_decoding(&mut s, 1, now);
+        add_keyed(&mut s, 2, 9, &[1, 2]);
+        run_until_decoding(&mut s, 2, now);
+        let shared = s.kv().table(1)[..2].to_vec();
+        assert_eq!(&s.kv().table(2)[..2], &shared[..]);
+        let held = s.kv().used_blocks();
+        // Cancelled: only its own block comes back; the shared ones stay held by 1.
+        assert!(s.finish(2));
+        assert_eq!(s.kv().used_blocks(), held - 1);
+        assert_eq!(&s.kv().table(1)[..2], &shared[..]);
+        for _ in 0..3 {
+            let p = step(&mut s, now);
+            assert_eq!(p.decode.map(|d| d.rows.len()), Some(1), "1 keeps decoding");
+        }
+        // 1 finishes too: everything free, its full blocks still cached for later.
+        s.finish(1);
+        assert_eq!(s.kv().used_blocks(), 0);
+        assert!(s.kv().cached_free_blocks() >= 2);
+        add_keyed(&mut s, 3, 9, &[1, 2]);
+        run_until_decoding(&mut s, 3, now);
+        assert_eq!(s.prefix_hit(3), Some(8));
+    }
 }
