@@ -390,7 +390,7 @@ impl Scheduler {
         let Some(m) = self.seqs.get_mut(&seq) else {
             return;
         };
-        if m.num_computed % block_len != 0 {
+        if !m.num_computed.is_multiple_of(block_len) {
             return; // mid-block: the next block is partly computed by `seq` itself
         }
         let most = (m.prefill_target().saturating_sub(1) / block_len).min(m.keys.len());

@@ -107,7 +107,7 @@ fn cached_prefix_blocks_give_the_logits_of_a_full_computation() {
     let l2 = PromptLayout::new(&turn2, &[img.grid_thw], &cfg).unwrap();
     let full_blocks = turn1.len() / BLOCK;
     assert!(
-        full_blocks >= 2 && turn1.len() % BLOCK != 0,
+        full_blocks >= 2 && !turn1.len().is_multiple_of(BLOCK),
         "{}",
         turn1.len()
     );
