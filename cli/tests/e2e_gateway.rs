@@ -15,7 +15,8 @@ use vlm_proto::v1 as pb;
 
 // ---------------------------------------------------------------- request helpers (base64)
 
-fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+/// A user message's content: each image as a `data:` URL, then the text.
+fn user_parts(images: &[Vec<u8>], text: &str) -> Vec<serde_json::Value> {
     use base64::Engine;
     let mut parts: Vec<serde_json::Value> = images
         .iter()
@@ -25,6 +26,11 @@ fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> s
         })
         .collect();
     parts.push(serde_json::json!({"type": "text", "text": text}));
+    parts
+}
+
+fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+    let parts = user_parts(images, text);
     serde_json::json!({
         "messages": [{"role": "user", "content": parts}],
         "max_tokens": max_tokens, "temperature": 0, "stream": stream
@@ -481,23 +487,15 @@ async fn a_recovered_lm_replica_is_put_back_in_rotation() {
 
 // ---------------------------------------------------------------- prefix-aware routing
 
-/// The harness's config with KV blocks of 32 tokens: a short conversation spans several.
-const PREFIX_CONFIG: &str = "\
-visual:
-  max_seq_len: [1024, 4096, 16384]
-  num_devices: 1
-  device: [0]
-  oversize: reject
-max_seq_len: 4096
-kvcache_partition_len: 32
-kvcache_num_blocks: 1024
-batch_size: 8
-decoder_batch_sizes: [1, 2, 4, 8]
-prefill_chunk_size: 128
-num_devices: 1
-device: [LM_DEVICE]
-prefix_caching: true
-";
+/// The harness's config with KV blocks of 32 tokens (a short conversation spans several) and
+/// room for them.
+fn prefix_config() -> String {
+    let c = support::CONFIG
+        .replace("kvcache_partition_len: 256", "kvcache_partition_len: 32")
+        .replace("kvcache_num_blocks: 64", "kvcache_num_blocks: 1024");
+    assert!(c.contains("partition_len: 32") && c.contains("num_blocks: 1024"));
+    c + "prefix_caching: true\n"
+}
 
 /// Requests each LM replica has started (its time-to-first-token count).
 fn lm_requests(lm_metrics: &[String]) -> Vec<f64> {
@@ -569,7 +567,7 @@ fn chat(addr: &str, messages: &serde_json::Value, stream: bool) -> (String, serd
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
     let _g = serial();
-    let config = write_config("e2e-prefix-routing.yaml", PREFIX_CONFIG);
+    let config = write_config("e2e-prefix-routing.yaml", &prefix_config());
     // Fast polls: the gateway sees the other request's blocks before turn 2.
     let c = Cluster::start_config(&config, 2, &["--poll-ms", "100"], &[]).await;
     let lm_metrics: Vec<String> = c.lms.iter().map(|l| l.addr("metrics")).collect();
@@ -593,15 +591,7 @@ async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
         ("text", Vec::new(), false),
         ("image", vec![png(64, 64, 5)], true),
     ] {
-        use base64::Engine;
-        let mut parts: Vec<serde_json::Value> = images
-            .iter()
-            .map(|d| {
-                let b64 = base64::engine::general_purpose::STANDARD.encode(d);
-                serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}})
-            })
-            .collect();
-        parts.push(serde_json::json!({"type": "text", "text": format!("({variant}) {question}")}));
+        let parts = user_parts(&images, &format!("({variant}) {question}"));
         let mut messages = serde_json::json!([
             {"role": "system", "content": "You are a careful assistant."},
             {"role": "user", "content": parts},

@@ -153,17 +153,27 @@ async fn wait_idle(
 async fn cancelled_stream_and_deadline_free_their_blocks() {
     let lm = start_lm(&batching_config());
     let mut client = lm_client(&lm).await;
-    // Caller goes away after two events.
-    let mut stream = client
-        .generate(request(text_prompt(100, 9), vec![], "", greedy(400)))
-        .await
-        .unwrap()
-        .into_inner();
-    for _ in 0..2 {
-        stream.message().await.unwrap().unwrap();
-    }
-    let busy = client.load(LoadRequest {}).await.unwrap().into_inner();
-    assert_eq!(busy.running, 1);
+    // Caller goes away after two events. The tiny model makes 400 tokens in tens of ms, and
+    // a slow reader gets them merged into few messages: when a loaded machine let it finish
+    // before the load was read, it is tried again.
+    let (stream, busy) = 'caught: {
+        for _ in 0..5 {
+            let mut stream = client
+                .generate(request(text_prompt(100, 9), vec![], "", greedy(400)))
+                .await
+                .unwrap()
+                .into_inner();
+            for _ in 0..2 {
+                stream.message().await.unwrap().unwrap();
+            }
+            let busy = client.load(LoadRequest {}).await.unwrap().into_inner();
+            if busy.running == 1 {
+                break 'caught (stream, busy);
+            }
+            wait_idle(&mut client).await;
+        }
+        panic!("the 400-token request was never seen running");
+    };
     assert!(busy.free_kv_blocks < busy.total_kv_blocks);
     assert!(busy.tokens_in_flight > 100);
     drop(stream);
@@ -576,11 +586,11 @@ fn dry_run_prints_what_it_would_hold_and_exits() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn preempted_image_prompts_recompute_to_identical_outputs() {
-    use vlm_preprocess::{preprocess_bytes, PreprocessConfig};
+/// The tiny fixtures' synthetic image as the gateway sends it (encoded, hashed, its grid), and
+/// its number of image tokens.
+fn synthetic_image() -> (LmImage, usize) {
     let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let grid = preprocess_bytes(&bytes, &PreprocessConfig::default())
+    let grid = vlm_preprocess::preprocess_bytes(&bytes, &Default::default())
         .unwrap()
         .grid_thw;
     let tokens = grid[0] * (grid[1] / 2) * (grid[2] / 2);
@@ -600,6 +610,12 @@ async fn preempted_image_prompts_recompute_to_identical_outputs() {
             expected_grid: None,
         }),
     };
+    (image, tokens)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn preempted_image_prompts_recompute_to_identical_outputs() {
+    let (image, tokens) = synthetic_image();
     let vision = start_vision();
     // 16 blocks of 16 tokens for four ~90-token image prompts generating up to 60 tokens each.
     let lm = start_lm(&json!({
@@ -661,27 +677,7 @@ async fn generate_with_usage(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_second_turn_and_a_shared_image_read_their_prefix_from_the_cache() {
-    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let grid = vlm_preprocess::preprocess_bytes(&bytes, &Default::default())
-        .unwrap()
-        .grid_thw;
-    let tokens = grid[0] * (grid[1] / 2) * (grid[2] / 2);
-    let image = LmImage {
-        content_hash: Sha256::digest(&bytes).to_vec(),
-        grid: Some(ImageGrid {
-            t: grid[0] as u32,
-            h: grid[1] as u32,
-            w: grid[2] as u32,
-        }),
-        input: Some(ImageInput {
-            source: Some(vlm_proto::image_input::Source::Encoded(EncodedImage {
-                data: bytes,
-                mime_type: String::new(),
-            })),
-            content_hash: vec![],
-            expected_grid: None,
-        }),
-    };
+    let (image, tokens) = synthetic_image();
     let vision = start_vision();
     // The same layout with the prefix cache on (the default) and off; blocks of 16 tokens.
     let config = |caching: bool| {

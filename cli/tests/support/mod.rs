@@ -109,7 +109,8 @@ pub fn tiny_model() -> PathBuf {
     .clone()
 }
 
-const CONFIG: &str = "\
+/// The harness's config (`LM_DEVICE` is filled in by [`write_config`]).
+pub const CONFIG: &str = "\
 visual:
   max_seq_len: [1024, 4096, 16384]
   num_devices: 1
