@@ -71,6 +71,7 @@ pub fn info(i: &EngineInfo) -> pb::LmInfo {
             &i.backend.device,
             &i.backend.kernels,
         )),
+        prefix_caching: i.deploy.prefix_caching,
     }
 }
 

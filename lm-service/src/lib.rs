@@ -221,6 +221,7 @@ pub async fn run(
             decode_graphs = ?d.decoder_batch_sizes,
             prefill_chunk = d.prefill_chunk_size,
             batch_size = d.batch_size,
+            prefix_caching = d.prefix_caching,
             cores = ?cores,
             backend = info.backend.backend,
             device = %info.backend.device,

@@ -222,6 +222,7 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
     );
     assert_eq!(info.vocab_size, 1000);
     assert_eq!(info.image_token_id, 993);
+    assert!(info.prefix_caching, "on by default");
     // The compute backend as it reported itself at load, with its kernel choices.
     let backend = info.backend.expect("Lm.Info names its backend");
     assert_eq!(backend.backend, "cpu");
@@ -692,6 +693,10 @@ async fn a_second_turn_and_a_shared_image_read_their_prefix_from_the_cache() {
     wait_serving(&on).await;
     wait_serving(&off).await;
     let (mut c_on, mut c_off) = (lm_client(&on).await, lm_client(&off).await);
+    for (c, want) in [(&mut c_on, true), (&mut c_off, false)] {
+        let info = c.info(LmInfoRequest {}).await.unwrap().into_inner();
+        assert_eq!(info.prefix_caching, want, "Lm.Info reports the switch");
+    }
     let ask = |ids: Vec<u32>| request(ids, vec![image.clone()], &vision.endpoint(), greedy(8));
 
     // Turn 1 misses; both replicas agree.
