@@ -109,6 +109,7 @@ pub fn info_to_proto(info: Info) -> pb::VisionInfo {
             &f.backend.device,
             &f.backend.kernels,
         )),
+        spread_lone_images: f.spread_lone_images,
     }
 }
 

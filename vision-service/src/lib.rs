@@ -44,6 +44,9 @@ pub struct Options {
     /// On shutdown, how long to keep accepting calls after reporting NOT_SERVING (so that load
     /// balancers and the gateway's health checks see it first).
     pub drain_delay: std::time::Duration,
+    /// Run an image that is alone in the pool on all of the pool's cores (CPU pools of several
+    /// cores); false: every image on one device.
+    pub spread_lone_images: bool,
 }
 
 impl Options {
@@ -59,6 +62,7 @@ impl Options {
             max_chunk_bytes: encoder::chunk::MAX_CHUNK_BYTES,
             max_request_bytes: 64 << 20,
             drain_delay: std::time::Duration::ZERO,
+            spread_lone_images: true,
         }
     }
 
@@ -181,6 +185,7 @@ impl Bound {
                 max_decode_pixels: opts.max_decode_pixels,
                 queue_capacity: opts.queue_capacity,
                 max_chunk_bytes: opts.max_chunk_bytes,
+                spread_lone_images: opts.spread_lone_images,
             };
             let vcfg = vlm_compute::Qwen3VlConfig::from_dir(&opts.model_dir)
                 .map_err(|source| ServeError::Load {

@@ -48,6 +48,10 @@ struct Args {
     /// On SIGTERM, milliseconds to keep accepting calls after reporting NOT_SERVING.
     #[arg(long, env = "VLM_VISION_DRAIN_DELAY_MS", default_value_t = 0)]
     drain_delay_ms: u64,
+    /// Run an image that is alone in the pool on all of the pool's cores (false: every image on
+    /// one device, several images side by side).
+    #[arg(long, env = "VLM_VISION_SPREAD_LONE_IMAGES", default_value_t = true, action = clap::ArgAction::Set)]
+    spread_lone_images: bool,
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
@@ -69,6 +73,7 @@ fn options(args: Args) -> anyhow::Result<Options> {
         max_chunk_bytes: args.max_chunk_bytes,
         max_request_bytes: args.max_request_bytes,
         drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
+        spread_lone_images: args.spread_lone_images,
     };
     opts.validate()?;
     Ok(opts)

@@ -116,6 +116,54 @@ async fn a_pool_of_two_devices_streams_the_same_rows() {
             "image {i} differs on a two-device pool"
         );
     }
+    // The same images one request at a time: each is alone in the pool, runs on both cores,
+    // and streams the same rows.
+    assert!(server.info().await.spread_lone_images);
+    let spread_before = spread_images(&server);
+    for (i, bytes) in pngs.iter().enumerate() {
+        let chunks = collect(&mut client, request(vec![encoded(bytes.clone())]))
+            .await
+            .expect("encode");
+        let got = reassemble(&chunks, 0);
+        let (_, _, embeds, deepstack) = oracle.encode_bytes(bytes, DType::F32);
+        assert!(
+            got.embeds == embeds && got.deepstack == deepstack,
+            "image {i} differs when spread over the pool"
+        );
+    }
+    assert_eq!(
+        spread_images(&server) - spread_before,
+        pngs.len() as f64,
+        "every lone image ran on the whole pool"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_spreading_off_a_lone_image_stays_on_one_device() {
+    if vlm_service_kit::affinity::allowed_cores().len() < 2 {
+        eprintln!("skipped: this machine lets the process use fewer than 2 cores");
+        return;
+    }
+    let server = TestServer::start(
+        SMALL_BUCKETS,
+        &["--device", "0,1", "--spread-lone-images", "false"],
+    )
+    .await;
+    assert!(!server.info().await.spread_lone_images);
+    let mut client = server.client().await;
+    collect(&mut client, request(vec![encoded(png(256, 256, 7))]))
+        .await
+        .expect("encode");
+    assert_eq!(spread_images(&server), 0.0);
+}
+
+/// `vlm_vision_spread_images_total` (0 before the first).
+fn spread_images(server: &TestServer) -> f64 {
+    server
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix("vlm_vision_spread_images_total "))
+        .map_or(0.0, |v| v.trim().parse().unwrap())
 }
 
 /// `code`, and a message containing every one of `words`.

@@ -9,12 +9,14 @@ pub mod chunk;
 pub mod plan;
 pub mod queue;
 pub mod request;
+pub mod spread;
 pub mod worker;
 
 use crate::error::{ServeError, VisionError};
 use plan::Limits;
 use queue::{Admission, JobQueue};
 use request::{Chunk, EncodeRequest, WireDtype};
+use spread::Spread;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -49,6 +51,8 @@ pub struct EncoderConfig {
     pub queue_capacity: usize,
     /// Most raw bytes per chunk (<= 1 MiB).
     pub max_chunk_bytes: usize,
+    /// Run an image that is alone in the pool on all of the pool's cores.
+    pub spread_lone_images: bool,
 }
 
 /// Facts about this replica that do not change while it runs.
@@ -70,6 +74,8 @@ pub struct StaticInfo {
     /// The compute backend (of the first device; every device runs the same), with the devices
     /// of the whole pool.
     pub backend: BackendInfo,
+    /// An image alone in the pool runs on all of its cores.
+    pub spread_lone_images: bool,
 }
 
 /// [`StaticInfo`] plus the queue right now.
@@ -112,7 +118,7 @@ impl Encoder {
             .collect::<Vec<_>>()
             .join(", ");
         let limits = Limits::new(cfg.visual.clone(), cfg.max_decode_pixels);
-        let info = StaticInfo {
+        let mut info = StaticInfo {
             model_id,
             buckets: cfg.visual.max_seq_len.clone(),
             patch_size: limits.preprocess.patch_size as u32,
@@ -130,11 +136,32 @@ impl Encoder {
             },
             queue_capacity: cfg.queue_capacity as u32,
             backend,
+            spread_lone_images: false, // set below, once the pool-wide pool exists
         };
+        let cores: Option<Vec<usize>> = devices.iter().map(|d| d.core).collect();
+        let spread = match cores {
+            Some(cores) if cfg.spread_lone_images && cores.len() > 1 => {
+                Some(Spread::new(cores).map_err(|e| {
+                    ServeError::Thread(format!("cannot build the pool-wide thread pool: {e}"))
+                })?)
+            }
+            _ => None,
+        };
+        tracing::info!(
+            spread_lone_images = spread.is_some(),
+            "an image alone in the pool runs on {}",
+            if spread.is_some() {
+                "all of the pool's cores"
+            } else {
+                "one device"
+            }
+        );
+        info.spread_lone_images = spread.is_some();
         let shared = Arc::new(Shared {
             limits,
             max_chunk_bytes: cfg.max_chunk_bytes.clamp(1, chunk::MAX_CHUNK_BYTES),
             in_flight: Default::default(),
+            spread,
         });
         let queue = Arc::new(JobQueue::default());
         let mut threads = Vec::with_capacity(devices.len());
@@ -150,6 +177,7 @@ impl Encoder {
         }
         metrics::gauge!("vlm_vision_queue_depth").set(0.0);
         metrics::gauge!("vlm_vision_images_in_flight").set(0.0);
+        metrics::counter!("vlm_vision_spread_images_total").increment(0);
         Ok(Encoder {
             inner: Arc::new(Inner {
                 admission: Admission::new(cfg.queue_capacity),

@@ -1,11 +1,13 @@
 //! Compute threads: one per device of the pool, pinned to its core, each running one image at a
 //! time through its bucket graph. Candle's and the preprocessor's data parallelism goes through
 //! a one-thread rayon pool created on (and so pinned like) the compute thread, so a pool of n
-//! cores really runs on those n cores and no others.
+//! cores really runs on those n cores and no others. An image alone in the pool runs on all of
+//! its cores instead ([`super::spread`]).
 use super::chunk::{to_chunks, ChunkHeader};
 use super::plan::{Limits, PlannedImage};
 use super::queue::{JobQueue, Permit};
 use super::request::{Chunk, WireDtype};
+use super::spread::{Mode, Spread};
 use crate::error::VisionError;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,6 +46,8 @@ pub struct Shared {
     pub limits: Limits,
     pub max_chunk_bytes: usize,
     pub in_flight: AtomicUsize,
+    /// The pool-wide run for a lone image (None: one device, or not host cores, or off).
+    pub spread: Option<Spread>,
 }
 
 /// Runs jobs from `queue` until it is closed and empty. `core` is the physical core to pin to
@@ -83,10 +87,21 @@ pub fn run(
                 encode_one(backend.as_ref(), &shared, &job)
             }))
         };
-        let result = match &pool {
-            Some(p) => p.install(work),
-            None => work(),
+        let mode = match &shared.spread {
+            Some(s) => s.gate.enter(|| queue.is_empty()),
+            None => Mode::Own,
         };
+        let result = match (mode, &shared.spread, &pool) {
+            (Mode::Spread, Some(s), _) => s.pool.install(work),
+            (_, _, Some(p)) => p.install(work),
+            _ => work(),
+        };
+        if let Some(s) = &shared.spread {
+            s.gate.leave(mode);
+        }
+        if mode == Mode::Spread {
+            metrics::counter!("vlm_vision_spread_images_total").increment(1);
+        }
         shared.in_flight.fetch_sub(1, Ordering::AcqRel);
         metrics::gauge!("vlm_vision_images_in_flight").decrement(1.0);
         let Job {
