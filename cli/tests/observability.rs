@@ -223,6 +223,7 @@ const VISION: &[(&str, Kind, f64)] = &[
     ("vlm_vision_queue_depth", Kind::Gauge, 0.0),
     ("vlm_vision_images_in_flight", Kind::Gauge, 0.0),
     ("vlm_vision_requests_total", Kind::Counter, 1.0),
+    ("vlm_vision_spread_images_total", Kind::Counter, 0.0),
 ];
 const LM: &[(&str, Kind, f64)] = &[
     ("vlm_lm_time_to_first_token_seconds", Kind::Histogram, 1.0),
@@ -239,6 +240,13 @@ const LM: &[(&str, Kind, f64)] = &[
     // The image was new to the LM.
     ("vlm_lm_embedding_cache_misses_total", Kind::Counter, 1.0),
     ("vlm_lm_generated_tokens_total", Kind::Counter, 1.0),
+    (
+        "vlm_lm_prefix_cache_prompt_tokens_total",
+        Kind::Counter,
+        1.0,
+    ),
+    ("vlm_lm_prefix_cache_hit_tokens_total", Kind::Counter, 0.0),
+    ("vlm_lm_kv_blocks_cached", Kind::Gauge, 0.0),
 ];
 const GATEWAY: &[(&str, Kind, f64)] = &[
     ("vlm_gateway_requests_total", Kind::Counter, 1.0),

@@ -68,10 +68,13 @@ KNOWN_METRICS = {
     # vision
     "vlm_vision_encode_seconds", "vlm_vision_images_total", "vlm_vision_padding_fraction",
     "vlm_vision_queue_depth", "vlm_vision_images_in_flight", "vlm_vision_requests_total",
+    "vlm_vision_spread_images_total",
     # lm
     "vlm_lm_time_to_first_token_seconds", "vlm_lm_time_per_output_token_seconds",
     "vlm_lm_running", "vlm_lm_waiting", "vlm_lm_kv_blocks_used", "vlm_lm_kv_blocks_free",
     "vlm_lm_decode_steps_total", "vlm_lm_preemptions_total",
+    "vlm_lm_prefix_cache_prompt_tokens_total", "vlm_lm_prefix_cache_hit_tokens_total",
+    "vlm_lm_kv_blocks_cached",
     "vlm_lm_embedding_cache_hits_total", "vlm_lm_embedding_cache_misses_total",
     "vlm_lm_generated_tokens_total",
     # gateway

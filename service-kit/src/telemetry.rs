@@ -65,15 +65,24 @@ pub fn init(service: &'static str) -> TelemetryGuard {
     );
     let filter = || EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let json = std::env::var("VLM_LOG_FORMAT").is_ok_and(|v| v.eq_ignore_ascii_case("json"));
+    // VLM_LOG_SPANS=1: one line per closed span with its busy and idle time (a per-phase
+    // profile of requests, no collector needed).
+    let spans = if std::env::var("VLM_LOG_SPANS").is_ok_and(|v| v == "1") {
+        fmt::format::FmtSpan::CLOSE
+    } else {
+        fmt::format::FmtSpan::NONE
+    };
     let fmt_layer = if json {
         fmt::layer()
             .json()
             .with_current_span(true)
+            .with_span_events(spans)
             .with_filter(filter())
             .boxed()
     } else {
         fmt::layer()
             .with_target(false)
+            .with_span_events(spans)
             .with_filter(filter())
             .boxed()
     };

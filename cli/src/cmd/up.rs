@@ -1,10 +1,11 @@
 //! `vlm up`: the whole system on this machine. Starts vision-service, lm-service and gateway as
-//! child processes on loopback with disjoint core pools, waits until all three report SERVING,
+//! child processes on loopback, waits until all three report SERVING,
 //! prints the addresses, and on Ctrl-C (or SIGTERM) drains them (SIGTERM to each child).
 //!
 //! Without `--model` it uses the tiny random checkpoint, made once and cached under
 //! `$XDG_CACHE_HOME/vlm/tiny-s0` (or `~/.cache/vlm/tiny-s0`). Without `--config` it runs the
-//! embedded `config/examples/local.yaml`, with the cores split between vision and LM.
+//! embedded `config/examples/local.yaml` on [`default_layout`]'s cores (shared by vision and LM
+//! on a small machine, disjoint halves from four cores on), and says which at start.
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -77,16 +78,93 @@ pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Splits the cores this process may use into (vision, lm) device lists.
-pub fn split_cores() -> (Vec<u32>, Vec<u32>) {
-    let n = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1) as u32;
-    if n < 2 {
-        return (vec![0], vec![0]);
+/// Below this many cores, the default layout shares every core between vision and LM.
+pub const SHARED_BELOW_CORES: u32 = 4;
+
+/// The default layout's (vision, lm) device lists over the `n` cores this process may use, and
+/// a line saying what it is. Under [`SHARED_BELOW_CORES`] both parts get every core: a request
+/// is ViT then prefill then decode, so each phase then runs on all the cores (the vision
+/// service spreads a lone image over its pool), and on two cores that measured faster than one
+/// core each on every request kind (README, "Performance"). From there on, disjoint halves,
+/// as the parts scale on Kubernetes.
+pub fn default_layout(n: u32) -> (Vec<u32>, Vec<u32>, String) {
+    let n = n.max(1);
+    let all: Vec<u32> = (0..n).collect();
+    if n < SHARED_BELOW_CORES {
+        let line = format!(
+            "layout: vision and LM share cores {} (under {SHARED_BELOW_CORES} cores each phase of \
+             a request runs on all of them); a --config with disjoint `device` lists splits them",
+            join(&all)
+        );
+        return (all.clone(), all, line);
     }
-    let vision = (n / 2).max(1);
-    ((0..vision).collect(), (vision..n).collect())
+    let vision = n / 2;
+    let (v, l) = (
+        all[..vision as usize].to_vec(),
+        all[vision as usize..].to_vec(),
+    );
+    let line = format!(
+        "layout: vision on cores {}, LM on cores {} (disjoint pools, as on Kubernetes)",
+        join(&v),
+        join(&l)
+    );
+    (v, l, line)
+}
+
+/// The checkpoint's weight dtype from its config.json (`torch_dtype`, or `dtype` as newer
+/// transformers write it, at the top or in `text_config`); `None` when it says none.
+fn checkpoint_dtype(model: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(model.join("config.json")).ok()?;
+    let c: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let pick = |v: &serde_json::Value| {
+        ["torch_dtype", "dtype"]
+            .iter()
+            .find_map(|k| v.get(*k).and_then(|d| d.as_str()).map(str::to_string))
+    };
+    pick(&c).or_else(|| c.get("text_config").and_then(pick))
+}
+
+/// Whether this CPU runs bf16 products natively (AVX512-BF16).
+fn cpu_has_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// The embedded config for `model`, and a line saying which compute dtype it runs. A bf16
+/// checkpoint runs in bf16 (both parts) on a CPU with AVX512-BF16, the fast path there, as
+/// vLLM's `--dtype auto` would; anything else keeps the config's default, f32 (exact; and on a
+/// CPU without native bf16 products, the faster of the two).
+pub fn default_config(model: &Path) -> (String, String) {
+    let weights = checkpoint_dtype(model);
+    let bf16 = matches!(weights.as_deref(), Some("bfloat16" | "bf16"));
+    if bf16 && cpu_has_bf16() {
+        let text = LOCAL_CONFIG
+            .replacen("visual:\n", "visual:\n  dtype: bf16\n", 1)
+            .replace("\nmax_seq_len:", "\ndtype: bf16\nmax_seq_len:");
+        return (
+            text,
+            "dtype: bf16 for both parts (a bf16 checkpoint on a CPU with AVX512-BF16)".into(),
+        );
+    }
+    let why = match (bf16, weights) {
+        (true, _) => "this CPU has no AVX512-BF16: bf16 products would be emulated".to_string(),
+        (false, Some(w)) => format!("the checkpoint's weights are {w}"),
+        (false, None) => "the checkpoint names no dtype".to_string(),
+    };
+    (LOCAL_CONFIG.to_string(), format!("dtype: f32 ({why})"))
+}
+
+/// The cores this process may use.
+fn available_cores() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1) as u32
 }
 
 fn join(ids: &[u32]) -> String {
@@ -265,8 +343,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         None => {
             let p = cache_dir().join("local.yaml");
             std::fs::create_dir_all(cache_dir())?;
-            std::fs::write(&p, LOCAL_CONFIG).with_context(|| format!("writing {}", p.display()))?;
-            (p, Some(split_cores()))
+            let (text, dtype_line) = default_config(&model);
+            eprintln!("{dtype_line}");
+            std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+            let (v, l, line) = default_layout(available_cores());
+            eprintln!("{line}");
+            (p, Some((v, l)))
         }
     };
     let timeout = Duration::from_secs(args.ready_timeout_s);
@@ -378,4 +460,54 @@ async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = tokio::signal::ctrl_c().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_machines_share_every_core_and_larger_ones_split_in_halves() {
+        for n in [1, 2, 3] {
+            let (v, l, line) = default_layout(n);
+            let all: Vec<u32> = (0..n).collect();
+            assert_eq!((&v, &l), (&all, &all), "{n} cores");
+            assert!(line.contains("share"), "{line}");
+        }
+        let (v, l, line) = default_layout(4);
+        assert_eq!((v, l), (vec![0, 1], vec![2, 3]));
+        assert!(line.contains("disjoint"), "{line}");
+        let (v, l, _) = default_layout(7);
+        assert_eq!((v, l), (vec![0, 1, 2], vec![3, 4, 5, 6]));
+    }
+
+    #[test]
+    fn a_bf16_checkpoint_runs_in_bf16_where_the_cpu_has_native_bf16() {
+        let dir = std::env::temp_dir().join(format!("vlm-up-dtype-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let parse = |text: &str| {
+            let p = dir.join("c.yaml");
+            std::fs::write(&p, text).unwrap();
+            vlm_config::DeployConfig::from_path(&p).unwrap().config
+        };
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"text_config": {"dtype": "bfloat16"}}"#,
+        )
+        .unwrap();
+        let (text, line) = default_config(&dir);
+        let c = parse(&text);
+        if cpu_has_bf16() {
+            assert_eq!(c.dtype, vlm_config::Dtype::Bf16, "{line}");
+            assert_eq!(c.visual.dtype, vlm_config::Dtype::Bf16);
+        } else {
+            assert_eq!(c.dtype, vlm_config::Dtype::F32, "{line}");
+            assert!(line.contains("AVX512-BF16"), "{line}");
+        }
+        std::fs::write(dir.join("config.json"), r#"{"torch_dtype": "float32"}"#).unwrap();
+        let (text, line) = default_config(&dir);
+        assert_eq!(parse(&text).dtype, vlm_config::Dtype::F32);
+        assert!(line.contains("float32"), "{line}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

