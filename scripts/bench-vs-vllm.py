@@ -73,6 +73,9 @@ class Server:
             if self.proc.poll() is not None:
                 raise SystemExit(f"{self.name} exited with {self.proc.returncode} while starting")
             try:
+                # /health is 200 only once the server can answer (our gateway lists its
+                # model before its LM and vision replicas are healthy).
+                urllib.request.urlopen(f"http://{self.http}/health", timeout=5).close()
                 with urllib.request.urlopen(f"http://{self.http}/v1/models", timeout=5) as r:
                     self.model = json.load(r)["data"][0]["id"]
                     return

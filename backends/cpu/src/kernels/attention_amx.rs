@@ -13,6 +13,7 @@
 //! Same math as the unfused path (`vision::engine::attention_bf16`): q rounded to bf16, scores
 //! in f32, p = exp(s - m) rounded to bf16 (the sum `l` over the f32 values), output / l at
 //! the end.
+use super::aligned::AlignedU16;
 use super::amx::{TILE_PAIRS, TILE_ROWS};
 use super::bf16_gemm::BView;
 use super::packed::NR;
@@ -46,13 +47,14 @@ pub fn supported(amx: bool, rows: usize, hd: usize) -> bool {
 /// group row), one group's scores, p and p·v partial sums.
 #[derive(Default)]
 struct Scratch {
-    q: Vec<u16>,
+    /// 64-byte aligned (q and p are tile-loaded, see `aligned`).
+    q: AlignedU16,
     o: Vec<f32>,
     m: Vec<f32>,
     l: Vec<f32>,
     corr: Vec<f32>,
     s: Vec<f32>,
-    p: Vec<u16>,
+    p: AlignedU16,
     pv: Vec<f32>,
 }
 
@@ -88,13 +90,13 @@ pub unsafe fn attend(
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         let s = &mut *s;
-        fit(&mut s.q, rows_p * hd);
+        fit_aligned(&mut s.q, rows_p * hd);
         fit(&mut s.o, rows_p * hd);
         fit(&mut s.m, rows_p);
         fit(&mut s.l, rows_p);
         fit(&mut s.corr, GROUP);
         fit(&mut s.s, GROUP * LS);
-        fit(&mut s.p, GROUP * LP);
+        fit_aligned(&mut s.p, GROUP * LP);
         fit(&mut s.pv, GROUP * hd);
         for r in 0..rows_p {
             let dst = &mut s.q[r * hd..(r + 1) * hd];
@@ -204,6 +206,12 @@ pub unsafe fn attend(
 fn fit<T: Default + Clone>(v: &mut Vec<T>, len: usize) {
     if v.len() < len {
         v.resize(len, T::default());
+    }
+}
+
+fn fit_aligned(v: &mut AlignedU16, len: usize) {
+    if v.len() < len {
+        v.resize(len);
     }
 }
 

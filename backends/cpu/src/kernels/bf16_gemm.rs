@@ -11,6 +11,7 @@
 //! the rows of the block, so a panel is read from memory once per task and then from L1/L2.
 //! Each C element is a sum over the inner pairs in one fixed order whatever `m`, the task split or
 //! the thread count is: one sequence decoded alone or in a batch gets bit-identical results.
+use super::aligned::AlignedU16;
 use super::amx::{TILE_PAIRS, TILE_ROWS};
 use super::packed::{bf16_bits, PackedB, NR};
 use super::ptr::SendPtr;
@@ -141,12 +142,13 @@ impl PackedB {
 struct AScratch {
     call: u64,
     block: usize,
-    data: Vec<u16>,
+    /// 64-byte aligned, rows a whole number of lines apart: the tiles load A's rows whole.
+    data: AlignedU16,
 }
 
 thread_local! {
     static A_SCRATCH: RefCell<AScratch> = const {
-        RefCell::new(AScratch { call: u64::MAX, block: 0, data: Vec::new() })
+        RefCell::new(AScratch { call: u64::MAX, block: 0, data: AlignedU16::new() })
     };
 }
 
@@ -229,9 +231,10 @@ unsafe fn gemm_any(
         return;
     }
     let kp = 2 * b.pairs;
-    // Scratch row stride: one cache line more than the row, so the 12 rows a tile reads do not
-    // all fall in the same L1 set when k is a power of two.
-    let lda_s = kp + 32;
+    // Scratch row stride: one cache line more than the row (so the rows a tile reads do not
+    // all fall in the same L1 set when k is a power of two), in whole lines (so each row
+    // starts on one: see `aligned`).
+    let lda_s = (kp + 32).next_multiple_of(32);
     let amx = b.amx;
     // Rows per block: as many as fit the budget, then evened out over the blocks needed (a
     // multiple of the tile height), so that no block is a thin remainder.
@@ -266,14 +269,20 @@ unsafe fn gemm_any(
                 let (a16, lda16) = match a_src {
                     // bf16 rows are read where they are, unless the tiles would read past A's
                     // last row (a partial last group): then they are copied like f32 rows.
-                    ASource::Bf16(a, lda) if !amx || rows.is_multiple_of(AMX_ROWS) => {
+                    // On AMX they must also start on cache lines (see `aligned`).
+                    ASource::Bf16(a, lda)
+                        if !amx
+                            || (rows.is_multiple_of(AMX_ROWS)
+                                && (a as usize).is_multiple_of(64)
+                                && lda.is_multiple_of(32)) =>
+                    {
                         (a.add(r0 * lda), lda)
                     }
                     _ => {
                         if s.call != call || s.block != blk {
                             (s.call, s.block) = (call, blk);
                             if s.data.len() < scratch_rows * lda_s {
-                                s.data.resize(scratch_rows * lda_s, 0);
+                                s.data.resize(scratch_rows * lda_s);
                             }
                             for r in 0..rows {
                                 let dst = &mut s.data[r * lda_s..r * lda_s + kp];

@@ -6,6 +6,7 @@
 //! Same math as `vlm_model::text::paged_attention::attend` (reference `eager_attention_forward` with the causal mask),
 //! at the reference's bf16 precision; candle's f32 form ran at ~35 GFLOP/s here, this at the
 //! kernel's rate.
+use crate::kernels::aligned::AlignedU16;
 use crate::kernels::bf16_gemm::{gemm, BView};
 use crate::kernels::packed::{pack_column, pack_inner_row, PackElem, PackedB};
 use crate::kernels::softmax::softmax_scaled;
@@ -17,9 +18,9 @@ use vlm_model::text::CacheGeometry;
 const Q_TILE: usize = 128;
 
 thread_local! {
-    /// Packed K, packed V, scores.
-    static SCRATCH: RefCell<(Vec<u16>, Vec<u16>, Vec<f32>)> =
-        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+    /// Packed K, packed V (64-byte aligned for the tiles, see `aligned`), scores.
+    static SCRATCH: RefCell<(AlignedU16, AlignedU16, Vec<f32>)> =
+        const { RefCell::new((AlignedU16::new(), AlignedU16::new(), Vec::new())) };
 }
 
 /// q: (n, heads, hd) of cache indices start..start+n of the sequence with block table `table`
@@ -49,10 +50,10 @@ pub fn chunk_attention<T: PackElem>(
             let mut s = s.borrow_mut();
             let (kp, vp, scores) = &mut *s;
             let (klen, vlen) = (PackedB::len_for(total, hd), PackedB::len_for(hd, total));
-            kp.clear();
-            kp.resize(klen, 0);
-            vp.clear();
-            vp.resize(vlen, 0);
+            kp.resize(0);
+            kp.resize(klen);
+            vp.resize(0);
+            vp.resize(vlen);
             for t in 0..total {
                 let at = geo.offset(table, kvh, t);
                 pack_column(kp, hd, t, &k_cache[at..at + hd]);

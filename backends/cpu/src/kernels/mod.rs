@@ -3,6 +3,7 @@
 //! paged attention forms (chunked prefill, decode), the ViT's fused AMX attention, the softmax
 //! and the vector and elementwise passes. Which of them runs is decided once, at load, from the
 //! backend's options ([`crate::CpuOptions`]); nothing here reads the environment.
+pub mod aligned;
 pub mod amx;
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub mod attention_amx;
@@ -19,6 +20,7 @@ pub mod tiled;
 pub mod vec;
 pub mod vit_ops;
 
+pub use aligned::{Aligned, AlignedU16};
 pub use bf16_gemm::{available as bf16_dot_available, BView};
 pub use candle_op::matmul_packed;
 pub use packed::PackedB;

@@ -6,6 +6,7 @@
 //!
 //! Columns past `n` and the odd tail of the inner dimension are zero, so the kernel never
 //! branches on them. Weights are packed once at load; attention packs K and V per layer.
+use super::aligned::AlignedU16;
 use half::bf16;
 
 /// Output columns per panel: two 16-lane vectors.
@@ -39,7 +40,8 @@ impl PackElem for bf16 {
 pub struct PackedB {
     n: usize,
     k: usize,
-    data: Vec<u16>,
+    /// 64-byte aligned: the AMX tiles load each panel's rows whole (see `aligned`).
+    data: AlignedU16,
     /// Products with this B run on AMX tiles (the backend's option), see [`BView::with_amx`].
     ///
     /// [`BView::with_amx`]: super::bf16_gemm::BView::with_amx
@@ -86,7 +88,7 @@ impl PackedB {
     /// Packs B given as its transpose's rows: `rows[j * ld + i]` = B(i, j) for j < n, i < k —
     /// a linear layer's (out, in) weight, or attention's K (keys, head_dim).
     pub fn from_rows<T: PackElem>(rows: &[T], n: usize, k: usize, ld: usize) -> PackedB {
-        let mut data = vec![0u16; Self::len_for(n, k)];
+        let mut data = AlignedU16::zeroed(Self::len_for(n, k));
         pack_rows_into(&mut data, rows, n, k, ld);
         PackedB {
             n,
@@ -119,9 +121,11 @@ impl PackedB {
         if parts.iter().any(|p| p.k != k) || init.iter().any(|p| p.n % NR != 0) {
             return None;
         }
-        let mut data = Vec::with_capacity(parts.iter().map(|p| p.data.len()).sum());
+        let mut data = AlignedU16::zeroed(parts.iter().map(|p| p.data.len()).sum());
+        let mut at = 0;
         for p in parts {
-            data.extend_from_slice(&p.data);
+            data[at..at + p.data.len()].copy_from_slice(&p.data);
+            at += p.data.len();
         }
         Some(PackedB {
             n: init.iter().map(|p| p.n).sum::<usize>() + last.n,
@@ -211,6 +215,6 @@ mod tests {
             let col: Vec<f32> = (0..n).map(|j| rows[j * k + i]).collect();
             pack_inner_row(&mut q, k, i, &col);
         }
-        assert_eq!(q, p.data);
+        assert_eq!(q[..], p.data[..]);
     }
 }

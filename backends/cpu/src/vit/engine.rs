@@ -9,7 +9,7 @@ use crate::kernels::packed::{pack_column, pack_inner_row};
 use crate::kernels::vit_ops::{
     add_bias, bias_gelu_erf, bias_gelu_tanh, gemm_f32, layer_norm_row, online_softmax_tile, Mat,
 };
-use crate::kernels::{PackedB, SendPtr};
+use crate::kernels::{Aligned, AlignedU16, PackedB, SendPtr};
 use crate::ops::{CpuKernels, CpuWeight};
 use crate::options::CpuOptions;
 use candle_core::Tensor;
@@ -34,10 +34,11 @@ pub struct Workspace {
     h: Vec<f32>,
     /// (rows, max(I, 3D)): qkv, then the MLP hidden, then the merger hidden.
     big: Vec<f32>,
-    /// (H, rows, hd) each: q (roped, scaled), k (roped), v.
+    /// (H, rows, hd) each: q (roped, scaled), k (roped), v. K and V are packed in place for
+    /// the AMX tiles, so they start on cache lines (see `kernels::aligned`).
     q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Aligned<f32>,
+    v: Aligned<f32>,
 }
 
 impl Workspace {
@@ -51,8 +52,8 @@ impl Workspace {
             h: vlm_model::resident::zeros_resident_f32(rows * d),
             big: vlm_model::resident::zeros_resident_f32(rows * big_width(cfg)),
             q: vlm_model::resident::zeros_resident_f32(rows * d),
-            k: vlm_model::resident::zeros_resident_f32(rows * d),
-            v: vlm_model::resident::zeros_resident_f32(rows * d),
+            k: Aligned::zeroed_resident(rows * d),
+            v: Aligned::zeroed_resident(rows * d),
         }
     }
 }
@@ -243,7 +244,7 @@ thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The bf16 path's probabilities, rounded as the softmax writes them (rows padded by one
     /// cache line, see `bf16_gemm::gemm_bf16_a`).
-    static PROBS: RefCell<Vec<u16>> = const { RefCell::new(Vec::new()) };
+    static PROBS: RefCell<AlignedU16> = const { RefCell::new(AlignedU16::new()) };
 }
 
 /// Attention over the per-head q (roped, scaled), k (roped), v, each (H, rows, hd), into `out`
@@ -466,7 +467,7 @@ fn attention_bf16(
             PROBS.with(|probs| {
                 let mut probs = probs.borrow_mut();
                 if probs.len() < bq * ps {
-                    probs.resize(bq * ps, 0);
+                    probs.resize(bq * ps);
                 }
                 // SAFETY (raw accesses below): each task writes only its own block (rows q0..q1,
                 // columns head*hd..+hd) of `out`, which has row stride d; q holds bq rows of hd.
