@@ -22,10 +22,11 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 import zlib
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from openai_stream import stream_chat  # noqa: E402
 
 DEFAULT_CONFIG = """\
 dtype: bf16
@@ -92,34 +93,13 @@ def served_model(http):
 
 def chat(http, messages, max_tokens):
     """One streamed request: (ttft seconds, text, cached tokens, prompt tokens)."""
-    body = json.dumps({
+    t0, pieces, usage = stream_chat(http, {
         "model": served_model(http), "messages": messages, "max_tokens": max_tokens,
-        "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
-    }).encode()
-    req = urllib.request.Request(f"http://{http}/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json"})
-    t0 = time.perf_counter()
-    ttft, text, usage = None, [], {}
-    try:
-        r = urllib.request.urlopen(req, timeout=1800)
-    except urllib.error.HTTPError as e:
-        raise SystemExit(f"HTTP {e.code}: {e.read().decode()}")
-    with r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            for c in ev.get("choices", []):
-                piece = c.get("delta", {}).get("content")
-                if piece:
-                    if ttft is None:
-                        ttft = time.perf_counter() - t0
-                    text.append(piece)
-            if ev.get("usage"):
-                usage = ev["usage"]
+        "temperature": 0,
+    }, timeout=1800)
+    ttft = pieces[0][0] - t0 if pieces else None
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-    return ttft, "".join(text), cached, usage.get("prompt_tokens", 0)
+    return ttft, "".join(p for _, p in pieces), cached, usage.get("prompt_tokens", 0)
 
 
 def conversation(http, image, max_tokens):

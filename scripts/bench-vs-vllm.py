@@ -35,6 +35,9 @@ import urllib.error
 import urllib.request
 import zlib
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from openai_stream import stream_chat  # noqa: E402
+
 WORDS = ("harbour lantern orchard granite meadow copper violin glacier saffron thunder "
          "willow compass marble falcon ember velvet canyon pepper quartz ribbon").split()
 
@@ -129,37 +132,13 @@ def start_ours(a, name, config, log):
 
 def chat(server, content, max_tokens):
     """One streamed request: (ttft s, decode tokens/s or None, completion tokens, wall s)."""
-    body = json.dumps({
-        "model": server.model, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-        "stream_options": {"include_usage": True},
+    t0, pieces, usage = stream_chat(server.http, {
+        "model": server.model, "max_tokens": max_tokens, "temperature": 0,
         "messages": [{"role": "user", "content": content}],
-    }).encode()
-    req = urllib.request.Request(f"http://{server.http}/v1/chat/completions", data=body,
-                                 headers={"content-type": "application/json"})
-    t0 = time.perf_counter()
-    first = last = None
-    pieces = 0
-    usage = {}
-    try:
-        r = urllib.request.urlopen(req, timeout=3600)
-    except urllib.error.HTTPError as e:
-        raise SystemExit(f"{server.name}: HTTP {e.code}: {e.read().decode()[:500]}")
-    with r:
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            ev = json.loads(line[6:])
-            for c in ev.get("choices", []):
-                if c.get("delta", {}).get("content"):
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-                    pieces += 1
-            if ev.get("usage"):
-                usage = ev["usage"]
+    }, timeout=3600, who=server.name)
     end = time.perf_counter()
-    n = usage.get("completion_tokens", pieces)
+    first, last = (pieces[0][0], pieces[-1][0]) if pieces else (None, None)
+    n = usage.get("completion_tokens", len(pieces))
     rate = (n - 1) / (last - first) if first and last and last > first and n > 1 else None
     return (first - t0 if first else end - t0), rate, n, end - t0
 

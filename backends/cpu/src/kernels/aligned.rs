@@ -79,7 +79,8 @@ impl<T: Plain> Aligned<T> {
 
     /// Grows (zero-filled) or shrinks to `len` values.
     pub fn resize(&mut self, len: usize) {
-        self.lines.resize(len.div_ceil(Self::PER_LINE), Line::default());
+        self.lines
+            .resize(len.div_ceil(Self::PER_LINE), Line::default());
         if len > self.len {
             let old = self.len;
             self.len = len;
