@@ -127,6 +127,25 @@ async fn two_images_greedy_matches_in_process_and_http() {
     assert_eq!(text, got.text);
     assert_eq!(usage["completion_tokens"], want.len());
 
+    // stream_options.include_usage: false is honoured: the same text, no usage anywhere.
+    let mut body = http_body(&images, prompt, max_tokens, true);
+    body["stream_options"] = serde_json::json!({"include_usage": false});
+    let (status, body) = post_json(&c.http(), &body);
+    assert_eq!(status, 200, "{body}");
+    let mut text = String::new();
+    for e in body
+        .split("\n\n")
+        .filter(|e| !e.is_empty() && *e != "data: [DONE]")
+    {
+        let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+        assert!(
+            v.get("usage").is_none(),
+            "usage sent though not asked for: {v}"
+        );
+        text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(text, got.text);
+
     let (status, body) = http(&c.http(), "GET", "/v1/models", b"");
     assert_eq!(status, 200, "{body}");
     let (status, body) = http(&c.http(), "GET", "/metrics", b"");

@@ -29,6 +29,9 @@ pub enum GatewayError {
     /// The request is invalid; the message names the limit and the value.
     #[error("{0}")]
     Validation(String),
+    /// One named request parameter is invalid or not supported (OpenAI's `param`).
+    #[error("{message}")]
+    InvalidParam { param: String, message: String },
     /// Admission refused it at once.
     #[error("overloaded ({}): {message}", reason.label())]
     Overloaded {
@@ -56,10 +59,28 @@ impl GatewayError {
         GatewayError::Validation(msg.into())
     }
 
+    /// A refusal naming the parameter at fault (`param` in the OpenAI error body).
+    pub fn param(param: &str, msg: impl Into<String>) -> Self {
+        GatewayError::InvalidParam {
+            param: param.to_string(),
+            message: msg.into(),
+        }
+    }
+
+    /// The parameter this error names, if any.
+    pub fn param_name(&self) -> Option<&str> {
+        match self {
+            GatewayError::InvalidParam { param, .. } => Some(param),
+            _ => None,
+        }
+    }
+
     /// The `status` label of `vlm_gateway_requests_total`.
     pub fn status_label(&self) -> &'static str {
         match self {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => "invalid",
+            GatewayError::Validation(_)
+            | GatewayError::InvalidParam { .. }
+            | GatewayError::UpstreamInvalid(_) => "invalid",
             GatewayError::Overloaded { .. } => "overloaded",
             GatewayError::Unauthenticated(_) => "unauthenticated",
             GatewayError::Unavailable(_) => "unavailable",
@@ -71,9 +92,9 @@ impl GatewayError {
     /// The HTTP status of this error.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            GatewayError::Validation(_)
+            | GatewayError::InvalidParam { .. }
+            | GatewayError::UpstreamInvalid(_) => StatusCode::BAD_REQUEST,
             GatewayError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -86,9 +107,9 @@ impl GatewayError {
     /// The OpenAI error `type` string.
     pub fn openai_type(&self) -> &'static str {
         match self {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => {
-                "invalid_request_error"
-            }
+            GatewayError::Validation(_)
+            | GatewayError::InvalidParam { .. }
+            | GatewayError::UpstreamInvalid(_) => "invalid_request_error",
             GatewayError::Overloaded { .. } => "rate_limit_exceeded",
             GatewayError::Unauthenticated(_) => "authentication_error",
             GatewayError::Unavailable(_) => "service_unavailable",
@@ -97,13 +118,18 @@ impl GatewayError {
         }
     }
 
-    /// The OpenAI error body: `{"error": {"message", "type", "code"}}`.
+    /// The OpenAI error body: `{"error": {"message", "type", "param", "code"}}`.
     pub fn openai_body(&self) -> serde_json::Value {
         let code = match self {
             GatewayError::Overloaded { reason, .. } => serde_json::Value::from(reason.label()),
             _ => serde_json::Value::Null,
         };
-        serde_json::json!({"error": {"message": self.to_string(), "type": self.openai_type(), "code": code}})
+        serde_json::json!({"error": {
+            "message": self.to_string(),
+            "type": self.openai_type(),
+            "param": self.param_name(),
+            "code": code,
+        }})
     }
 }
 
@@ -111,9 +137,9 @@ impl From<GatewayError> for tonic::Status {
     fn from(e: GatewayError) -> Self {
         let msg = e.to_string();
         match e {
-            GatewayError::Validation(_) | GatewayError::UpstreamInvalid(_) => {
-                tonic::Status::invalid_argument(msg)
-            }
+            GatewayError::Validation(_)
+            | GatewayError::InvalidParam { .. }
+            | GatewayError::UpstreamInvalid(_) => tonic::Status::invalid_argument(msg),
             GatewayError::Overloaded { .. } => tonic::Status::resource_exhausted(msg),
             GatewayError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),

@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod generate;
 pub mod metrics;
 pub mod openai;
+pub mod openai_params;
 pub mod routing;
 pub mod service;
 pub mod stream;

@@ -1,11 +1,13 @@
 //! The OpenAI-compatible HTTP surface: `POST /v1/chat/completions` (text and `image_url` parts
 //! as `data:` URLs, or http(s):// URLs on `--allow-image-host` hosts, fetched by [`crate::fetch`];
 //! `stream: true` as SSE chunks ending with `data: [DONE]`), `GET /v1/models`,
-//! `GET /health`, `GET /metrics`.
+//! `GET /health`, `GET /metrics`. A body field this server does not implement is a 400 naming
+//! it ([`crate::openai_params`]); other routes and methods are OpenAI-shaped 404 / 405s.
 use crate::auth::ApiKeys;
 use crate::error::GatewayError;
 use crate::fetch::{ImageFetcher, Target};
 use crate::generate::{Core, Delta};
+use crate::openai_params::check_unread;
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -16,7 +18,7 @@ use axum::Router;
 use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use vlm_service_kit::generation::{Finish, Usage};
@@ -37,7 +39,39 @@ pub fn router(state: HttpState) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+}
+
+/// OpenAI's error body for an HTTP status this API answers outside its handlers.
+fn route_error(status: StatusCode, message: String) -> Response {
+    let body = json!({"error": {
+        "message": message,
+        "type": "invalid_request_error",
+        "param": null,
+        "code": status.as_u16(),
+    }});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn not_found(req: Request) -> Response {
+    route_error(
+        StatusCode::NOT_FOUND,
+        format!(
+            "no route {} {}: this server serves POST /v1/chat/completions, GET /v1/models, \
+             GET /health, GET /metrics",
+            req.method(),
+            req.uri().path()
+        ),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    route_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
 }
 
 async fn health(State(s): State<HttpState>) -> Response {
@@ -77,7 +111,8 @@ async fn models(State(s): State<HttpState>, req: Request) -> Response {
         .into_response()
 }
 
-/// The request body (the fields this server reads; others are ignored).
+/// The request body: the fields this server reads, and in `extra` the rest, which
+/// [`check_unread`] refuses unless they ask for nothing (see `openai_params`).
 #[derive(Debug, Deserialize)]
 pub struct ChatCompletionRequest {
     #[serde(default)]
@@ -95,6 +130,28 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub ignore_eos: bool,
     pub n: Option<u32>,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// `stream_options`: whether the final chunk carries `usage` (default: it does).
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+impl ChatCompletionRequest {
+    /// Whether a streamed answer ends with `usage` (`stream_options.include_usage`, default
+    /// true).
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(true)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +166,9 @@ pub struct OaMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<OaContent>,
+    /// `name`, `tool_calls`, ...: refused unless null (see `openai_params`).
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -128,14 +188,25 @@ pub enum OaPart {
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum OaImageUrl {
-    Object { url: String },
+    Object {
+        url: String,
+        /// Only `auto` (the processor's own resolution rules) is served.
+        detail: Option<String>,
+    },
     Plain(String),
 }
 
 impl OaImageUrl {
     fn url(&self) -> &str {
         match self {
-            OaImageUrl::Object { url } | OaImageUrl::Plain(url) => url,
+            OaImageUrl::Object { url, .. } | OaImageUrl::Plain(url) => url,
+        }
+    }
+
+    fn detail(&self) -> Option<&str> {
+        match self {
+            OaImageUrl::Object { detail, .. } => detail.as_deref(),
+            OaImageUrl::Plain(_) => None,
         }
     }
 }
@@ -242,13 +313,25 @@ pub fn parse_chat_request(
     fetcher: &ImageFetcher,
 ) -> Result<ParsedChat, GatewayError> {
     if body.n.is_some_and(|n| n != 1) {
-        return Err(GatewayError::validation(
+        return Err(GatewayError::param(
+            "n",
             "n must be 1: one choice per request",
         ));
+    }
+    check_unread(&body.extra, "")?;
+    if let Some(o) = &body.stream_options {
+        if !body.stream {
+            return Err(GatewayError::param(
+                "stream_options",
+                "stream_options is only allowed with stream: true",
+            ));
+        }
+        check_unread(&o.extra, "stream_options.")?;
     }
     let mut messages = Vec::with_capacity(body.messages.len());
     let mut remote = Vec::new();
     for (mi, m) in body.messages.into_iter().enumerate() {
+        check_unread(&m.extra, &format!("messages[{mi}]."))?;
         let content = match m.content {
             None => Vec::new(),
             Some(OaContent::Text(t)) => vec![InputPart::Text(t)],
@@ -258,6 +341,17 @@ pub fn parse_chat_request(
                     content.push(match p {
                         OaPart::Text { text } => InputPart::Text(text),
                         OaPart::ImageUrl { image_url } => {
+                            if let Some(d) = image_url.detail().filter(|d| *d != "auto") {
+                                let param =
+                                    format!("messages[{mi}].content[{pi}].image_url.detail");
+                                return Err(GatewayError::param(
+                                    &param,
+                                    format!(
+                                        "{param} {d:?} is not supported: only \"auto\" (the \
+                                         processor's resolution rules, bounded by the ViT buckets)"
+                                    ),
+                                ));
+                            }
                             match image_source(image_url.url(), fetcher)? {
                                 ImageSource::Inline(part) => part,
                                 ImageSource::Remote(t) => {
@@ -274,10 +368,13 @@ pub fn parse_chat_request(
                 content
             }
         };
-        messages.push(InputMessage {
-            role: m.role,
-            content,
-        });
+        // OpenAI's "developer" role is the system prompt of newer models.
+        let role = if m.role == "developer" {
+            "system".to_string()
+        } else {
+            m.role
+        };
+        messages.push(InputMessage { role, content });
     }
     let stop = match body.stop {
         None => Vec::new(),
@@ -330,7 +427,15 @@ pub fn usage_json(u: Usage) -> Value {
 }
 
 /// One SSE chunk of a streamed completion.
-pub fn chunk_json(id: &str, model: &str, created: u64, d: &Delta, first: bool) -> Value {
+/// The last one (`d.finish` set) carries `usage` when `usage` is true.
+pub fn chunk_json(
+    id: &str,
+    model: &str,
+    created: u64,
+    d: &Delta,
+    first: bool,
+    usage: bool,
+) -> Value {
     let mut delta = serde_json::Map::new();
     if first {
         delta.insert("role".into(), json!("assistant"));
@@ -345,7 +450,7 @@ pub fn chunk_json(id: &str, model: &str, created: u64, d: &Delta, first: bool) -
         "model": model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": d.finish.map(finish_reason)}],
     });
-    if d.finish.is_some() {
+    if d.finish.is_some() && usage {
         v["usage"] = usage_json(d.usage);
     }
     v
@@ -383,7 +488,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             .into_response()
         }
     };
-    let stream = parsed.stream;
+    let (stream, include_usage) = (parsed.stream, parsed.include_usage());
     let pending = match parse_chat_request(parsed, body.len(), &s.images) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -414,7 +519,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
                 match item {
                     Ok(d) => {
                         let end = d.finish.is_some();
-                        yield Ok::<_, std::convert::Infallible>(sse_event(&chunk_json(&id, &model, created, &d, first)));
+                        yield Ok::<_, std::convert::Infallible>(sse_event(&chunk_json(&id, &model, created, &d, first, include_usage)));
                         first = false;
                         if end { break; }
                     }
@@ -484,7 +589,7 @@ mod tests {
             finish: None,
             usage: Usage::default(),
         };
-        let v = chunk_json("c1", "m", 7, &d, true);
+        let v = chunk_json("c1", "m", 7, &d, true, true);
         assert_eq!(
             v["choices"][0]["delta"],
             json!({"role": "assistant", "content": "Hi"})
@@ -506,7 +611,7 @@ mod tests {
             finish: Some(Finish::Length),
             usage: u,
         };
-        let v = chunk_json("c1", "m", 7, &last, false);
+        let v = chunk_json("c1", "m", 7, &last, false, true);
         assert_eq!(v["choices"][0]["delta"], json!({}));
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         assert_eq!(

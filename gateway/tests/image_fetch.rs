@@ -9,9 +9,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use vlm_gateway::fetch::{read_ca_file, FetchOptions, ImageFetcher};
 use vlm_gateway::GatewayError;
+
+mod support;
 
 const LIMIT: usize = 64 << 10;
 
@@ -477,67 +479,8 @@ fn ca_file_errors_name_the_path() {
 // validation (and then finds no replica: 503); a fetch failure is a 400 naming the cause.
 
 mod http_route {
+    use super::support::{post, start_gateway};
     use super::*;
-    use vlm_gateway::admission::{Admission, AdmissionLimits};
-    use vlm_gateway::auth::ApiKeys;
-    use vlm_gateway::generate::Core;
-    use vlm_gateway::openai::{router, HttpState};
-    use vlm_gateway::routing::{ReplicaSource, Router, RoutingOptions};
-    use vlm_gateway::validation::{Limits, Validator};
-
-    async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let mut opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
-        opts.weights = false;
-        vlm_make_model::make_model(dir.path(), &opts).unwrap();
-        let tok = vlm_tokenizer::ChatTokenizer::from_dir(dir.path()).unwrap();
-        let mut cfg = vlm_config::DeployConfig::default_config();
-        cfg.visual.max_seq_len = vec![1024, 4096];
-        let limits = Limits::from_config(&cfg, 2, 1 << 20);
-        let validator = Validator::new(tok, cfg.visual, limits, "tiny".into());
-        let admission = Admission::new(AdmissionLimits {
-            max_in_flight: 4,
-            max_queue: 4,
-            max_kv_tokens: 0,
-        });
-        let routes = Router::new(
-            ReplicaSource::Static(vec![]),
-            ReplicaSource::Static(vec![]),
-            RoutingOptions::default(),
-        );
-        let ready = routes.ready();
-        let state = HttpState {
-            core: Core::new(validator, admission, routes),
-            keys: ApiKeys::load(None, None).unwrap(),
-            ready,
-            metrics: vlm_service_kit::metrics_http::recorder(),
-            images: fetch,
-        };
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(l, router(state)).await });
-        (addr, dir)
-    }
-
-    async fn post(addr: SocketAddr, body: &serde_json::Value) -> (u16, String) {
-        let body = body.to_string();
-        let mut s = TcpStream::connect(addr).await.unwrap();
-        let req = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).await.unwrap();
-        let mut out = Vec::new();
-        s.read_to_end(&mut out).await.unwrap();
-        let text = String::from_utf8_lossy(&out).into_owned();
-        let status = text
-            .split_whitespace()
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        (status, text)
-    }
 
     fn chat(url: &str) -> serde_json::Value {
         serde_json::json!({"max_tokens": 4, "messages": [{"role": "user", "content": [

@@ -1,0 +1,121 @@
+//! The OpenAI chat-completion parameters this server does not implement, and the check that
+//! refuses them: a parameter that would change the output is never accepted and ignored.
+//! A parameter given its no-op value (a zero penalty, `logprobs: false`, an empty `tools` list,
+//! `response_format: {"type": "text"}`) or carrying only caller metadata (`user`, `metadata`)
+//! is accepted, as is any parameter sent as `null` (what some clients send for "not given").
+use crate::error::GatewayError;
+use serde_json::{Map, Value};
+
+/// Whether `param` set to `v` asks for nothing this server would do differently.
+fn is_noop(param: &str, v: &Value) -> bool {
+    match param {
+        "frequency_penalty" | "presence_penalty" | "min_p" => v.as_f64() == Some(0.0),
+        "repetition_penalty" => v.as_f64() == Some(1.0),
+        "logprobs" | "store" | "echo" => v == &Value::Bool(false),
+        "top_logprobs" => v.as_u64() == Some(0),
+        "logit_bias" => v.as_object().is_some_and(Map::is_empty),
+        "response_format" => {
+            v.as_object().is_some_and(|m| m.len() == 1)
+                && v.get("type").and_then(Value::as_str) == Some("text")
+        }
+        "tools" | "functions" => v.as_array().is_some_and(Vec::is_empty),
+        "tool_choice" | "function_call" => v.as_str() == Some("none"),
+        // Only meaningful with tools, which are refused unless empty.
+        "parallel_tool_calls" => v.is_boolean(),
+        // Caller metadata: no effect on the output.
+        "user" => v.is_string(),
+        "metadata" => v.is_object(),
+        "service_tier" => matches!(v.as_str(), Some("auto" | "default")),
+        "modalities" => v
+            .as_array()
+            .is_some_and(|a| a.iter().all(|m| m.as_str() == Some("text"))),
+        _ => false,
+    }
+}
+
+/// Refuses the first field of `extra` (the body's fields this server does not read) that is
+/// not null and not its no-op value, naming it; `prefix` locates nested ones
+/// (`messages[2].`).
+pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), GatewayError> {
+    let mut keys: Vec<&String> = extra.keys().collect();
+    keys.sort();
+    for k in keys {
+        let v = &extra[k];
+        if v.is_null() || is_noop(k, v) {
+            continue;
+        }
+        let param = format!("{prefix}{k}");
+        return Err(GatewayError::param(
+            &param,
+            format!(
+                "`{param}` is not supported by this server (it would change the output, so it is \
+                 refused rather than ignored); supported: model, messages, max_tokens, \
+                 max_completion_tokens, temperature, top_p, top_k, seed, stop, stream, \
+                 stream_options.include_usage, ignore_eos, n = 1"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(v: Value) -> Result<(), GatewayError> {
+        check_unread(v.as_object().unwrap(), "")
+    }
+
+    #[test]
+    fn refuses_what_would_change_the_output_and_names_it() {
+        for (body, param) in [
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"top_logprobs": 3}), "top_logprobs"),
+            (json!({"presence_penalty": 0.5}), "presence_penalty"),
+            (json!({"frequency_penalty": -1}), "frequency_penalty"),
+            (json!({"repetition_penalty": 1.2}), "repetition_penalty"),
+            (json!({"min_p": 0.1}), "min_p"),
+            (json!({"logit_bias": {"42": 100}}), "logit_bias"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"response_format": {"type": "bogus"}}),
+                "response_format",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
+                "tools",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"reasoning_effort": "high"}), "reasoning_effort"),
+            (json!({"some_future_field": 1}), "some_future_field"),
+        ] {
+            let e = check(body.clone()).unwrap_err();
+            assert_eq!(e.param_name(), Some(param), "{body}");
+            assert!(e.to_string().contains(&format!("`{param}`")), "{e}");
+            assert_eq!(e.openai_body()["error"]["param"], param);
+        }
+    }
+
+    #[test]
+    fn accepts_no_op_values_metadata_and_nulls() {
+        check(json!({
+            "logprobs": false, "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0,
+            "repetition_penalty": 1.0, "min_p": 0, "logit_bias": {}, "tools": [],
+            "tool_choice": "none", "parallel_tool_calls": true, "user": "u1",
+            "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
+            "response_format": {"type": "text"}, "modalities": ["text"], "seed_extra": null
+        }))
+        .unwrap();
+    }
+
+    #[test]
+    fn nested_fields_are_named_with_their_place() {
+        let e =
+            check_unread(json!({"name": "bob"}).as_object().unwrap(), "messages[1].").unwrap_err();
+        assert_eq!(e.param_name(), Some("messages[1].name"));
+    }
+}

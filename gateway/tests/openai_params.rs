@@ -1,0 +1,114 @@
+//! The OpenAI route's parameter contract, through the real HTTP router in process: a parameter
+//! this server does not implement is a 400 naming it in `error.param` (never a 200 that ignores
+//! it); no-op values, caller metadata and the `developer` role get past the gateway's checks
+//! (then find no replica: 503); unknown routes and methods answer OpenAI error JSON.
+mod support;
+
+use serde_json::json;
+use support::{json_body, post, request, start_gateway};
+use vlm_gateway::fetch::{FetchOptions, ImageFetcher};
+
+fn body(extra: serde_json::Value) -> serde_json::Value {
+    let mut b = json!({"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+#[tokio::test]
+async fn unsupported_parameters_are_refused_by_name() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    let png = "data:image/png;base64,iVBORw0KGgo=";
+    for (b, param) in [
+        (
+            body(json!({"logprobs": true, "top_logprobs": 2})),
+            "logprobs",
+        ),
+        (body(json!({"presence_penalty": 0.7})), "presence_penalty"),
+        (body(json!({"logit_bias": {"11": -100}})), "logit_bias"),
+        (
+            body(json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+        ),
+        // Fields are checked in name order: tool_choice before tools.
+        (
+            body(
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                        "tool_choice": "required"}),
+            ),
+            "tool_choice",
+        ),
+        (
+            body(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
+            "tools",
+        ),
+        (body(json!({"n": 2})), "n"),
+        (
+            body(json!({"stream_options": {"include_usage": true}})),
+            "stream_options",
+        ),
+        (
+            body(json!({"stream": true, "stream_options": {"continuous_usage_stats": true}})),
+            "stream_options.continuous_usage_stats",
+        ),
+        (
+            json!({"messages": [{"role": "user", "name": "bob", "content": "hi"}]}),
+            "messages[0].name",
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {"url": png, "detail": "low"}}
+            ]}]}),
+            "messages[0].content[1].image_url.detail",
+        ),
+    ] {
+        let (status, text) = post(gw, &b).await;
+        assert_eq!(status, 400, "{b}: {text}");
+        let v = json_body(&text);
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{text}");
+        assert_eq!(v["error"]["param"], param, "{b}: {text}");
+        assert!(
+            v["error"]["message"].as_str().unwrap().contains(param),
+            "{text}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn no_op_values_metadata_and_developer_role_pass_the_checks() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    let b = json!({
+        "max_tokens": 4,
+        "messages": [{"role": "developer", "content": "be brief"},
+                     {"role": "user", "content": "hi"}],
+        "presence_penalty": 0, "frequency_penalty": 0, "logprobs": false, "logit_bias": {},
+        "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+        "user": "u-1", "metadata": {"team": "a"}, "store": false, "top_logprobs": null,
+        "stream": true, "stream_options": {"include_usage": false}
+    });
+    let (status, text) = post(gw, &b).await;
+    // Past every check of the gateway; refused only for want of an LM replica.
+    assert_eq!(status, 503, "{text}");
+    assert_eq!(json_body(&text)["error"]["param"], serde_json::Value::Null);
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_answer_json() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    let (status, text) = request(gw, "POST", "/v1/completions", "{}").await;
+    assert_eq!(status, 404, "{text}");
+    let v = json_body(&text);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("POST /v1/completions"),
+        "{text}"
+    );
+    assert_eq!(v["error"]["code"], 404);
+    let (status, text) = request(gw, "GET", "/v1/chat/completions", "").await;
+    assert_eq!(status, 405, "{text}");
+    assert_eq!(json_body(&text)["error"]["code"], 405);
+}
