@@ -18,15 +18,13 @@ import argparse
 import base64
 import json
 import os
-import struct
 import subprocess
 import sys
 import tempfile
 import urllib.request
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from openai_stream import stream_chat  # noqa: E402
+from bench_common import png, stream_chat  # noqa: E402
 
 DEFAULT_CONFIG = """\
 dtype: bf16
@@ -44,27 +42,6 @@ prefill_chunk_size: 256
 num_devices: 1
 device: [1]
 """
-
-
-def png(w, h):
-    """An RGB PNG with structure (not flat), from the standard library."""
-    rows = bytearray()
-    for y in range(h):
-        rows.append(0)  # filter: none
-        for x in range(w):
-            v = (x * 31) ^ (y * 17) ^ ((x * y) >> 5)
-            rows += bytes((v & 255, (v >> 8) & 255, (x + y) & 255))
-
-    def chunk(tag, data):
-        c = struct.pack(">I", len(data)) + tag + data
-        return c + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
-
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-        + chunk(b"IDAT", zlib.compress(bytes(rows), 6))
-        + chunk(b"IEND", b"")
-    )
 
 
 def start(vlm, model, config, http):

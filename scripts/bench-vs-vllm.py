@@ -25,7 +25,6 @@ import os
 import random
 import signal
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -33,31 +32,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from openai_stream import stream_chat  # noqa: E402
+from bench_common import png, stream_chat  # noqa: E402
 
 WORDS = ("harbour lantern orchard granite meadow copper violin glacier saffron thunder "
          "willow compass marble falcon ember velvet canyon pepper quartz ribbon").split()
-
-
-def png(w, h, seed):
-    rng = random.Random(seed)
-    a, b, c = rng.randrange(1, 97), rng.randrange(1, 89), rng.randrange(256)
-    rows = bytearray()
-    for y in range(h):
-        rows.append(0)
-        for x in range(w):
-            v = (x * a) ^ (y * b) ^ ((x * y) >> 4)
-            rows += bytes(((v + c) & 255, (v >> 3) & 255, (x + y + c) & 255))
-
-    def chunk(tag, data):
-        return (struct.pack(">I", len(data)) + tag + data
-                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
-
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b""))
 
 
 def text_prompt(seed, words=60):

@@ -37,7 +37,25 @@ fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> s
     })
 }
 
-/// Collected output of one gRPC generation.
+/// The JSON chunks of a streamed answer, checking that it ends with `data: [DONE]`.
+fn sse_chunks(body: &str) -> Vec<serde_json::Value> {
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last().copied(), Some("data: [DONE]"), "{body}");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect()
+}
+
+/// The text the chunks' deltas add up to.
+fn sse_text(chunks: &[serde_json::Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+/// POST /v1/chat/completions with a JSON body: (status, body).
 fn post_json(addr: &str, v: &serde_json::Value) -> (u16, String) {
     http(
         addr,
@@ -112,19 +130,15 @@ async fn two_images_greedy_matches_in_process_and_http() {
     // HTTP, streaming: SSE chunks ending with [DONE].
     let (status, body) = post_json(&c.http(), &http_body(&images, prompt, max_tokens, true));
     assert_eq!(status, 200, "{body}");
-    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
-    assert_eq!(*events.last().unwrap(), "data: [DONE]");
-    let mut text = String::new();
+    let chunks = sse_chunks(&body);
     let mut usage = serde_json::Value::Null;
-    for e in &events[..events.len() - 1] {
-        let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+    for v in &chunks {
         assert_eq!(v["object"], "chat.completion.chunk");
-        text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
         if !v["usage"].is_null() {
             usage = v["usage"].clone();
         }
     }
-    assert_eq!(text, got.text);
+    assert_eq!(sse_text(&chunks), got.text);
     assert_eq!(usage["completion_tokens"], want.len());
 
     // stream_options.include_usage: false is honoured: the same text, no usage anywhere.
@@ -132,19 +146,14 @@ async fn two_images_greedy_matches_in_process_and_http() {
     body["stream_options"] = serde_json::json!({"include_usage": false});
     let (status, body) = post_json(&c.http(), &body);
     assert_eq!(status, 200, "{body}");
-    let mut text = String::new();
-    for e in body
-        .split("\n\n")
-        .filter(|e| !e.is_empty() && *e != "data: [DONE]")
-    {
-        let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
+    let chunks = sse_chunks(&body);
+    for v in &chunks {
         assert!(
             v.get("usage").is_none(),
             "usage sent though not asked for: {v}"
         );
-        text.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
     }
-    assert_eq!(text, got.text);
+    assert_eq!(sse_text(&chunks), got.text);
 
     let (status, body) = http(&c.http(), "GET", "/v1/models", b"");
     assert_eq!(status, 200, "{body}");
@@ -561,20 +570,14 @@ fn chat(addr: &str, messages: &serde_json::Value, stream: bool) -> (String, serd
             .to_string();
         return (answer, v["usage"].clone());
     }
-    let mut answer = String::new();
-    let mut usage = serde_json::Value::Null;
-    for e in text
-        .split("\n\n")
-        .filter(|e| !e.is_empty() && *e != "data: [DONE]")
-    {
-        let v: serde_json::Value = serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap();
-        answer.push_str(v["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
-        if !v["usage"].is_null() {
-            usage = v["usage"].clone();
-        }
-    }
-    assert!(!usage.is_null(), "no usage chunk in the stream: {text}");
-    (answer, usage)
+    let chunks = sse_chunks(&text);
+    let usage = chunks
+        .iter()
+        .rev()
+        .find(|v| !v["usage"].is_null())
+        .map(|v| v["usage"].clone())
+        .unwrap_or_else(|| panic!("no usage chunk in the stream: {text}"));
+    (sse_text(&chunks), usage)
 }
 
 /// Two LM replicas behind one gateway, KV blocks of 32 tokens. Turn 2 of a conversation (turn

@@ -124,13 +124,24 @@ impl GatewayError {
             GatewayError::Overloaded { reason, .. } => serde_json::Value::from(reason.label()),
             _ => serde_json::Value::Null,
         };
-        serde_json::json!({"error": {
-            "message": self.to_string(),
-            "type": self.openai_type(),
-            "param": self.param_name(),
-            "code": code,
-        }})
+        openai_error_body(
+            &self.to_string(),
+            self.openai_type(),
+            self.param_name(),
+            code,
+        )
     }
+}
+
+/// OpenAI's error body: `{"error": {"message", "type", "param", "code"}}` (every error this
+/// API answers has this shape).
+pub fn openai_error_body(
+    message: &str,
+    kind: &str,
+    param: Option<&str>,
+    code: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
 impl From<GatewayError> for tonic::Status {

@@ -4,7 +4,7 @@
 //! `GET /health`, `GET /metrics`. A body field this server does not implement is a 400 naming
 //! it ([`crate::openai_params`]); other routes and methods are OpenAI-shaped 404 / 405s.
 use crate::auth::ApiKeys;
-use crate::error::GatewayError;
+use crate::error::{openai_error_body, GatewayError};
 use crate::fetch::{ImageFetcher, Target};
 use crate::generate::{Core, Delta};
 use crate::openai_params::check_unread;
@@ -46,12 +46,12 @@ pub fn router(state: HttpState) -> Router {
 
 /// OpenAI's error body for an HTTP status this API answers outside its handlers.
 fn route_error(status: StatusCode, message: String) -> Response {
-    let body = json!({"error": {
-        "message": message,
-        "type": "invalid_request_error",
-        "param": null,
-        "code": status.as_u16(),
-    }});
+    let body = openai_error_body(
+        &message,
+        "invalid_request_error",
+        None,
+        status.as_u16().into(),
+    );
     (status, axum::Json(body)).into_response()
 }
 

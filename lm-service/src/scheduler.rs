@@ -838,15 +838,22 @@ mod tests {
         assert_eq!(s.kv().used_blocks(), 0);
     }
 
-    #[test]
-    fn preempting_a_sharer_keeps_the_shared_blocks_and_it_hits_again() {
-        let now = Instant::now();
-        // 7 blocks of 4: two sequences of 9-token prompts sharing 2 blocks hold 2 + 1 + 1 = 4.
-        let mut s = caching(7, 4);
+    /// A pool of `blocks` blocks of 4 tokens with sequences 1 and 2 decoding, both 9-token
+    /// prompts whose first 2 blocks have the same keys (2 reads them from 1's cache).
+    fn two_sharers_decoding(blocks: u32, now: Instant) -> Scheduler {
+        let mut s = caching(blocks, 4);
         add_keyed(&mut s, 1, 9, &[1, 2]);
         run_until_decoding(&mut s, 1, now);
         add_keyed(&mut s, 2, 9, &[1, 2]);
         run_until_decoding(&mut s, 2, now);
+        s
+    }
+
+    #[test]
+    fn preempting_a_sharer_keeps_the_shared_blocks_and_it_hits_again() {
+        let now = Instant::now();
+        // 7 blocks of 4: two sequences of 9-token prompts sharing 2 blocks hold 2 + 1 + 1 = 4.
+        let mut s = two_sharers_decoding(7, now);
         assert_eq!(s.kv().used_blocks(), 4);
         // Both decode until the pool runs out: the newest (2) is preempted, 1 keeps its blocks.
         let mut preempted = false;
@@ -914,11 +921,7 @@ mod tests {
     #[test]
     fn cancelling_a_sharer_leaves_the_shared_blocks_to_the_other() {
         let now = Instant::now();
-        let mut s = caching(10, 4);
-        add_keyed(&mut s, 1, 9, &[1, 2]);
-        run_until_decoding(&mut s, 1, now);
-        add_keyed(&mut s, 2, 9, &[1, 2]);
-        run_until_decoding(&mut s, 2, now);
+        let mut s = two_sharers_decoding(10, now);
         let shared = s.kv().table(1)[..2].to_vec();
         assert_eq!(&s.kv().table(2)[..2], &shared[..]);
         let held = s.kv().used_blocks();

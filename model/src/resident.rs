@@ -17,10 +17,19 @@ pub fn zeros_resident_f32(n: usize) -> Vec<f32> {
 /// [`zeros_resident_f32`]).
 fn zeros_resident_vec<T: Copy>(n: usize, zero: T) -> Vec<T> {
     let mut v = vec![zero; n];
-    for x in v.iter_mut().step_by(4096 / std::mem::size_of::<T>()) {
-        *x = std::hint::black_box(zero);
-    }
+    touch_pages(&mut v);
     v
+}
+
+/// Writes one value of every 4 KiB page of `v` back in place, so that its pages are resident
+/// (a zeroed allocation may otherwise map them lazily).
+pub fn touch_pages<T: Copy>(v: &mut [T]) {
+    for x in v
+        .iter_mut()
+        .step_by((4096 / std::mem::size_of::<T>()).max(1))
+    {
+        *x = std::hint::black_box(*x);
+    }
 }
 
 /// A zero tensor of `dtype` (f32 or bf16 on the CPU) whose pages are resident on the CPU (see

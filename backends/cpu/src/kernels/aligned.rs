@@ -61,19 +61,10 @@ impl<T: Plain> Aligned<T> {
     }
 
     /// `len` zeros with every page written once, so that they are resident before the first
-    /// timed use (as `vlm_model::resident::zeros_resident_f32`).
+    /// timed use (see `vlm_model::resident`).
     pub fn zeroed_resident(len: usize) -> Aligned<T> {
         let mut v = Aligned::zeroed(len);
-        for l in v.lines.iter_mut().step_by(4096 / 64) {
-            *l = std::hint::black_box(Line::default());
-        }
-        v
-    }
-
-    /// A copy of `src`.
-    pub fn from_slice(src: &[T]) -> Aligned<T> {
-        let mut v = Aligned::zeroed(src.len());
-        v.copy_from_slice(src);
+        vlm_model::resident::touch_pages(&mut v);
         v
     }
 
@@ -129,7 +120,6 @@ mod tests {
         assert_eq!(&v[..40], &[7; 40][..]);
         assert!(v[40..].iter().all(|&x| x == 0));
         assert_eq!(v.as_ptr() as usize % 64, 0);
-        assert_eq!(AlignedU16::from_slice(&[1, 2, 3])[..], [1, 2, 3]);
         let f = Aligned::<f32>::zeroed_resident(5000);
         assert_eq!((f.len(), f.as_ptr() as usize % 64), (5000, 0));
         assert!(f.iter().all(|&x| x == 0.0));

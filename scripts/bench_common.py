@@ -1,9 +1,12 @@
-"""One streamed OpenAI chat completion over plain HTTP (standard library only), shared by the
-bench scripts."""
+"""What the bench scripts share (standard library only): one streamed OpenAI chat completion
+over plain HTTP, and a PNG writer for request images."""
 import json
+import random
+import struct
 import time
 import urllib.error
 import urllib.request
+import zlib
 
 
 def stream_chat(http, body, timeout=3600, who="server"):
@@ -33,3 +36,22 @@ def stream_chat(http, body, timeout=3600, who="server"):
             if ev.get("usage"):
                 usage = ev["usage"]
     return t0, pieces, usage
+
+
+def png(w, h, seed=0):
+    """An RGB PNG with structure (not flat), different for each seed."""
+    rng = random.Random(seed)
+    a, b, c = rng.randrange(1, 97), rng.randrange(1, 89), rng.randrange(256)
+    rows = bytearray()
+    for y in range(h):
+        rows.append(0)  # filter: none
+        for x in range(w):
+            v = (x * a) ^ (y * b) ^ ((x * y) >> 4)
+            rows += bytes(((v + c) & 255, (v >> 3) & 255, (x + y + c) & 255))
+
+    def chunk(tag, data):
+        return (struct.pack(">I", len(data)) + tag + data
+                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b""))
