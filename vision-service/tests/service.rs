@@ -87,10 +87,18 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
     );
 }
 
+/// True (and says the test is skipped) when this process may use fewer than 2 cores.
+fn fewer_than_two_cores() -> bool {
+    let few = vlm_service_kit::affinity::allowed_cores().len() < 2;
+    if few {
+        eprintln!("skipped: this machine lets the process use fewer than 2 cores");
+    }
+    few
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_of_two_devices_streams_the_same_rows() {
-    if vlm_service_kit::affinity::allowed_cores().len() < 2 {
-        eprintln!("skipped: this machine lets the process use fewer than 2 cores");
+    if fewer_than_two_cores() {
         return;
     }
     let server = TestServer::start(SMALL_BUCKETS, &["--device", "0,1"]).await;
@@ -140,8 +148,7 @@ async fn a_pool_of_two_devices_streams_the_same_rows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_spreading_off_a_lone_image_stays_on_one_device() {
-    if vlm_service_kit::affinity::allowed_cores().len() < 2 {
-        eprintln!("skipped: this machine lets the process use fewer than 2 cores");
+    if fewer_than_two_cores() {
         return;
     }
     let server = TestServer::start(
