@@ -37,34 +37,6 @@ fn http_body(images: &[Vec<u8>], text: &str, max_tokens: u32, stream: bool) -> s
     })
 }
 
-/// The JSON chunks of a streamed answer, checking that it ends with `data: [DONE]`.
-fn sse_chunks(body: &str) -> Vec<serde_json::Value> {
-    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
-    assert_eq!(events.last().copied(), Some("data: [DONE]"), "{body}");
-    events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
-        .collect()
-}
-
-/// The text the chunks' deltas add up to.
-fn sse_text(chunks: &[serde_json::Value]) -> String {
-    chunks
-        .iter()
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str())
-        .collect()
-}
-
-/// POST /v1/chat/completions with a JSON body: (status, body).
-fn post_json(addr: &str, v: &serde_json::Value) -> (u16, String) {
-    http(
-        addr,
-        "POST",
-        "/v1/chat/completions",
-        v.to_string().as_bytes(),
-    )
-}
-
 // ---------------------------------------------------------------- tests
 
 /// A greedy request with two images gives the tokens of the in-process pipeline, and the HTTP

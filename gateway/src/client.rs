@@ -79,7 +79,6 @@ pub fn lm_request(
     req: &ValidRequest,
     vision_endpoint: String,
 ) -> pb::LmGenerateRequest {
-    let s = &req.sampling;
     pb::LmGenerateRequest {
         request_id: request_id.to_string(),
         input_ids: req.input_ids.clone(),
@@ -108,15 +107,9 @@ pub fn lm_request(
             .collect(),
         vision_endpoint,
         sampling: Some(pb::SamplingParams {
-            max_tokens: s.max_tokens,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            seed: s.seed,
             // Stop strings are the gateway's job.
             stop: Vec::new(),
-            stop_token_ids: s.stop_token_ids.clone(),
-            ignore_eos: s.ignore_eos,
+            ..req.sampling.to_wire()
         }),
     }
 }

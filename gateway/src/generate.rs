@@ -5,6 +5,7 @@
 use crate::admission::{Admission, Permit};
 use crate::client::{lm_request, ClientError};
 use crate::error::GatewayError;
+use crate::logprobs::{show, ShownLogprob};
 use crate::metrics as m;
 use crate::routing::{Lease, PrefixKey, Router};
 use crate::stream::TextStream;
@@ -17,10 +18,12 @@ use vlm_proto::v1::{lm_client::LmClient, TokenEvent};
 use vlm_service_kit::generation::{Finish, Usage};
 
 /// One message of the output stream.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Delta {
     pub text: String,
     pub token_ids: Vec<u32>,
+    /// One per token id when the request asked for logprobs, else empty.
+    pub logprobs: Vec<ShownLogprob>,
     /// Set on the last delta.
     pub finish: Option<Finish>,
     pub usage: Usage,
@@ -119,7 +122,12 @@ impl Core {
         tracing::debug!(lm = %lm.addr, "first event");
         let (tx, rx) = mpsc::channel(64);
         let pump = Pump {
-            text: TextStream::new(i.validator.tokenizer(), valid.sampling.stop.clone()),
+            text: TextStream::new(
+                i.validator.tokenizer(),
+                valid.sampling.stop.clone(),
+                valid.sampling.min_tokens,
+            ),
+            tokenizer: i.validator.tokenizer().clone(),
             usage: Usage {
                 prompt_tokens: valid.prompt_tokens(),
                 image_tokens: valid.image_tokens,
@@ -216,6 +224,8 @@ async fn first_event(
 
 struct Pump {
     text: TextStream,
+    /// Texts of logprob tokens.
+    tokenizer: vlm_tokenizer::ChatTokenizer,
     usage: Usage,
     max_tokens: u32,
     arrived: Instant,
@@ -306,12 +316,18 @@ impl Pump {
         if let Some(u) = &ev.usage {
             self.usage.cached_tokens = u.cached_tokens;
         }
+        let logprobs: Vec<ShownLogprob> = ev
+            .logprobs
+            .into_iter()
+            .map(|l| show(&self.tokenizer, l.into()))
+            .collect();
         let d = self.text.push(&ev.token_ids)?;
         if d.stopped {
             return Ok((
                 Delta {
                     text: d.text,
                     token_ids: ev.token_ids,
+                    logprobs,
                     finish: Some(Finish::Stop),
                     usage: self.usage,
                 },
@@ -330,6 +346,7 @@ impl Pump {
             Delta {
                 text,
                 token_ids: ev.token_ids,
+                logprobs,
                 finish,
                 usage: self.usage,
             },
@@ -342,6 +359,7 @@ impl Pump {
         Ok(Delta {
             text: rest.text,
             token_ids,
+            logprobs: Vec::new(),
             finish: Some(finish),
             usage: self.usage,
         })
@@ -367,7 +385,8 @@ mod tests {
         let tok =
             vlm_tokenizer::ChatTokenizer::from_dir(&crate::validation::tests::tiny_dir()).unwrap();
         Pump {
-            text: TextStream::new(&tok, Vec::new()),
+            text: TextStream::new(&tok, Vec::new(), 0),
+            tokenizer: tok.clone(),
             usage: Usage {
                 prompt_tokens,
                 image_tokens: 0,
@@ -390,6 +409,7 @@ mod tests {
                 completion_tokens: 1,
                 cached_tokens,
             }),
+            logprobs: Vec::new(),
         }
     }
 

@@ -10,6 +10,7 @@ pub mod client;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod openai_params;

@@ -7,6 +7,7 @@ use crate::auth::ApiKeys;
 use crate::error::{openai_error_body, GatewayError};
 use crate::fetch::{ImageFetcher, Target};
 use crate::generate::{Core, Delta};
+use crate::logprobs::{openai_content, ShownLogprob};
 use crate::openai_params::check_unread;
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use axum::body::Body;
@@ -19,6 +20,7 @@ use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use vlm_service_kit::generation::{Finish, Usage};
@@ -122,7 +124,10 @@ pub struct ChatCompletionRequest {
     pub max_completion_tokens: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
-    pub top_k: Option<u32>,
+    /// vLLM's extension; -1 (or 0) = off.
+    pub top_k: Option<i64>,
+    /// vLLM's extension.
+    pub min_p: Option<f32>,
     pub seed: Option<u64>,
     pub stop: Option<Stop>,
     #[serde(default)]
@@ -130,6 +135,17 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub ignore_eos: bool,
     pub n: Option<u32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// vLLM's extension: 1 = off.
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string, as OpenAI sends it) -> bias in [-100, 100].
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    /// vLLM's extensions.
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
     pub stream_options: Option<StreamOptions>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -381,17 +397,57 @@ pub fn parse_chat_request(
         Some(Stop::One(s)) => vec![s],
         Some(Stop::Many(v)) => v,
     };
+    let (max_param, max_tokens) = match (body.max_completion_tokens, body.max_tokens) {
+        (Some(n), _) => ("max_completion_tokens", n),
+        (None, Some(n)) => ("max_tokens", n),
+        (None, None) => ("max_tokens", 0),
+    };
+    if max_tokens == 0 && (body.max_completion_tokens.is_some() || body.max_tokens.is_some()) {
+        return Err(GatewayError::param(
+            max_param,
+            format!("{max_param} is 0; it must be at least 1 (leave it out for the rest of the context)"),
+        ));
+    }
+    let top_k = match body.top_k.unwrap_or(0) {
+        -1 | 0 => 0,
+        k if (1..=u32::MAX as i64).contains(&k) => k as u32,
+        k => {
+            return Err(GatewayError::param(
+                "top_k",
+                format!("top_k is {k}; it must be -1 or 0 (off) or a positive count"),
+            ))
+        }
+    };
+    let mut logit_bias = Vec::new();
+    for (k, &b) in body.logit_bias.iter().flatten() {
+        let id = k.trim().parse::<u32>().map_err(|_| {
+            GatewayError::param(
+                "logit_bias",
+                format!("logit_bias key {k:?} is not a token id"),
+            )
+        })?;
+        logit_bias.push((id, b));
+    }
+    logit_bias.sort_by_key(|&(t, _)| t);
     let chat = ChatRequest {
         messages,
         sampling: InputSampling {
-            max_tokens: body.max_completion_tokens.or(body.max_tokens).unwrap_or(0),
+            max_tokens,
             temperature: body.temperature.unwrap_or(1.0),
             top_p: body.top_p.unwrap_or(0.0),
-            top_k: body.top_k.unwrap_or(0),
+            top_k,
+            min_p: body.min_p.unwrap_or(0.0),
             seed: body.seed,
             stop,
-            stop_token_ids: Vec::new(),
+            stop_token_ids: body.stop_token_ids.unwrap_or_default(),
             ignore_eos: body.ignore_eos,
+            presence_penalty: body.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: body.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: body.repetition_penalty.unwrap_or(0.0),
+            logit_bias,
+            min_tokens: body.min_tokens.unwrap_or(0),
+            logprobs: body.logprobs.unwrap_or(false),
+            top_logprobs: body.top_logprobs.unwrap_or(0),
         },
         model: body.model,
         body_bytes,
@@ -443,12 +499,17 @@ pub fn chunk_json(
     if !d.text.is_empty() || first {
         delta.insert("content".into(), json!(d.text));
     }
+    let logprobs = if d.logprobs.is_empty() {
+        Value::Null
+    } else {
+        openai_content(&d.logprobs)
+    };
     let mut v = json!({
         "id": id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": d.finish.map(finish_reason)}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish.map(finish_reason)}],
     });
     if d.finish.is_some() && usage {
         v["usage"] = usage_json(d.usage);
@@ -489,6 +550,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         }
     };
     let (stream, include_usage) = (parsed.stream, parsed.include_usage());
+    let want_logprobs = parsed.logprobs == Some(true);
     let pending = match parse_chat_request(parsed, body.len(), &s.images) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -539,12 +601,14 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
     }
     let mut text = String::new();
+    let mut logprobs = Vec::new();
     let mut usage = Usage::default();
     let mut finish = None;
     while let Some(item) = rx.recv().await {
         match item {
             Ok(d) => {
                 text.push_str(&d.text);
+                logprobs.extend(d.logprobs);
                 usage = d.usage;
                 if d.finish.is_some() {
                     finish = d.finish;
@@ -554,7 +618,11 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             Err(e) => return e.into_response(),
         }
     }
-    axum::Json(completion_json(&id, &model, created, &text, finish, usage)).into_response()
+    let logprobs = want_logprobs.then_some(logprobs.as_slice());
+    axum::Json(completion_json(
+        &id, &model, created, &text, logprobs, finish, usage,
+    ))
+    .into_response()
 }
 
 /// The body of a non-streamed completion.
@@ -563,6 +631,7 @@ pub fn completion_json(
     model: &str,
     created: u64,
     text: &str,
+    logprobs: Option<&[ShownLogprob]>,
     finish: Option<Finish>,
     usage: Usage,
 ) -> Value {
@@ -571,7 +640,12 @@ pub fn completion_json(
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish.map(finish_reason)}],
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": text},
+            "logprobs": logprobs.map(openai_content),
+            "finish_reason": finish.map(finish_reason),
+        }],
         "usage": usage_json(usage),
     })
 }
@@ -586,6 +660,7 @@ mod tests {
         let d = Delta {
             text: "Hi".into(),
             token_ids: vec![1],
+            logprobs: Vec::new(),
             finish: None,
             usage: Usage::default(),
         };
@@ -608,6 +683,7 @@ mod tests {
         let last = Delta {
             text: String::new(),
             token_ids: vec![2],
+            logprobs: Vec::new(),
             finish: Some(Finish::Length),
             usage: u,
         };
@@ -630,7 +706,7 @@ mod tests {
             completion_tokens: 5,
             cached_tokens,
         };
-        let v = completion_json("c2", "m", 9, "Hello", Some(Finish::Stop), usage(64));
+        let v = completion_json("c2", "m", 9, "Hello", None, Some(Finish::Stop), usage(64));
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], "Hello");
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -640,7 +716,7 @@ mod tests {
                    "prompt_tokens_details": {"cached_tokens": 64}})
         );
         // A miss is an explicit 0, as OpenAI sends it.
-        let v = completion_json("c3", "m", 9, "", Some(Finish::Length), usage(0));
+        let v = completion_json("c3", "m", 9, "", None, Some(Finish::Length), usage(0));
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     }
 

@@ -1,6 +1,6 @@
 //! The OpenAI chat-completion parameters this server does not implement, and the check that
 //! refuses them: a parameter that would change the output is never accepted and ignored.
-//! A parameter given its no-op value (a zero penalty, `logprobs: false`, an empty `tools` list,
+//! A parameter given its no-op value (`store: false`, an empty `tools` list,
 //! `response_format: {"type": "text"}`) or carrying only caller metadata (`user`, `metadata`)
 //! is accepted, as is any parameter sent as `null` (what some clients send for "not given").
 use crate::error::GatewayError;
@@ -9,11 +9,7 @@ use serde_json::{Map, Value};
 /// Whether `param` set to `v` asks for nothing this server would do differently.
 fn is_noop(param: &str, v: &Value) -> bool {
     match param {
-        "frequency_penalty" | "presence_penalty" | "min_p" => v.as_f64() == Some(0.0),
-        "repetition_penalty" => v.as_f64() == Some(1.0),
-        "logprobs" | "store" | "echo" => v == &Value::Bool(false),
-        "top_logprobs" => v.as_u64() == Some(0),
-        "logit_bias" => v.as_object().is_some_and(Map::is_empty),
+        "store" | "echo" => v == &Value::Bool(false),
         "response_format" => {
             v.as_object().is_some_and(|m| m.len() == 1)
                 && v.get("type").and_then(Value::as_str) == Some("text")
@@ -50,8 +46,10 @@ pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), Gate
             format!(
                 "`{param}` is not supported by this server (it would change the output, so it is \
                  refused rather than ignored); supported: model, messages, max_tokens, \
-                 max_completion_tokens, temperature, top_p, top_k, seed, stop, stream, \
-                 stream_options.include_usage, ignore_eos, n = 1"
+                 max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, \
+                 stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty, \
+                 logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, stream, \
+                 stream_options.include_usage, n = 1"
             ),
         ));
     }
@@ -70,13 +68,6 @@ mod tests {
     #[test]
     fn refuses_what_would_change_the_output_and_names_it() {
         for (body, param) in [
-            (json!({"logprobs": true}), "logprobs"),
-            (json!({"top_logprobs": 3}), "top_logprobs"),
-            (json!({"presence_penalty": 0.5}), "presence_penalty"),
-            (json!({"frequency_penalty": -1}), "frequency_penalty"),
-            (json!({"repetition_penalty": 1.2}), "repetition_penalty"),
-            (json!({"min_p": 0.1}), "min_p"),
-            (json!({"logit_bias": {"42": 100}}), "logit_bias"),
             (
                 json!({"response_format": {"type": "json_object"}}),
                 "response_format",
@@ -103,8 +94,7 @@ mod tests {
     #[test]
     fn accepts_no_op_values_metadata_and_nulls() {
         check(json!({
-            "logprobs": false, "top_logprobs": 0, "presence_penalty": 0, "frequency_penalty": 0.0,
-            "repetition_penalty": 1.0, "min_p": 0, "logit_bias": {}, "tools": [],
+            "tools": [],
             "tool_choice": "none", "parallel_tool_calls": true, "user": "u1",
             "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
             "response_format": {"type": "text"}, "modalities": ["text"], "seed_extra": null

@@ -1,6 +1,7 @@
 //! The tonic `vlm.v1.Gateway` service: an adapter that decodes the proto, calls
 //! [`Core::start`], and maps deltas and errors back.
 use crate::generate::{Core, Delta};
+use crate::logprobs::ShownLogprob;
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use futures::Stream;
 use prost::Message;
@@ -40,19 +41,9 @@ pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
                 .collect(),
         })
         .collect();
-    let s = req.sampling.unwrap_or_default();
     ChatRequest {
         messages,
-        sampling: InputSampling {
-            max_tokens: s.max_tokens,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            seed: s.seed,
-            stop: s.stop,
-            stop_token_ids: s.stop_token_ids,
-            ignore_eos: s.ignore_eos,
-        },
+        sampling: InputSampling::from_wire(req.sampling.unwrap_or_default()),
         model: req.model,
         body_bytes,
     }
@@ -65,6 +56,7 @@ fn response(request_id: &str, d: Delta) -> pb::GenerateResponse {
         token_ids: d.token_ids,
         finish_reason: Finish::to_wire(d.finish),
         usage: Some(d.usage.into()),
+        logprobs: d.logprobs.iter().map(ShownLogprob::to_wire).collect(),
     }
 }
 
@@ -104,6 +96,7 @@ mod tests {
         let d = Delta {
             text: "ok".into(),
             token_ids: vec![3, 4],
+            logprobs: Vec::new(),
             finish: Some(Finish::Length),
             usage: Usage {
                 prompt_tokens: 70,

@@ -86,14 +86,20 @@ pub struct TextDelta {
 pub struct TextStream {
     decoder: IncrementalDecoder,
     stops: StopMatcher,
+    /// Stop strings are not looked for in the text of the first `min_tokens - 1` tokens
+    /// (vLLM's stop checker skips sequences shorter than `min_tokens`).
+    min_tokens: u32,
+    seen: u32,
 }
 
 impl TextStream {
     /// Special tokens (`<|im_end|>`, ...) are left out of the text, not out of the ids.
-    pub fn new(tokenizer: &ChatTokenizer, stops: Vec<String>) -> Self {
+    pub fn new(tokenizer: &ChatTokenizer, stops: Vec<String>, min_tokens: u32) -> Self {
         TextStream {
             decoder: tokenizer.incremental_decoder(true),
             stops: StopMatcher::new(stops),
+            min_tokens,
+            seen: 0,
         }
     }
 
@@ -104,6 +110,11 @@ impl TextStream {
                 .decoder
                 .push(id)
                 .map_err(|e| GatewayError::Internal(format!("detokenize: {e}")))?;
+            self.seen += 1;
+            if self.seen < self.min_tokens {
+                out.extend(piece);
+                continue;
+            }
             if let Some(p) = piece {
                 let (shown, stopped) = self.stops.push(&p);
                 out.push_str(&shown);
@@ -203,7 +214,7 @@ mod tests {
         let dir = crate::validation::tests::tiny_dir();
         let tok = ChatTokenizer::from_dir(&dir).unwrap();
         let ids = tok.encode("héllo wörld, 日本語 text").unwrap();
-        let mut ts = TextStream::new(&tok, vec![]);
+        let mut ts = TextStream::new(&tok, vec![], 0);
         let mut out = String::new();
         for id in &ids {
             out.push_str(&ts.push(&[*id]).unwrap().text);
@@ -211,9 +222,36 @@ mod tests {
         out.push_str(&ts.finish().unwrap().text);
         assert_eq!(out, tok.decode_skip_special(&ids).unwrap());
 
-        let mut ts = TextStream::new(&tok, vec!["wörld".into()]);
+        let mut ts = TextStream::new(&tok, vec!["wörld".into()], 0);
         let d = ts.push(&ids).unwrap();
         assert!(d.stopped);
         assert_eq!(d.text, "héllo ");
+    }
+
+    #[test]
+    fn stop_strings_wait_for_min_tokens() {
+        let dir = crate::validation::tests::tiny_dir();
+        let tok = ChatTokenizer::from_dir(&dir).unwrap();
+        let ids = tok.encode("ab ab ab").unwrap();
+        let text = |min_tokens| {
+            let mut ts = TextStream::new(&tok, vec!["ab".into()], min_tokens);
+            let mut out = String::new();
+            for id in &ids {
+                let d = ts.push(&[*id]).unwrap();
+                out.push_str(&d.text);
+                if d.stopped {
+                    return (out, true);
+                }
+            }
+            out.push_str(&ts.finish().unwrap().text);
+            (out, false)
+        };
+        assert_eq!(text(0), (String::new(), true));
+        // Past the first tokens, the next "ab" stops it.
+        let (out, stopped) = text(2);
+        assert!(stopped && out.starts_with("ab"), "{out:?}");
+        assert!(out.len() < "ab ab ab".len(), "{out:?}");
+        // Never armed: all of it.
+        assert_eq!(text(100), ("ab ab ab".to_string(), false));
     }
 }

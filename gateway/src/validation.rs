@@ -21,17 +21,77 @@ pub struct InputMessage {
     pub content: Vec<InputPart>,
 }
 
-/// Sampling as the caller asked for it (zero values = defaults, as in the proto).
+/// Sampling as the caller asked for it (zero values = defaults, as in the proto). After
+/// validation (`ValidRequest::sampling`) `max_tokens` is resolved: never 0, never past the
+/// context.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct InputSampling {
     pub max_tokens: u32,
     pub temperature: f32,
     pub top_p: f32,
     pub top_k: u32,
+    pub min_p: f32,
     pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// 0 = off (as 1).
+    pub repetition_penalty: f32,
+    /// (token id, bias), sorted by id.
+    pub logit_bias: Vec<(u32, f32)>,
+    pub min_tokens: u32,
+    pub logprobs: bool,
+    pub top_logprobs: u32,
+}
+
+impl InputSampling {
+    /// The wire form (`vlm.v1.SamplingParams`), stop strings included.
+    pub fn to_wire(&self) -> vlm_proto::SamplingParams {
+        vlm_proto::SamplingParams {
+            max_tokens: self.max_tokens,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            stop_token_ids: self.stop_token_ids.clone(),
+            ignore_eos: self.ignore_eos,
+            min_p: self.min_p,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            repetition_penalty: self.repetition_penalty,
+            logit_bias: self.logit_bias.iter().copied().collect(),
+            min_tokens: self.min_tokens,
+            logprobs: self.logprobs,
+            top_logprobs: self.top_logprobs,
+        }
+    }
+
+    /// The domain form of the wire's.
+    pub fn from_wire(s: vlm_proto::SamplingParams) -> Self {
+        let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.into_iter().collect();
+        logit_bias.sort_by_key(|&(t, _)| t);
+        InputSampling {
+            max_tokens: s.max_tokens,
+            temperature: s.temperature,
+            top_p: s.top_p,
+            top_k: s.top_k,
+            min_p: s.min_p,
+            seed: s.seed,
+            stop: s.stop,
+            stop_token_ids: s.stop_token_ids,
+            ignore_eos: s.ignore_eos,
+            presence_penalty: s.presence_penalty,
+            frequency_penalty: s.frequency_penalty,
+            repetition_penalty: s.repetition_penalty,
+            logit_bias,
+            min_tokens: s.min_tokens,
+            logprobs: s.logprobs,
+            top_logprobs: s.top_logprobs,
+        }
+    }
 }
 
 /// A chat request before validation.
@@ -63,20 +123,6 @@ pub struct ValidImage {
     pub downscaled: bool,
 }
 
-/// Sampling after defaults are resolved.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sampling {
-    /// Resolved: never 0, never past the context.
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: u32,
-    pub seed: Option<u64>,
-    pub stop: Vec<String>,
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-}
-
 /// A request that passed every check; the rest of the gateway accepts only this.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
@@ -84,7 +130,8 @@ pub struct ValidRequest {
     pub input_ids: Vec<u32>,
     pub images: Vec<ValidImage>,
     pub image_tokens: u32,
-    pub sampling: Sampling,
+    /// `max_tokens` resolved.
+    pub sampling: InputSampling,
 }
 
 impl ValidRequest {
@@ -201,18 +248,9 @@ impl Validator {
             )));
         }
         let s = &req.sampling;
-        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
-            return Err(GatewayError::validation(format!(
-                "temperature is {}; it must be >= 0",
-                s.temperature
-            )));
-        }
-        if !(s.top_p.is_finite() && (0.0..=1.0).contains(&s.top_p)) {
-            return Err(GatewayError::validation(format!(
-                "top_p is {}; it must be in [0, 1]",
-                s.top_p
-            )));
-        }
+        // The LM checks token ids against its vocabulary (the tokenizer's may be smaller).
+        vlm_service_kit::sampling::check(&s.to_wire(), None)
+            .map_err(|e| GatewayError::param(e.param, e.message))?;
         if s.stop.len() > l.max_stop {
             return Err(GatewayError::validation(format!(
                 "{} stop strings given, over the limit of {}",
@@ -268,7 +306,7 @@ impl Validator {
             )));
         }
         let room = l.max_seq_len - prompt;
-        let s = req.sampling;
+        let mut s = req.sampling;
         let max_tokens = match s.max_tokens {
             0 => room,
             n if n > room => {
@@ -281,21 +319,23 @@ impl Validator {
             }
             n => n,
         };
+        if s.min_tokens > max_tokens {
+            return Err(GatewayError::param(
+                "min_tokens",
+                format!(
+                    "min_tokens ({}) is over the {max_tokens} tokens this request may generate \
+                     (max_tokens, or the context left after the {prompt}-token prompt)",
+                    s.min_tokens
+                ),
+            ));
+        }
+        s.max_tokens = max_tokens;
         let image_tokens = images.iter().map(|i| i.tokens).sum();
         Ok(ValidRequest {
             input_ids,
             images,
             image_tokens,
-            sampling: Sampling {
-                max_tokens,
-                temperature: s.temperature,
-                top_p: s.top_p,
-                top_k: s.top_k,
-                seed: s.seed,
-                stop: s.stop,
-                stop_token_ids: s.stop_token_ids,
-                ignore_eos: s.ignore_eos,
-            },
+            sampling: s,
         })
     }
 

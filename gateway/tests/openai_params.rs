@@ -1,6 +1,7 @@
 //! The OpenAI route's parameter contract, through the real HTTP router in process: a parameter
 //! this server does not implement is a 400 naming it in `error.param` (never a 200 that ignores
-//! it); no-op values, caller metadata and the `developer` role get past the gateway's checks
+//! it); served parameters out of range are a 400 naming them; served values, no-op values,
+//! caller metadata and the `developer` role get past the gateway's checks
 //! (then find no replica: 503); unknown routes and methods answer OpenAI error JSON.
 mod support;
 
@@ -21,12 +22,6 @@ async fn unsupported_parameters_are_refused_by_name() {
     let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
     let png = "data:image/png;base64,iVBORw0KGgo=";
     for (b, param) in [
-        (
-            body(json!({"logprobs": true, "top_logprobs": 2})),
-            "logprobs",
-        ),
-        (body(json!({"presence_penalty": 0.7})), "presence_penalty"),
-        (body(json!({"logit_bias": {"11": -100}})), "logit_bias"),
         (
             body(json!({"response_format": {"type": "json_object"}})),
             "response_format",
@@ -76,14 +71,80 @@ async fn unsupported_parameters_are_refused_by_name() {
     }
 }
 
+/// The sampling parameters that are served, each out of its range: a 400 naming it, before
+/// any replica is asked.
 #[tokio::test]
-async fn no_op_values_metadata_and_developer_role_pass_the_checks() {
+async fn served_sampling_parameters_out_of_range_are_refused_by_name() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    for (b, param, needle) in [
+        (
+            body(json!({"top_logprobs": 3})),
+            "top_logprobs",
+            "logprobs: true",
+        ),
+        (
+            body(json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+            "[0, 20]",
+        ),
+        (
+            body(json!({"presence_penalty": 2.5})),
+            "presence_penalty",
+            "[-2, 2]",
+        ),
+        (
+            body(json!({"frequency_penalty": -3})),
+            "frequency_penalty",
+            "[-2, 2]",
+        ),
+        (
+            body(json!({"repetition_penalty": -1})),
+            "repetition_penalty",
+            "repetition_penalty is -1",
+        ),
+        (body(json!({"min_p": 1.5})), "min_p", "[0, 1]"),
+        (
+            body(json!({"logit_bias": {"x1": 5}})),
+            "logit_bias",
+            "\"x1\" is not a token id",
+        ),
+        (
+            body(json!({"logit_bias": {"11": 101}})),
+            "logit_bias",
+            "[-100, 100]",
+        ),
+        (body(json!({"max_tokens": 0})), "max_tokens", "at least 1"),
+        (
+            body(json!({"max_completion_tokens": 0})),
+            "max_completion_tokens",
+            "at least 1",
+        ),
+        (body(json!({"top_k": -2})), "top_k", "-1 or 0"),
+        (
+            body(json!({"min_tokens": 5})),
+            "min_tokens",
+            "over max_tokens (4)",
+        ),
+    ] {
+        let (status, text) = post(gw, &b).await;
+        assert_eq!(status, 400, "{b}: {text}");
+        let v = json_body(&text);
+        assert_eq!(v["error"]["param"], param, "{b}: {text}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(needle), "{b}: {msg:?} lacks {needle:?}");
+    }
+}
+
+#[tokio::test]
+async fn served_and_no_op_values_metadata_and_developer_role_pass_the_checks() {
     let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
     let b = json!({
         "max_tokens": 4,
         "messages": [{"role": "developer", "content": "be brief"},
                      {"role": "user", "content": "hi"}],
-        "presence_penalty": 0, "frequency_penalty": 0, "logprobs": false, "logit_bias": {},
+        "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
+        "logprobs": true, "top_logprobs": 20, "logit_bias": {"11": -100, "12": 3.5},
+        "min_p": 0.05, "top_k": -1, "min_tokens": 2, "stop_token_ids": [7],
         "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
         "user": "u-1", "metadata": {"team": "a"}, "store": false, "top_logprobs": null,
         "stream": true, "stream_options": {"include_usage": false}

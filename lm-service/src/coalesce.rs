@@ -24,6 +24,7 @@ pub fn coalesced(
             match rx.try_recv() {
                 Ok(Ok(next)) => {
                     ev.tokens.extend(next.tokens);
+                    ev.logprobs.extend(next.logprobs);
                     ev.finish = next.finish;
                     ev.usage = next.usage; // cumulative
                 }
@@ -42,11 +43,16 @@ pub fn coalesced(
 mod tests {
     use super::*;
     use futures::StreamExt;
-    use vlm_service_kit::generation::{Finish, Usage};
+    use vlm_service_kit::generation::{Finish, TokenLogprob, Usage};
 
     fn ev(t: u32, finish: Option<Finish>) -> Result<GenEvent, LmError> {
         Ok(GenEvent {
             tokens: vec![t],
+            logprobs: vec![TokenLogprob {
+                token_id: t,
+                logprob: -(t as f32),
+                top: Vec::new(),
+            }],
             finish,
             usage: Usage {
                 prompt_tokens: 3,
@@ -72,6 +78,9 @@ mod tests {
         assert_eq!(out.len(), 4, "{out:?}");
         let first = out[0].as_ref().unwrap();
         assert_eq!(first.tokens, vec![1, 2, 3]);
+        // Logprobs stay one per token, in order.
+        let ids: Vec<u32> = first.logprobs.iter().map(|l| l.token_id).collect();
+        assert_eq!(ids, first.tokens);
         assert_eq!(first.usage.completion_tokens, 3);
         assert!(out[1].is_err());
         let second = out[2].as_ref().unwrap();

@@ -1,7 +1,7 @@
-//! Wire types (vlm.v1) to domain types and back. The only module besides the vision client
-//! that touches generated proto types.
+//! Wire types (vlm.v1) to domain types and back. Sampling parameters stay in their wire type
+//! up to `generate`, where the shared checks (`vlm_service_kit::sampling`) read them.
 use crate::engine::{EngineInfo, GenEvent};
-use crate::generate::{GenerateInput, ImageIn, SamplingIn};
+use crate::generate::{GenerateInput, ImageIn};
 use crate::scheduler::SchedulerLoad;
 use std::time::Instant;
 use vlm_compute::HostDtype;
@@ -23,15 +23,7 @@ pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> Ge
             })
             .collect(),
         vision_endpoint: r.vision_endpoint,
-        sampling: SamplingIn {
-            max_tokens: s.max_tokens,
-            temperature: s.temperature,
-            top_p: s.top_p,
-            top_k: s.top_k,
-            seed: s.seed,
-            stop_token_ids: s.stop_token_ids,
-            ignore_eos: s.ignore_eos,
-        },
+        sampling: s,
         deadline,
     }
 }
@@ -41,6 +33,7 @@ pub fn token_event(e: GenEvent) -> pb::TokenEvent {
         token_ids: e.tokens,
         finish_reason: Finish::to_wire(e.finish),
         usage: Some(e.usage.into()),
+        logprobs: e.logprobs.into_iter().map(Into::into).collect(),
     }
 }
 

@@ -4,7 +4,7 @@
 //! a plan, runs it, samples, and streams the tokens out.
 use crate::error::LmError;
 use crate::kv::{BlockKey, ImageSpan, KeyChain, SeqId};
-use crate::sampler::{Sampler, SamplingConfig};
+use crate::sampler::{Sampled, Sampler, SamplingConfig};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -18,7 +18,7 @@ use tracing::Span;
 use vlm_compute::{build_chunk, BackendInfo, DecodeRow, HostDtype, ImageEmbeds, LmBackend};
 use vlm_compute::{PromptLayout, Qwen3VlConfig};
 use vlm_config::DeployConfig;
-use vlm_service_kit::generation::{Finish, Usage};
+use vlm_service_kit::generation::{Finish, TokenLogprob, Usage};
 
 /// How to start the engine.
 #[derive(Debug, Clone)]
@@ -61,6 +61,8 @@ impl EngineInfo {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenEvent {
     pub tokens: Vec<u32>,
+    /// One per token when the request asked for logprobs, else empty.
+    pub logprobs: Vec<TokenLogprob>,
     pub finish: Option<Finish>,
     pub usage: Usage,
 }
@@ -369,7 +371,7 @@ impl Engine {
                 );
                 keys.extend(&req.prompt, &[]);
                 self.sched.extend_keys(id, keys.keys());
-                let sampler = Sampler::new(req.sampling.clone());
+                let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
                 self.seqs.insert(
                     id,
                     SeqState {
@@ -419,6 +421,7 @@ impl Engine {
                 tracing::info!(parent: &s.req.span, request_id = %s.req.request_id, "deadline passed; sequence dropped");
                 let _ = s.req.events.send(Ok(GenEvent {
                     tokens: Vec::new(),
+                    logprobs: Vec::new(),
                     finish: Some(Finish::Cancelled),
                     usage: s.usage(),
                 }));
@@ -529,7 +532,7 @@ impl Engine {
         let Some(s) = self.seqs.get_mut(&id) else {
             return;
         };
-        let token = s.sampler.sample(logits);
+        let Sampled { token, logprob } = s.sampler.sample(logits, &s.req.stop_ids);
         let now = Instant::now();
         match s.last_token_at {
             None => {
@@ -563,6 +566,7 @@ impl Engine {
         };
         let sent = s.req.events.send(Ok(GenEvent {
             tokens: vec![token],
+            logprobs: logprob.into_iter().collect(),
             finish,
             usage: s.usage(),
         }));

@@ -4,7 +4,7 @@
 use crate::embed_cache::EmbedCache;
 use crate::engine::{EngineHandle, GenEvent, SeqRequest};
 use crate::error::LmError;
-use crate::sampler::SamplingConfig;
+use crate::sampler::{Penalties, SamplingConfig};
 use crate::vision_client::{EmbedShape, EncodeItem, VisionClients};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
@@ -21,7 +21,8 @@ pub struct GenerateInput {
     pub input_ids: Vec<u32>,
     pub images: Vec<ImageIn>,
     pub vision_endpoint: String,
-    pub sampling: SamplingIn,
+    /// Sampling as received (zero values = the documented defaults).
+    pub sampling: vlm_proto::SamplingParams,
     pub deadline: Option<Instant>,
 }
 
@@ -31,18 +32,6 @@ pub struct ImageIn {
     pub grid: Option<[usize; 3]>,
     /// The image, forwarded to the vision service on a cache miss.
     pub input: Option<ImageInput>,
-}
-
-/// Sampling as received (zero = default).
-#[derive(Debug, Clone, Default)]
-pub struct SamplingIn {
-    pub max_tokens: u32,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: u32,
-    pub seed: Option<u64>,
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
 }
 
 /// What the handlers share.
@@ -109,18 +98,7 @@ pub async fn generate(
 
     // Sampling.
     let s = &input.sampling;
-    if !s.temperature.is_finite() || s.temperature < 0.0 {
-        return Err(LmError::validation(format!(
-            "temperature must be >= 0, got {}",
-            s.temperature
-        )));
-    }
-    if !s.top_p.is_finite() || !(0.0..=1.0).contains(&s.top_p) {
-        return Err(LmError::validation(format!(
-            "top_p must be in [0, 1], got {}",
-            s.top_p
-        )));
-    }
+    vlm_service_kit::sampling::check(s, Some(vocab)).map_err(|e| LmError::validation(e.message))?;
     // A sequence never grows past `limit`: max_tokens beyond it (or 0) means "until the context
     // is full" (finish reason LENGTH).
     let room = limit - n;
@@ -129,11 +107,26 @@ pub async fn generate(
     } else {
         (s.max_tokens as usize).min(room)
     };
+    let mut logit_bias: Vec<(u32, f32)> = s.logit_bias.iter().map(|(&t, &b)| (t, b)).collect();
+    logit_bias.sort_by_key(|&(t, _)| t);
     let sampling = SamplingConfig {
         temperature: s.temperature,
         top_k: s.top_k as usize,
         top_p: if s.top_p == 0.0 { 1.0 } else { s.top_p },
+        min_p: s.min_p,
         seed: s.seed.unwrap_or_else(rand::random),
+        penalties: Penalties {
+            presence: s.presence_penalty,
+            frequency: s.frequency_penalty,
+            repetition: if s.repetition_penalty == 0.0 {
+                1.0
+            } else {
+                s.repetition_penalty
+            },
+        },
+        logit_bias,
+        min_tokens: s.min_tokens as usize,
+        logprobs: s.logprobs.then_some(s.top_logprobs as usize),
     };
     let mut stop_ids = s.stop_token_ids.clone();
     if !s.ignore_eos {

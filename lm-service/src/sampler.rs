@@ -1,9 +1,19 @@
-//! Choosing the next token from a row of logits: greedy (temperature 0), or temperature with
-//! optional top-k and top-p, drawn from a per-request seeded generator (same seed, same input:
-//! same output). Stop conditions on token ids (EOS, `stop_token_ids`, `max_tokens`) are decided
-//! in the engine; stop *strings* are the gateway's, since it owns detokenization.
+//! Choosing the next token from a row of logits, in vLLM's order (v1 `Sampler.forward`):
+//! 1. raw log-probabilities, when asked for (vLLM's default `logprobs_mode = raw_logprobs`:
+//!    before any of the steps below);
+//! 2. `min_tokens` (stop ids masked until then) and `logit_bias`;
+//! 3. penalties (`apply_all_penalties`): repetition over prompt + output, then frequency and
+//!    presence over the output;
+//! 4. greedy (temperature 0: argmax of the processed row), else temperature, `min_p`, `top_k`,
+//!    `top_p`, and a draw from a per-request seeded generator (same seed, same input: same
+//!    output).
+//!
+//! Stop conditions on token ids (EOS, `stop_token_ids`, `max_tokens`) are decided in the
+//! engine; stop *strings* are the gateway's, since it owns detokenization.
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::collections::{HashMap, HashSet};
+use vlm_service_kit::generation::TokenLogprob;
 
 /// Validated sampling settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -14,7 +24,41 @@ pub struct SamplingConfig {
     pub top_k: usize,
     /// 1 (or 0 on the wire) = off.
     pub top_p: f32,
+    /// 0 = off.
+    pub min_p: f32,
     pub seed: u64,
+    pub penalties: Penalties,
+    /// (token id, bias) added to the logits.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Stop ids cannot be sampled before this many tokens.
+    pub min_tokens: usize,
+    /// `Some(k)`: each token's logprob and the k most likely alternatives.
+    pub logprobs: Option<usize>,
+}
+
+/// vLLM's penalties; the defaults are off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Penalties {
+    pub presence: f32,
+    pub frequency: f32,
+    /// 1 = off.
+    pub repetition: f32,
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Penalties {
+            presence: 0.0,
+            frequency: 0.0,
+            repetition: 1.0,
+        }
+    }
+}
+
+impl Penalties {
+    fn any(&self) -> bool {
+        self.presence != 0.0 || self.frequency != 0.0 || self.repetition != 1.0
+    }
 }
 
 impl SamplingConfig {
@@ -23,7 +67,12 @@ impl SamplingConfig {
             temperature: 0.0,
             top_k: 0,
             top_p: 1.0,
+            min_p: 0.0,
             seed: 0,
+            penalties: Penalties::default(),
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            logprobs: None,
         }
     }
     pub fn is_greedy(&self) -> bool {
@@ -31,41 +80,154 @@ impl SamplingConfig {
     }
 }
 
-/// One request's sampler: its settings and its random generator.
+/// One sampled token, with its log-probability when asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// One request's sampler: its settings, its random generator, and the token history the
+/// penalties read.
 #[derive(Debug, Clone)]
 pub struct Sampler {
     cfg: SamplingConfig,
     rng: StdRng,
+    /// Distinct prompt tokens (kept only for the repetition penalty).
+    prompt: HashSet<u32>,
+    /// How often each token is in the output (kept only for penalties).
+    counts: HashMap<u32, u32>,
+    generated: usize,
+    /// The processed row, reused across steps.
+    scratch: Vec<f32>,
 }
 
 impl Sampler {
-    pub fn new(cfg: SamplingConfig) -> Self {
+    pub fn new(cfg: SamplingConfig, prompt: &[u32]) -> Self {
         let rng = StdRng::seed_from_u64(cfg.seed);
-        Sampler { cfg, rng }
+        let prompt = if cfg.penalties.repetition != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        Sampler {
+            cfg,
+            rng,
+            prompt,
+            counts: HashMap::new(),
+            generated: 0,
+            scratch: Vec::new(),
+        }
     }
 
     pub fn config(&self) -> &SamplingConfig {
         &self.cfg
     }
 
-    /// The next token from `logits` (one row, vocab entries).
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The next token from `logits` (one row, vocab entries). `stop_ids` are masked while
+    /// fewer than `min_tokens` tokens have been generated.
+    pub fn sample(&mut self, logits: &[f32], stop_ids: &[u32]) -> Sampled {
+        let raw = self.cfg.logprobs.map(|k| RawLogprobs::of(logits, k));
+        let token = if self.needs_processing() {
+            let mut row = std::mem::take(&mut self.scratch);
+            self.process(logits, stop_ids, &mut row);
+            let t = self.choose(&row);
+            self.scratch = row;
+            t
+        } else {
+            self.choose(logits)
+        };
+        self.generated += 1;
+        if self.cfg.penalties.any() {
+            *self.counts.entry(token).or_insert(0) += 1;
+        }
+        Sampled {
+            token,
+            logprob: raw.map(|r| r.token(logits, token)),
+        }
+    }
+
+    fn needs_processing(&self) -> bool {
+        self.generated < self.cfg.min_tokens
+            || !self.cfg.logit_bias.is_empty()
+            || self.cfg.penalties.any()
+    }
+
+    /// Steps 2 and 3 of the module's order, into `row`.
+    fn process(&self, logits: &[f32], stop_ids: &[u32], row: &mut Vec<f32>) {
+        row.clear();
+        row.extend_from_slice(logits);
+        let n = row.len();
+        if self.generated < self.cfg.min_tokens {
+            for &id in stop_ids {
+                if let Some(x) = row.get_mut(id as usize) {
+                    *x = f32::NEG_INFINITY;
+                }
+            }
+        }
+        for &(id, b) in &self.cfg.logit_bias {
+            if let Some(x) = row.get_mut(id as usize) {
+                *x += b;
+            }
+        }
+        let p = self.cfg.penalties;
+        if p.repetition != 1.0 {
+            // vLLM `apply_penalties`: a positive logit is divided, a negative one multiplied.
+            let seen = self
+                .prompt
+                .iter()
+                .chain(self.counts.keys().filter(|t| !self.prompt.contains(t)));
+            for &id in seen {
+                if (id as usize) < n {
+                    let x = &mut row[id as usize];
+                    *x = if *x > 0.0 {
+                        *x / p.repetition
+                    } else {
+                        *x * p.repetition
+                    };
+                }
+            }
+        }
+        if p.frequency != 0.0 || p.presence != 0.0 {
+            for (&id, &c) in &self.counts {
+                if (id as usize) < n {
+                    row[id as usize] -= p.frequency * c as f32 + p.presence;
+                }
+            }
+        }
+    }
+
+    /// Step 4: greedy, or a draw from the truncated, tempered distribution.
+    fn choose(&mut self, logits: &[f32]) -> u32 {
         if self.cfg.is_greedy() || logits.is_empty() {
             return argmax(logits);
         }
-        // Candidates sorted by logit, descending (ties: lower id first, as argmax).
-        let mut idx: Vec<usize> = (0..logits.len())
-            .filter(|&i| logits[i].is_finite())
-            .collect();
-        if idx.is_empty() {
+        let t = self.cfg.temperature;
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
             return argmax(logits);
         }
-        idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+        // min_p: p_i >= min_p * p_max  <=>  logit_i >= max + t * ln(min_p). Filtering on the
+        // logit first keeps the sort below short.
+        let floor = if self.cfg.min_p > 0.0 {
+            max + t * self.cfg.min_p.ln()
+        } else {
+            f32::NEG_INFINITY
+        };
+        let mut idx: Vec<usize> = (0..logits.len())
+            .filter(|&i| logits[i].is_finite() && logits[i] >= floor)
+            .collect();
+        // Candidates sorted by logit, descending (ties: lower id first, as argmax).
+        let order = |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
         if self.cfg.top_k > 0 && self.cfg.top_k < idx.len() {
+            idx.select_nth_unstable_by(self.cfg.top_k - 1, order);
             idx.truncate(self.cfg.top_k);
         }
-        let t = self.cfg.temperature;
-        let max = logits[idx[0]];
+        idx.sort_by(order);
         let mut probs: Vec<f64> = idx
             .iter()
             .map(|&i| (((logits[i] - max) / t) as f64).exp())
@@ -104,6 +266,55 @@ impl Sampler {
     }
 }
 
+/// log-softmax of a raw row: its log-normalizer and its `k` most likely entries.
+struct RawLogprobs {
+    log_z: f64,
+    top: Vec<(u32, f32)>,
+}
+
+impl RawLogprobs {
+    fn of(logits: &[f32], k: usize) -> Self {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|x| x.is_finite())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = logits
+            .iter()
+            .filter(|x| x.is_finite())
+            .map(|&x| ((x - max) as f64).exp())
+            .sum();
+        let log_z = max as f64 + sum.ln();
+        // The k largest, most likely first; a later id only displaces on a strictly larger
+        // logit, so ties keep the lower id first.
+        let mut best: Vec<(u32, f32)> = Vec::with_capacity(k + 1);
+        if k > 0 {
+            for (i, &x) in logits.iter().enumerate() {
+                if !x.is_finite() || (best.len() == k && x <= best[k - 1].1) {
+                    continue;
+                }
+                let at = best.partition_point(|&(_, y)| y >= x);
+                best.insert(at, (i as u32, x));
+                best.truncate(k);
+            }
+        }
+        let top = best
+            .into_iter()
+            .map(|(i, x)| (i, (x as f64 - log_z) as f32))
+            .collect();
+        RawLogprobs { log_z, top }
+    }
+
+    fn token(self, logits: &[f32], token: u32) -> TokenLogprob {
+        let x = logits.get(token as usize).copied().unwrap_or(f32::NAN);
+        TokenLogprob {
+            token_id: token,
+            logprob: (x as f64 - self.log_z) as f32,
+            top: self.top,
+        }
+    }
+}
+
 /// Index of the largest value, the first on ties (as `torch.argmax` and the in-process oracle).
 pub fn argmax(row: &[f32]) -> u32 {
     vlm_compute::argmax(row)
@@ -119,24 +330,29 @@ mod tests {
             top_k,
             top_p,
             seed,
+            ..SamplingConfig::greedy()
         }
+    }
+
+    fn token(s: &mut Sampler, logits: &[f32]) -> u32 {
+        s.sample(logits, &[]).token
     }
 
     #[test]
     fn greedy_is_argmax_first_on_ties() {
-        let mut s = Sampler::new(SamplingConfig::greedy());
-        assert_eq!(s.sample(&[0.1, 3.0, 3.0, -1.0]), 1);
+        let mut s = Sampler::new(SamplingConfig::greedy(), &[]);
+        assert_eq!(token(&mut s, &[0.1, 3.0, 3.0, -1.0]), 1);
         // top_k = 1 is greedy whatever the temperature.
-        let mut s = Sampler::new(cfg(2.0, 1, 1.0, 7));
-        assert_eq!(s.sample(&[0.1, 3.0, 2.9, -1.0]), 1);
+        let mut s = Sampler::new(cfg(2.0, 1, 1.0, 7), &[]);
+        assert_eq!(token(&mut s, &[0.1, 3.0, 2.9, -1.0]), 1);
     }
 
     #[test]
     fn same_seed_same_tokens() {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let run = |seed| {
-            let mut s = Sampler::new(cfg(1.0, 0, 1.0, seed));
-            (0..40).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+            let mut s = Sampler::new(cfg(1.0, 0, 1.0, seed), &[]);
+            (0..40).map(|_| token(&mut s, &logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(42), run(42));
         assert_ne!(run(42), run(43));
@@ -145,27 +361,187 @@ mod tests {
     #[test]
     fn top_k_and_top_p_restrict_the_candidates() {
         let logits = [5.0, 4.0, 0.0, -1.0, 4.5];
-        let mut s = Sampler::new(cfg(1.0, 2, 1.0, 1));
+        let mut s = Sampler::new(cfg(1.0, 2, 1.0, 1), &[]);
         for _ in 0..200 {
-            let t = s.sample(&logits);
+            let t = token(&mut s, &logits);
             assert!(t == 0 || t == 4, "top-2 are ids 0 and 4, got {t}");
         }
         // p(0) ~ 0.5, p(4) ~ 0.3: top_p 0.6 keeps exactly those two.
-        let mut s = Sampler::new(cfg(1.0, 0, 0.6, 1));
+        let mut s = Sampler::new(cfg(1.0, 0, 0.6, 1), &[]);
         let mut seen = [false; 5];
         for _ in 0..500 {
-            seen[s.sample(&logits) as usize] = true;
+            seen[token(&mut s, &logits) as usize] = true;
         }
         assert_eq!(seen, [true, false, false, false, true]);
         // A tiny top_p is greedy.
-        let mut s = Sampler::new(cfg(1.0, 0, 0.01, 1));
-        assert!((0..50).all(|_| s.sample(&logits) == 0));
+        let mut s = Sampler::new(cfg(1.0, 0, 0.01, 1), &[]);
+        assert!((0..50).all(|_| token(&mut s, &logits) == 0));
+    }
+
+    #[test]
+    fn min_p_drops_tokens_below_its_share_of_the_top() {
+        // p ~ [0.50, 0.18, 0.01, 0.003, 0.30]: min_p 0.5 keeps ids 0 (1.0x) and 4 (0.61x).
+        let logits = [5.0, 4.0, 0.0, -1.0, 4.5];
+        let mut s = Sampler::new(
+            SamplingConfig {
+                min_p: 0.5,
+                ..cfg(1.0, 0, 1.0, 5)
+            },
+            &[],
+        );
+        let mut seen = [false; 5];
+        for _ in 0..500 {
+            seen[token(&mut s, &logits) as usize] = true;
+        }
+        assert_eq!(seen, [true, false, false, false, true]);
     }
 
     #[test]
     fn low_temperature_concentrates_on_the_max() {
         let logits = [1.0, 1.2, 0.9];
-        let mut s = Sampler::new(cfg(0.01, 0, 1.0, 3));
-        assert!((0..100).all(|_| s.sample(&logits) == 1));
+        let mut s = Sampler::new(cfg(0.01, 0, 1.0, 3), &[]);
+        assert!((0..100).all(|_| token(&mut s, &logits) == 1));
+    }
+
+    #[test]
+    fn logit_bias_moves_the_greedy_choice() {
+        let logits = [1.0, 3.0, 2.0];
+        let mut s = Sampler::new(
+            SamplingConfig {
+                logit_bias: vec![(2, 5.0), (1, -100.0)],
+                ..SamplingConfig::greedy()
+            },
+            &[],
+        );
+        assert_eq!(token(&mut s, &logits), 2);
+        // Out-of-row ids are ignored here (the service refused them before).
+        let mut s = Sampler::new(
+            SamplingConfig {
+                logit_bias: vec![(9, 5.0)],
+                ..SamplingConfig::greedy()
+            },
+            &[],
+        );
+        assert_eq!(token(&mut s, &logits), 1);
+    }
+
+    #[test]
+    fn min_tokens_masks_the_stop_ids_until_reached() {
+        let logits = [1.0, 3.0, 2.0];
+        let mut s = Sampler::new(
+            SamplingConfig {
+                min_tokens: 2,
+                ..SamplingConfig::greedy()
+            },
+            &[],
+        );
+        let run: Vec<u32> = (0..3).map(|_| s.sample(&logits, &[1]).token).collect();
+        assert_eq!(run, [2, 2, 1]);
+    }
+
+    fn penalized(p: Penalties, prompt: &[u32]) -> Sampler {
+        Sampler::new(
+            SamplingConfig {
+                penalties: p,
+                ..SamplingConfig::greedy()
+            },
+            prompt,
+        )
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_act_on_the_output_only() {
+        let logits = [3.0, 2.5, 0.0];
+        // Presence 1: id 0 is used once, then 0 - 1 = 2 < 2.5 -> id 1, then both penalized.
+        let mut s = penalized(
+            Penalties {
+                presence: 1.0,
+                ..Penalties::default()
+            },
+            &[0, 0, 0],
+        );
+        let run: Vec<u32> = (0..4).map(|_| token(&mut s, &logits)).collect();
+        assert_eq!(run, [0, 1, 0, 0]);
+        // Frequency 0.4: the penalty grows with each use: 3.0, 2.6, 2.2 for id 0.
+        let mut s = penalized(
+            Penalties {
+                frequency: 0.4,
+                ..Penalties::default()
+            },
+            &[],
+        );
+        let run: Vec<u32> = (0..4).map(|_| token(&mut s, &logits)).collect();
+        assert_eq!(run, [0, 0, 1, 0]);
+        // A negative penalty encourages repeats.
+        let mut s = penalized(
+            Penalties {
+                presence: -2.0,
+                ..Penalties::default()
+            },
+            &[],
+        );
+        assert!((0..5).all(|_| token(&mut s, &[2.0, 3.0, 2.9]) == 1));
+    }
+
+    #[test]
+    fn repetition_penalty_covers_prompt_and_output_with_the_sign_rule() {
+        // id 0 is in the prompt: 3.0 / 2 = 1.5 < 2.5.
+        let mut s = penalized(
+            Penalties {
+                repetition: 2.0,
+                ..Penalties::default()
+            },
+            &[0],
+        );
+        assert_eq!(token(&mut s, &[3.0, 2.5, 0.0]), 1);
+        // Then id 1 is in the output too: 2.5 / 2 = 1.25 < 1.5.
+        assert_eq!(token(&mut s, &[3.0, 2.5, -0.5]), 0);
+        let mut s = penalized(
+            Penalties {
+                repetition: 2.0,
+                ..Penalties::default()
+            },
+            &[2],
+        );
+        // -0.5 * 2 = -1.0 < -0.8: the unseen id 1 wins.
+        assert_eq!(token(&mut s, &[-2.0, -0.8, -0.5]), 1);
+    }
+
+    #[test]
+    fn raw_logprobs_are_sorted_normalised_and_include_the_sample() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -5.0];
+        let mut s = Sampler::new(
+            SamplingConfig {
+                logprobs: Some(3),
+                logit_bias: vec![(4, 100.0)],
+                ..SamplingConfig::greedy()
+            },
+            &[],
+        );
+        let out = s.sample(&logits, &[]);
+        // The bias chose id 4; its logprob is the raw one.
+        assert_eq!(out.token, 4);
+        let lp = out.logprob.unwrap();
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        let want = |i: usize| (logits[i] as f64 - z.ln()) as f32;
+        assert!((lp.logprob - want(4)).abs() < 1e-6);
+        // Top 3, most likely first; ties keep the lower id first.
+        let ids: Vec<u32> = lp.top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, [1, 3, 2]);
+        for &(i, l) in &lp.top {
+            assert!((l - want(i as usize)).abs() < 1e-6);
+        }
+        let mass: f32 = lp.top.iter().map(|t| t.1.exp()).sum();
+        assert!(mass <= 1.0 && mass > 0.8, "{mass}");
+        // No alternatives asked for: only the token's own.
+        let mut s = Sampler::new(
+            SamplingConfig {
+                logprobs: Some(0),
+                ..SamplingConfig::greedy()
+            },
+            &[],
+        );
+        let lp = s.sample(&logits, &[]).logprob.unwrap();
+        assert_eq!((lp.token_id, lp.top.len()), (1, 0));
     }
 }

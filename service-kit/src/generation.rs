@@ -23,6 +23,49 @@ pub struct Usage {
     pub cached_tokens: u32,
 }
 
+/// The log-probability of one generated token and the most likely alternatives at its
+/// position (most likely first), under the model's raw distribution.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TokenLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// (token id, logprob), most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+impl From<TokenLogprob> for pb::TokenLogprob {
+    fn from(l: TokenLogprob) -> Self {
+        pb::TokenLogprob {
+            token_id: l.token_id,
+            logprob: l.logprob,
+            top_logprobs: l
+                .top
+                .into_iter()
+                .map(|(token_id, logprob)| pb::TopLogprob {
+                    token_id,
+                    logprob,
+                    token: String::new(),
+                })
+                .collect(),
+            token: String::new(),
+        }
+    }
+}
+
+impl From<pb::TokenLogprob> for TokenLogprob {
+    fn from(l: pb::TokenLogprob) -> Self {
+        TokenLogprob {
+            token_id: l.token_id,
+            logprob: l.logprob,
+            top: l
+                .top_logprobs
+                .into_iter()
+                .map(|t| (t.token_id, t.logprob))
+                .collect(),
+        }
+    }
+}
+
 impl From<Finish> for pb::FinishReason {
     fn from(f: Finish) -> Self {
         match f {
@@ -110,6 +153,18 @@ mod tests {
         }
         // A value from a newer peer reads as "not finished", as before.
         assert_eq!(Finish::from_wire(99), None);
+    }
+
+    #[test]
+    fn logprobs_round_trip() {
+        let l = TokenLogprob {
+            token_id: 4,
+            logprob: -0.5,
+            top: vec![(4, -0.5), (9, -1.25)],
+        };
+        let wire = pb::TokenLogprob::from(l.clone());
+        assert_eq!(wire.top_logprobs[1].token_id, 9);
+        assert_eq!(TokenLogprob::from(wire), l);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What every vlm service shares, wired once: logging and tracing setup, the Prometheus
 //! endpoint, `grpc.health.v1` + reflection, the gRPC server's start-up and drain ([`server`]),
-//! the shutdown signal, core pinning for the CPU device pool, and the generation types the LM
-//! and the gateway both speak ([`generation`]).
+//! the shutdown signal, core pinning for the CPU device pool, the generation types the LM
+//! and the gateway both speak ([`generation`]) and the sampling limits both check ([`sampling`]).
 
 pub mod affinity;
 pub mod backend_info;
@@ -9,6 +9,7 @@ pub mod config;
 pub mod generation;
 pub mod grpc;
 pub mod metrics_http;
+pub mod sampling;
 pub mod server;
 pub mod shutdown;
 pub mod telemetry;

@@ -450,6 +450,22 @@ impl ChatTokenizer {
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.tokenizer.id_to_token(id)
     }
+    /// The bytes token `id` stands for in decoded text (special tokens: their content), as
+    /// OpenAI's logprob `bytes`; `None` for an id the tokenizer does not know.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        let inner = &self.inner;
+        match &inner.byte_decoder {
+            Some(table) => inner.token_bytes(id, false, table),
+            None => {
+                inner.tokenizer.id_to_token(id)?;
+                inner
+                    .tokenizer
+                    .decode(&[id], false)
+                    .ok()
+                    .map(String::into_bytes)
+            }
+        }
+    }
     /// Tokens known to the tokenizer, added tokens included (may be below the embedding's rows).
     pub fn vocab_size(&self) -> usize {
         self.inner.tokenizer.get_vocab_size(true)

@@ -241,6 +241,22 @@ fn incremental_decoding_never_splits_a_character() {
 }
 
 #[test]
+fn token_bytes_concatenate_to_the_text() {
+    let (_d, tok) = tiny();
+    let s = "Crab 🦀 and 日本語<|im_end|>";
+    let ids = tok.encode(s).unwrap();
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&id| tok.token_bytes(id).unwrap())
+        .collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), s);
+    // A byte token of a split character is that one byte, not U+FFFD.
+    let crab = tok.encode("🦀").unwrap();
+    assert_eq!(tok.token_bytes(crab[0]).unwrap(), vec![0xF0]);
+    assert_eq!(tok.token_bytes(u32::MAX), None);
+}
+
+#[test]
 fn incremental_decoding_equals_full_decoding_on_random_ids() {
     let (_d, tok) = tiny();
     let mut state = 0x2545_F491_4F6C_DD1Du64;

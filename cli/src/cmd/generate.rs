@@ -89,8 +89,7 @@ pub fn request(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
             top_k: args.top_k.unwrap_or(0),
             seed: args.seed,
             stop: args.stop.clone(),
-            stop_token_ids: Vec::new(),
-            ignore_eos: false,
+            ..Default::default()
         }),
         model: String::new(),
     })

@@ -556,6 +556,8 @@ pub struct Output {
     pub tokens: Vec<u32>,
     pub finish: i32,
     pub usage: pb::Usage,
+    /// One per token when the request asked for logprobs.
+    pub logprobs: Vec<pb::TokenLogprob>,
 }
 
 /// Gateway.Generate, read to the end.
@@ -567,6 +569,7 @@ pub async fn generate(addr: &str, req: pb::GenerateRequest) -> Result<Output, to
     while let Some(m) = stream.message().await? {
         out.text.push_str(&m.text);
         out.tokens.extend(m.token_ids);
+        out.logprobs.extend(m.logprobs);
         if m.finish_reason != 0 {
             out.finish = m.finish_reason;
             out.usage = m.usage.unwrap_or_default();
@@ -576,6 +579,34 @@ pub async fn generate(addr: &str, req: pb::GenerateRequest) -> Result<Output, to
 }
 
 // ---------------------------------------------------------------- HTTP
+
+/// The JSON chunks of a streamed answer, checking that it ends with `data: [DONE]`.
+pub fn sse_chunks(body: &str) -> Vec<serde_json::Value> {
+    let events: Vec<&str> = body.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.last().copied(), Some("data: [DONE]"), "{body}");
+    events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e.strip_prefix("data: ").unwrap()).unwrap())
+        .collect()
+}
+
+/// The text the chunks' deltas add up to.
+pub fn sse_text(chunks: &[serde_json::Value]) -> String {
+    chunks
+        .iter()
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str())
+        .collect()
+}
+
+/// POST /v1/chat/completions with a JSON body: (status, body).
+pub fn post_json(addr: &str, v: &serde_json::Value) -> (u16, String) {
+    http(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        v.to_string().as_bytes(),
+    )
+}
 
 /// A minimal HTTP/1.1 client: (status, body), chunked bodies decoded.
 pub fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> (u16, String) {

@@ -1,0 +1,226 @@
+//! End-to-end: logprobs and the sampling parameters through the three real binaries on the
+//! tiny random checkpoint. Each parameter is checked against what it must do to greedy
+//! output; the expectations come from the run's own raw logprobs (the LM computes them before
+//! any bias or penalty, so they give the margins a bias or a penalty has to beat).
+#![allow(clippy::await_holding_lock)]
+mod support;
+
+use serde_json::{json, Value};
+use support::*;
+use vlm_proto::v1 as pb;
+
+const N: u32 = 16;
+const TOP: usize = 5;
+const PROMPT: &str = "Tell me a story about a cat and a dog.";
+
+/// Greedy, N tokens whatever EOS does, logprobs with TOP alternatives; then `f`.
+fn request(f: impl FnOnce(&mut pb::SamplingParams)) -> pb::GenerateRequest {
+    let mut r = grpc_request(&[], PROMPT, N);
+    let s = r.sampling.as_mut().unwrap();
+    s.ignore_eos = true;
+    s.logprobs = true;
+    s.top_logprobs = TOP as u32;
+    f(s);
+    r
+}
+
+fn http_request(extra: Value) -> Value {
+    let mut b = json!({
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": N, "temperature": 0, "ignore_eos": true,
+        "logprobs": true, "top_logprobs": TOP,
+    });
+    for (k, v) in extra.as_object().unwrap() {
+        b[k] = v.clone();
+    }
+    b
+}
+
+/// The first position whose token was already generated and where a `penalty` (per use, or
+/// once when `per_use` is false) must change the greedy choice: an alternative in the top
+/// logprobs beats the penalized token by a clear margin.
+fn forced_change(base: &Output, penalty: f32, per_use: bool) -> Option<usize> {
+    let uses = |t: u32, p: usize| {
+        let c = base.tokens[..p].iter().filter(|&&x| x == t).count() as f32;
+        if per_use {
+            c
+        } else {
+            c.min(1.0)
+        }
+    };
+    (0..base.tokens.len()).find(|&p| {
+        let t = base.tokens[p];
+        let lp = &base.logprobs[p];
+        let penalized = lp.logprob - penalty * uses(t, p);
+        uses(t, p) > 0.0
+            && lp.top_logprobs.iter().any(|u| {
+                u.token_id != t && u.logprob - penalty * uses(u.token_id, p) > penalized + 1e-3
+            })
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_and_sampling_parameters_act_as_documented() {
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let gw = c.grpc();
+
+    // Logprobs: one per token, the token's own first among its alternatives (greedy picks the
+    // raw argmax), sorted, a probability mass of at most 1, and texts filled by the gateway.
+    let base = generate(&gw, request(|_| {})).await.unwrap();
+    assert_eq!(base.tokens.len(), N as usize);
+    assert_eq!(base.logprobs.len(), N as usize);
+    for (p, (lp, &t)) in base.logprobs.iter().zip(&base.tokens).enumerate() {
+        assert_eq!(lp.token_id, t, "position {p}");
+        assert_eq!(lp.top_logprobs.len(), TOP, "position {p}");
+        assert_eq!(lp.top_logprobs[0].token_id, t, "position {p}");
+        assert!((lp.top_logprobs[0].logprob - lp.logprob).abs() < 1e-6);
+        assert_eq!(lp.top_logprobs[0].token, lp.token);
+        assert!(lp
+            .top_logprobs
+            .windows(2)
+            .all(|w| w[0].logprob >= w[1].logprob));
+        let mass: f32 = lp.top_logprobs.iter().map(|t| t.logprob.exp()).sum();
+        assert!(mass <= 1.0 + 1e-4, "position {p}: mass {mass}");
+        assert!(lp.logprob <= 0.0);
+    }
+
+    // The same through HTTP, not streamed and streamed, in OpenAI's shapes.
+    let (status, text) = post_json(&c.http(), &http_request(json!({})));
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let content = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(content.len(), N as usize);
+    for (e, lp) in content.iter().zip(&base.logprobs) {
+        assert_eq!(e["token"], lp.token.as_str());
+        assert!((e["logprob"].as_f64().unwrap() - lp.logprob as f64).abs() < 1e-5);
+        let bytes: Vec<u8> = e["bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b.as_u64().unwrap() as u8)
+            .collect();
+        assert_eq!(String::from_utf8_lossy(&bytes), lp.token);
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), TOP);
+        assert_eq!(top[1]["token"], lp.top_logprobs[1].token.as_str());
+    }
+    assert_eq!(v["choices"][0]["message"]["content"], base.text.as_str());
+    let (status, text) = post_json(&c.http(), &http_request(json!({"stream": true})));
+    assert_eq!(status, 200, "{text}");
+    let streamed: Vec<String> = sse_chunks(&text)
+        .iter()
+        .filter_map(|ch| ch["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .map(|e| e["token"].as_str().unwrap().to_string())
+        .collect();
+    let want: Vec<String> = base.logprobs.iter().map(|l| l.token.clone()).collect();
+    assert_eq!(streamed, want);
+    // Without logprobs, none.
+    let (_, text) = post_json(
+        &c.http(),
+        &http_request(json!({"logprobs": false, "top_logprobs": 0})),
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert!(v["choices"][0]["logprobs"].is_null(), "{text}");
+
+    // logit_bias +100 on the 5th most likely first token: every token is it, and its logprob
+    // is still the raw one.
+    let x = base.logprobs[0].top_logprobs[TOP - 1].clone();
+    let biased = generate(
+        &gw,
+        request(|s| {
+            s.logit_bias.insert(x.token_id, 100.0);
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(
+        biased.tokens.iter().all(|&t| t == x.token_id),
+        "{:?}",
+        biased.tokens
+    );
+    assert!((biased.logprobs[0].logprob - x.logprob).abs() < 1e-5);
+    // -100 on the greedy first token: the runner-up comes first.
+    let banned = generate(
+        &gw,
+        request(|s| {
+            s.logit_bias.insert(base.tokens[0], -100.0);
+        }),
+    )
+    .await
+    .unwrap();
+    assert_eq!(banned.tokens[0], base.logprobs[0].top_logprobs[1].token_id);
+
+    // A stop token id ends the output at its first occurrence; min_tokens masks it until then
+    // (the runner-up takes its place).
+    let s = base.tokens[2];
+    let p = base.tokens.iter().position(|&t| t == s).unwrap();
+    let stopped = generate(&gw, request(|r| r.stop_token_ids = vec![s]))
+        .await
+        .unwrap();
+    assert_eq!(stopped.tokens, base.tokens[..=p]);
+    assert_eq!(stopped.finish, pb::FinishReason::Stop as i32);
+    let min = p as u32 + 2;
+    let held = generate(
+        &gw,
+        request(|r| {
+            r.stop_token_ids = vec![s];
+            r.min_tokens = min;
+        }),
+    )
+    .await
+    .unwrap();
+    assert!(held.tokens.len() >= min as usize, "{:?}", held.tokens);
+    assert!(
+        !held.tokens[..min as usize].contains(&s),
+        "{:?}",
+        held.tokens
+    );
+    assert_eq!(held.tokens[..p], base.tokens[..p]);
+    assert_eq!(held.tokens[p], base.logprobs[p].top_logprobs[1].token_id);
+
+    // Penalties: identical output up to the first repeat they must overturn, then a
+    // different token there.
+    for (name, per_use) in [("frequency_penalty", true), ("presence_penalty", false)] {
+        let q = forced_change(&base, 2.0, per_use).unwrap_or_else(|| {
+            panic!(
+                "no position of {:?} where {name} 2 must change the choice",
+                base.tokens
+            )
+        });
+        let out = generate(
+            &gw,
+            request(|r| {
+                if per_use {
+                    r.frequency_penalty = 2.0;
+                } else {
+                    r.presence_penalty = 2.0;
+                }
+            }),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.tokens[..q], base.tokens[..q], "{name}");
+        assert_ne!(out.tokens[q], base.tokens[q], "{name} at {q}");
+    }
+    // A repetition penalty changes a greedy output that repeats itself.
+    let out = generate(&gw, request(|r| r.repetition_penalty = 2.0))
+        .await
+        .unwrap();
+    assert_ne!(out.tokens, base.tokens);
+
+    // The LM checks token ids against its vocabulary (the internal API trusts no caller).
+    let e = generate(
+        &gw,
+        request(|r| {
+            r.logit_bias.insert(10_000_000, 1.0);
+        }),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(e.message().contains("vocabulary"), "{e:?}");
+    // Still serving.
+    generate(&gw, request(|_| {})).await.unwrap();
+}
