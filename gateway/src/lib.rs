@@ -14,6 +14,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod openai;
 pub mod openai_params;
+pub mod response_format;
 pub mod routing;
 pub mod service;
 pub mod stream;

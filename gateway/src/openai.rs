@@ -9,6 +9,7 @@ use crate::fetch::{ImageFetcher, Target};
 use crate::generate::{Core, Delta};
 use crate::logprobs::{openai_content, ShownLogprob};
 use crate::openai_params::check_unread;
+use crate::response_format::{structured_output, StructuredFields};
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -146,6 +147,13 @@ pub struct ChatCompletionRequest {
     /// vLLM's extensions.
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
+    /// Structured output (see `response_format`).
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Map<String, Value>>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
     pub stream_options: Option<StreamOptions>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -429,9 +437,18 @@ pub fn parse_chat_request(
         logit_bias.push((id, b));
     }
     logit_bias.sort_by_key(|&(t, _)| t);
+    let structured = structured_output(StructuredFields {
+        response_format: body.response_format,
+        structured_outputs: body.structured_outputs,
+        guided_json: body.guided_json,
+        guided_regex: body.guided_regex,
+        guided_choice: body.guided_choice,
+        guided_grammar: body.guided_grammar,
+    })?;
     let chat = ChatRequest {
         messages,
         sampling: InputSampling {
+            structured,
             max_tokens,
             temperature: body.temperature.unwrap_or(1.0),
             top_p: body.top_p.unwrap_or(0.0),

@@ -1,7 +1,6 @@
 //! The OpenAI chat-completion parameters this server does not implement, and the check that
 //! refuses them: a parameter that would change the output is never accepted and ignored.
-//! A parameter given its no-op value (`store: false`, an empty `tools` list,
-//! `response_format: {"type": "text"}`) or carrying only caller metadata (`user`, `metadata`)
+//! A parameter given its no-op value (`store: false`, an empty `tools` list) or carrying only caller metadata (`user`, `metadata`)
 //! is accepted, as is any parameter sent as `null` (what some clients send for "not given").
 use crate::error::GatewayError;
 use serde_json::{Map, Value};
@@ -10,10 +9,6 @@ use serde_json::{Map, Value};
 fn is_noop(param: &str, v: &Value) -> bool {
     match param {
         "store" | "echo" => v == &Value::Bool(false),
-        "response_format" => {
-            v.as_object().is_some_and(|m| m.len() == 1)
-                && v.get("type").and_then(Value::as_str) == Some("text")
-        }
         "tools" | "functions" => v.as_array().is_some_and(Vec::is_empty),
         "tool_choice" | "function_call" => v.as_str() == Some("none"),
         // Only meaningful with tools, which are refused unless empty.
@@ -48,7 +43,8 @@ pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), Gate
                  refused rather than ignored); supported: model, messages, max_tokens, \
                  max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, \
                  stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty, \
-                 logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, stream, \
+                 logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, response_format, \
+                 structured_outputs, guided_json/regex/choice/grammar, stream, \
                  stream_options.include_usage, n = 1"
             ),
         ));
@@ -68,14 +64,6 @@ mod tests {
     #[test]
     fn refuses_what_would_change_the_output_and_names_it() {
         for (body, param) in [
-            (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
-            (
-                json!({"response_format": {"type": "bogus"}}),
-                "response_format",
-            ),
             (
                 json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
                 "tools",
@@ -97,7 +85,7 @@ mod tests {
             "tools": [],
             "tool_choice": "none", "parallel_tool_calls": true, "user": "u1",
             "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
-            "response_format": {"type": "text"}, "modalities": ["text"], "seed_extra": null
+        "modalities": ["text"], "seed_extra": null
         }))
         .unwrap();
     }

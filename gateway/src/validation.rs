@@ -44,6 +44,8 @@ pub struct InputSampling {
     pub min_tokens: u32,
     pub logprobs: bool,
     pub top_logprobs: u32,
+    /// The grammar the output must follow (compiled and enforced by the LM).
+    pub structured: Option<vlm_proto::StructuredOutput>,
 }
 
 impl InputSampling {
@@ -66,6 +68,7 @@ impl InputSampling {
             min_tokens: self.min_tokens,
             logprobs: self.logprobs,
             top_logprobs: self.top_logprobs,
+            structured: self.structured.clone(),
         }
     }
 
@@ -90,6 +93,7 @@ impl InputSampling {
             min_tokens: s.min_tokens,
             logprobs: s.logprobs,
             top_logprobs: s.top_logprobs,
+            structured: s.structured,
         }
     }
 }

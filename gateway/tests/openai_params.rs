@@ -23,8 +23,8 @@ async fn unsupported_parameters_are_refused_by_name() {
     let png = "data:image/png;base64,iVBORw0KGgo=";
     for (b, param) in [
         (
-            body(json!({"response_format": {"type": "json_object"}})),
-            "response_format",
+            body(json!({"response_format": {"type": "bogus"}})),
+            "response_format.type",
         ),
         // Fields are checked in name order: tool_choice before tools.
         (
@@ -145,7 +145,7 @@ async fn served_and_no_op_values_metadata_and_developer_role_pass_the_checks() {
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
         "logprobs": true, "top_logprobs": 20, "logit_bias": {"11": -100, "12": 3.5},
         "min_p": 0.05, "top_k": -1, "min_tokens": 2, "stop_token_ids": [7],
-        "tools": [], "tool_choice": "none", "response_format": {"type": "text"},
+        "tools": [], "tool_choice": "none", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
         "user": "u-1", "metadata": {"team": "a"}, "store": false, "top_logprobs": null,
         "stream": true, "stream_options": {"include_usage": false}
     });

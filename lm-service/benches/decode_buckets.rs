@@ -159,6 +159,7 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
                     layout,
                     image_tokens: 0,
                     sampling: SamplingConfig::greedy(),
+                    guide: None,
                     max_new_tokens: new_tokens,
                     stop_ids: Vec::new(),
                     deadline: None,

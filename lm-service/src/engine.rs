@@ -6,6 +6,7 @@ use crate::error::LmError;
 use crate::kv::{BlockKey, ImageSpan, KeyChain, SeqId};
 use crate::sampler::{Sampled, Sampler, SamplingConfig};
 use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
+use crate::structured::Guide;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -80,6 +81,8 @@ pub struct SeqRequest {
     pub layout: PromptLayout,
     pub image_tokens: u32,
     pub sampling: SamplingConfig,
+    /// The structured-output constraint (moved into the sampler at admission).
+    pub guide: Option<Guide>,
     /// Most tokens to generate (already capped to the context).
     pub max_new_tokens: usize,
     /// Token ids that end the generation (EOS unless ignored, plus the request's).
@@ -371,7 +374,9 @@ impl Engine {
                 );
                 keys.extend(&req.prompt, &[]);
                 self.sched.extend_keys(id, keys.keys());
-                let sampler = Sampler::new(req.sampling.clone(), &req.prompt);
+                let mut req = req;
+                let sampler =
+                    Sampler::new(req.sampling.clone(), &req.prompt).with_guide(req.guide.take());
                 self.seqs.insert(
                     id,
                     SeqState {
@@ -532,7 +537,18 @@ impl Engine {
         let Some(s) = self.seqs.get_mut(&id) else {
             return;
         };
-        let Sampled { token, logprob } = s.sampler.sample(logits, &s.req.stop_ids);
+        let Sampled {
+            token,
+            logprob,
+            grammar_done,
+        } = match s.sampler.sample(logits, &s.req.stop_ids) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(parent: &s.req.span, error = %e, "sampling failed");
+                self.fail(id, LmError::internal(e));
+                return;
+            }
+        };
         let now = Instant::now();
         match s.last_token_at {
             None => {
@@ -557,7 +573,7 @@ impl Engine {
             let keys = s.keys.keys();
             self.sched.extend_keys(id, &keys[keys.len() - added..]);
         }
-        let finish = if s.req.stop_ids.contains(&token) {
+        let finish = if s.req.stop_ids.contains(&token) || grammar_done {
             Some(Finish::Stop)
         } else if s.generated.len() >= s.req.max_new_tokens {
             Some(Finish::Length)

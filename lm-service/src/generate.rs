@@ -5,9 +5,10 @@ use crate::embed_cache::EmbedCache;
 use crate::engine::{EngineHandle, GenEvent, SeqRequest};
 use crate::error::LmError;
 use crate::sampler::{Penalties, SamplingConfig};
+use crate::structured::Grammars;
 use crate::vision_client::{EmbedShape, EncodeItem, VisionClients};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tracing::Span;
@@ -38,6 +39,8 @@ pub struct ImageIn {
 #[derive(Debug)]
 pub struct Context {
     pub engine: EngineHandle,
+    /// The grammar compiler; `None` when the checkpoint has no usable tokenizer.json.
+    pub grammars: Option<Arc<Grammars>>,
     pub cache: Mutex<EmbedCache>,
     pub vision: VisionClients,
     pub draining: AtomicBool,
@@ -128,6 +131,19 @@ pub async fn generate(
         min_tokens: s.min_tokens as usize,
         logprobs: s.logprobs.then_some(s.top_logprobs as usize),
     };
+    // Structured output: compiled before any image is encoded, so a bad grammar costs nothing.
+    let guide = match (&s.structured, &ctx.grammars) {
+        (None, _) => None,
+        (Some(_), None) => {
+            return Err(LmError::validation(
+                "structured output is unavailable on this LM replica: its checkpoint has no \
+                 usable tokenizer.json (see the replica's start-up log)",
+            ))
+        }
+        (Some(spec), Some(g)) => Some(g.compile(spec).map_err(|e| {
+            LmError::validation(format!("structured output cannot be compiled: {e}"))
+        })?),
+    };
     let mut stop_ids = s.stop_token_ids.clone();
     if !s.ignore_eos {
         stop_ids.extend_from_slice(&info.model.eos_token_ids);
@@ -166,6 +182,7 @@ pub async fn generate(
         layout,
         image_tokens,
         sampling,
+        guide,
         max_new_tokens: max_new,
         stop_ids,
         deadline: input.deadline,

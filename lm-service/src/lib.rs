@@ -19,6 +19,7 @@ pub mod kv;
 pub mod sampler;
 pub mod scheduler;
 pub mod service;
+pub mod structured;
 pub mod vision_client;
 
 pub use error::{LmError, ServeError};
@@ -228,8 +229,10 @@ pub async fn run(
             kernels = %info.backend.kernels_line(),
             "LM engine ready: prefill path and decode graphs warmed, KV pool allocated"
         );
+        let grammars = load_grammars(&cfg.model_dir, &info).await;
         let _ = cell.set(Arc::new(Context {
             engine: engine.clone(),
+            grammars,
             cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
             vision: vision_client::VisionClients::new(),
             draining: AtomicBool::new(false),
@@ -284,5 +287,34 @@ async fn watch_engine(engine: EngineHandle, alive: watch::Sender<bool>) {
     }
     if alive.send(false).is_ok() {
         tracing::error!("the LM engine thread has stopped; reporting NOT_SERVING");
+    }
+}
+
+/// The structured-output compiler for this checkpoint, off the async threads; without it the
+/// replica serves everything but structured output (and says so).
+async fn load_grammars(
+    model_dir: &std::path::Path,
+    info: &engine::EngineInfo,
+) -> Option<Arc<structured::Grammars>> {
+    let dir = model_dir.to_path_buf();
+    let vocab = info.model.text.vocab_size;
+    let eos = *info.model.eos_token_ids.first()?;
+    let t0 = std::time::Instant::now();
+    match tokio::task::spawn_blocking(move || structured::Grammars::load(&dir, vocab, eos)).await {
+        Ok(Ok(g)) => {
+            tracing::info!(
+                ms = t0.elapsed().as_millis() as u64,
+                "structured output ready (llguidance token trie built)"
+            );
+            Some(Arc::new(g))
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "structured output unavailable");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "structured output unavailable: loader panicked");
+            None
+        }
     }
 }

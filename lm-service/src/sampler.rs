@@ -1,7 +1,8 @@
 //! Choosing the next token from a row of logits, in vLLM's order (v1 `Sampler.forward`):
 //! 1. raw log-probabilities, when asked for (vLLM's default `logprobs_mode = raw_logprobs`:
 //!    before any of the steps below);
-//! 2. `min_tokens` (stop ids masked until then) and `logit_bias`;
+//! 2. `min_tokens` (stop ids masked until then), `logit_bias`, and the structured-output mask
+//!    (`structured`: what the grammar does not allow next is -inf);
 //! 3. penalties (`apply_all_penalties`): repetition over prompt + output, then frequency and
 //!    presence over the output;
 //! 4. greedy (temperature 0: argmax of the processed row), else temperature, `min_p`, `top_k`,
@@ -10,6 +11,7 @@
 //!
 //! Stop conditions on token ids (EOS, `stop_token_ids`, `max_tokens`) are decided in the
 //! engine; stop *strings* are the gateway's, since it owns detokenization.
+use crate::structured::Guide;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{HashMap, HashSet};
@@ -85,6 +87,8 @@ impl SamplingConfig {
 pub struct Sampled {
     pub token: u32,
     pub logprob: Option<TokenLogprob>,
+    /// The request's grammar is complete: the output must end here.
+    pub grammar_done: bool,
 }
 
 /// One request's sampler: its settings, its random generator, and the token history the
@@ -100,6 +104,8 @@ pub struct Sampler {
     generated: usize,
     /// The processed row, reused across steps.
     scratch: Vec<f32>,
+    /// The structured-output constraint, if any.
+    guide: Option<Guide>,
 }
 
 impl Sampler {
@@ -117,7 +123,14 @@ impl Sampler {
             counts: HashMap::new(),
             generated: 0,
             scratch: Vec::new(),
+            guide: None,
         }
+    }
+
+    /// Constrains every token to what `guide`'s grammar allows.
+    pub fn with_guide(mut self, guide: Option<Guide>) -> Self {
+        self.guide = guide;
+        self
     }
 
     pub fn config(&self) -> &SamplingConfig {
@@ -125,30 +138,42 @@ impl Sampler {
     }
 
     /// The next token from `logits` (one row, vocab entries). `stop_ids` are masked while
-    /// fewer than `min_tokens` tokens have been generated.
-    pub fn sample(&mut self, logits: &[f32], stop_ids: &[u32]) -> Sampled {
+    /// fewer than `min_tokens` tokens have been generated. Fails only when the grammar engine
+    /// does.
+    pub fn sample(&mut self, logits: &[f32], stop_ids: &[u32]) -> Result<Sampled, String> {
         let raw = self.cfg.logprobs.map(|k| RawLogprobs::of(logits, k));
         let token = if self.needs_processing() {
             let mut row = std::mem::take(&mut self.scratch);
             self.process(logits, stop_ids, &mut row);
-            let t = self.choose(&row);
+            let masked = match &mut self.guide {
+                Some(g) => g.mask(&mut row),
+                None => Ok(()),
+            };
+            let t = masked.map(|()| self.choose(&row));
             self.scratch = row;
-            t
+            t?
         } else {
             self.choose(logits)
         };
+        let mut grammar_done = false;
+        if let Some(g) = &mut self.guide {
+            g.advance(token)?;
+            grammar_done = g.is_done();
+        }
         self.generated += 1;
         if self.cfg.penalties.any() {
             *self.counts.entry(token).or_insert(0) += 1;
         }
-        Sampled {
+        Ok(Sampled {
             token,
             logprob: raw.map(|r| r.token(logits, token)),
-        }
+            grammar_done,
+        })
     }
 
     fn needs_processing(&self) -> bool {
         self.generated < self.cfg.min_tokens
+            || self.guide.is_some()
             || !self.cfg.logit_bias.is_empty()
             || self.cfg.penalties.any()
     }
@@ -335,7 +360,7 @@ mod tests {
     }
 
     fn token(s: &mut Sampler, logits: &[f32]) -> u32 {
-        s.sample(logits, &[]).token
+        s.sample(logits, &[]).unwrap().token
     }
 
     #[test]
@@ -435,7 +460,9 @@ mod tests {
             },
             &[],
         );
-        let run: Vec<u32> = (0..3).map(|_| s.sample(&logits, &[1]).token).collect();
+        let run: Vec<u32> = (0..3)
+            .map(|_| s.sample(&logits, &[1]).unwrap().token)
+            .collect();
         assert_eq!(run, [2, 2, 1]);
     }
 
@@ -518,7 +545,7 @@ mod tests {
             },
             &[],
         );
-        let out = s.sample(&logits, &[]);
+        let out = s.sample(&logits, &[]).unwrap();
         // The bias chose id 4; its logprob is the raw one.
         assert_eq!(out.token, 4);
         let lp = out.logprob.unwrap();
@@ -541,7 +568,7 @@ mod tests {
             },
             &[],
         );
-        let lp = s.sample(&logits, &[]).logprob.unwrap();
+        let lp = s.sample(&logits, &[]).unwrap().logprob.unwrap();
         assert_eq!((lp.token_id, lp.top.len()), (1, 0));
     }
 }

@@ -8,6 +8,11 @@ pub const MAX_LOGIT_BIAS: usize = 1024;
 /// Most alternatives per position (`top_logprobs`), as OpenAI.
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
+/// Most bytes of a grammar (schema, regex, Lark text, all choices together).
+pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
+/// Most strings of a choice.
+pub const MAX_CHOICES: usize = 256;
+
 /// A sampling parameter out of its range: which one, and why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message}")]
@@ -100,10 +105,60 @@ pub fn check(s: &pb::SamplingParams, vocab: Option<usize>) -> Result<(), Samplin
             ),
         ));
     }
+    if let Some(g) = &s.structured {
+        check_structured(g)?;
+    }
     if s.top_logprobs > 0 && !s.logprobs {
         return Err(err(
             "top_logprobs",
             "top_logprobs needs logprobs: true".to_string(),
+        ));
+    }
+    Ok(())
+}
+
+/// The grammar's size (the LM compiles it; this bounds that work) and shape.
+fn check_structured(g: &pb::StructuredOutput) -> Result<(), SamplingError> {
+    use pb::structured_output::Kind;
+    let p = "structured";
+    let bytes = match &g.kind {
+        None => return Err(err(
+            p,
+            "structured is set but names no kind (json_schema, json_object, regex, choice or lark)"
+                .into(),
+        )),
+        Some(Kind::JsonObject(false)) => {
+            return Err(err(
+                p,
+                "structured.json_object must be true when given".into(),
+            ))
+        }
+        Some(Kind::JsonObject(true)) => 0,
+        Some(Kind::JsonSchema(t) | Kind::Regex(t) | Kind::Lark(t)) => {
+            if t.is_empty() {
+                return Err(err(p, "structured: the grammar text is empty".into()));
+            }
+            t.len()
+        }
+        Some(Kind::Choice(c)) => {
+            if c.choices.is_empty() || c.choices.len() > MAX_CHOICES {
+                return Err(err(
+                    p,
+                    format!(
+                        "structured.choice has {} strings; it must have 1 to {MAX_CHOICES}",
+                        c.choices.len()
+                    ),
+                ));
+            }
+            c.choices.iter().map(String::len).sum()
+        }
+    };
+    if bytes > MAX_GRAMMAR_BYTES {
+        return Err(err(
+            p,
+            format!(
+                "structured: the grammar is {bytes} bytes, over the limit of {MAX_GRAMMAR_BYTES}"
+            ),
         ));
     }
     Ok(())
@@ -191,6 +246,30 @@ mod tests {
                 }),
             ),
             ("top_logprobs", Box::new(|s| s.top_logprobs = 2)),
+            (
+                "structured",
+                Box::new(|s| s.structured = Some(pb::StructuredOutput { kind: None })),
+            ),
+            (
+                "structured",
+                Box::new(|s| {
+                    s.structured = Some(pb::StructuredOutput {
+                        kind: Some(pb::structured_output::Kind::Regex(
+                            "x".repeat(MAX_GRAMMAR_BYTES + 1),
+                        )),
+                    })
+                }),
+            ),
+            (
+                "structured",
+                Box::new(|s| {
+                    s.structured = Some(pb::StructuredOutput {
+                        kind: Some(pb::structured_output::Kind::Choice(pb::ChoiceList {
+                            choices: vec![],
+                        })),
+                    })
+                }),
+            ),
         ];
         for (param, f) in cases {
             let mut s = pb::SamplingParams::default();
