@@ -398,6 +398,7 @@ async fn one_direct(
                     },
                     InputPart::Text(PROMPT.into()),
                 ],
+                ..Default::default()
             }],
             sampling: InputSampling {
                 max_tokens: tokens,

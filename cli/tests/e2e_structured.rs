@@ -270,3 +270,127 @@ async fn structured_output_always_parses_and_validates() {
     assert!(text.contains("one structured-output constraint"), "{text}");
     answer(&http, &chat(json!({"guided_choice": ["still", "here"]})));
 }
+
+fn tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "maxLength": 12},
+                                          "unit": {"type": "string", "enum": ["c", "f"]}},
+                           "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "now"}},
+    ])
+}
+
+/// Each call is one of the tools, with arguments valid for it.
+fn check_calls(calls: &[Value]) {
+    let defs = tools();
+    assert!(!calls.is_empty());
+    for c in calls {
+        assert!(c["id"].as_str().unwrap().starts_with("call_"), "{c}");
+        assert_eq!(c["type"], "function");
+        let name = c["function"]["name"].as_str().unwrap();
+        let args: Value =
+            serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        let def = defs
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["function"]["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not a tool"));
+        let schema = def["function"]
+            .get("parameters")
+            .cloned()
+            .unwrap_or(json!({"type": "object", "additionalProperties": false}));
+        validate(&schema, &args, &Value::Null).unwrap_or_else(|e| panic!("{c}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn required_and_named_tool_calls_parse_into_tool_calls() {
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let http = c.http();
+    let ask = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Weather in Paris?"}],
+                           "tools": tools(), "max_tokens": 300, "temperature": 1});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        b
+    };
+    let mut first = Value::Null;
+    for seed in 0..3 {
+        let (status, text) = post_json(
+            &http,
+            &ask(json!({"tool_choice": "required", "parallel_tool_calls": false, "seed": seed})),
+        );
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{text}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{text}");
+        check_calls(calls);
+        if seed == 0 {
+            first = v;
+        }
+    }
+    // A named function: only that one.
+    let (_, text) = post_json(
+        &http,
+        &ask(
+            json!({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "seed": 4}),
+        ),
+    );
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .clone();
+    check_calls(&calls);
+    assert!(
+        calls.iter().all(|c| c["function"]["name"] == "get_weather"),
+        "{text}"
+    );
+    // Streamed: the calls come as tool-call deltas on the last chunk.
+    let (status, text) = post_json(
+        &http,
+        &ask(
+            json!({"tool_choice": "required", "parallel_tool_calls": false, "seed": 1, "stream": true}),
+        ),
+    );
+    assert_eq!(status, 200, "{text}");
+    let chunks = sse_chunks(&text);
+    let last = chunks
+        .iter()
+        .find(|ch| ch["choices"][0]["finish_reason"].is_string())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "tool_calls", "{text}");
+    let calls = last["choices"][0]["delta"]["tool_calls"]
+        .as_array()
+        .unwrap();
+    assert_eq!(calls[0]["index"], 0);
+    check_calls(calls);
+    // The call and its result go back into the conversation; the template renders both.
+    let call = first["choices"][0]["message"].clone();
+    let id = call["tool_calls"][0]["id"].as_str().unwrap().to_string();
+    let (status, text) = post_json(
+        &http,
+        &json!({"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            call,
+            {"role": "tool", "tool_call_id": id, "content": "18 C and sunny"}],
+            "tools": tools(), "max_tokens": 5, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+            > first["usage"]["prompt_tokens"].as_u64().unwrap() + 10,
+        "{text}"
+    );
+    // auto: whatever the model says, a well-formed answer.
+    let (status, text) = post_json(&http, &ask(json!({"tool_choice": "auto", "max_tokens": 8})));
+    assert_eq!(status, 200, "{text}");
+}

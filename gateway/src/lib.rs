@@ -18,6 +18,7 @@ pub mod response_format;
 pub mod routing;
 pub mod service;
 pub mod stream;
+pub mod tool_calls;
 pub mod validation;
 
 pub use error::{GatewayError, ServeError};

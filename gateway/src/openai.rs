@@ -10,6 +10,7 @@ use crate::generate::{Core, Delta};
 use crate::logprobs::{openai_content, ShownLogprob};
 use crate::openai_params::check_unread;
 use crate::response_format::{structured_output, StructuredFields};
+use crate::tool_calls::{self, call_id, CallStream, Tools};
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -25,6 +26,7 @@ use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use vlm_service_kit::generation::{Finish, Usage};
+use vlm_tokenizer::ToolCall;
 
 #[derive(Clone)]
 pub struct HttpState {
@@ -154,6 +156,10 @@ pub struct ChatCompletionRequest {
     pub guided_regex: Option<String>,
     pub guided_choice: Option<Vec<String>>,
     pub guided_grammar: Option<String>,
+    /// Tool calling (see `tool_calls`).
+    pub tools: Option<Vec<Value>>,
+    pub tool_choice: Option<Value>,
+    pub parallel_tool_calls: Option<bool>,
     pub stream_options: Option<StreamOptions>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -190,7 +196,11 @@ pub struct OaMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<OaContent>,
-    /// `name`, `tool_calls`, ...: refused unless null (see `openai_params`).
+    /// An assistant turn's calls: `[{id, type: "function", function: {name, arguments}}]`.
+    pub tool_calls: Option<Vec<Value>>,
+    /// A tool result's call id (the Qwen template does not show it; accepted as OpenAI sends it).
+    pub tool_call_id: Option<String>,
+    /// `name`, ...: refused unless null (see `openai_params`).
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -301,6 +311,8 @@ async fn fetch_part(fetcher: &ImageFetcher, t: &Target) -> Result<InputPart, Gat
 #[derive(Debug)]
 pub struct ParsedChat {
     pub chat: ChatRequest,
+    /// The tools the answer may call (`None`: plain text).
+    pub tools: Option<Tools>,
     /// (message index, part index, URL) of each image still to fetch.
     pub remote: Vec<(usize, usize, Target)>,
 }
@@ -308,7 +320,9 @@ pub struct ParsedChat {
 impl ParsedChat {
     /// Fetches every remote image at once; the first failure refuses the request.
     pub async fn fetch_images(self, fetcher: &ImageFetcher) -> Result<ChatRequest, GatewayError> {
-        let ParsedChat { mut chat, remote } = self;
+        let ParsedChat {
+            mut chat, remote, ..
+        } = self;
         let parts =
             futures::future::try_join_all(remote.iter().map(|(_, _, t)| fetch_part(fetcher, t)))
                 .await?;
@@ -398,7 +412,31 @@ pub fn parse_chat_request(
         } else {
             m.role
         };
-        messages.push(InputMessage { role, content });
+        let mut tool_calls = Vec::new();
+        for (ci, c) in m.tool_calls.into_iter().flatten().enumerate() {
+            let param = format!("messages[{mi}].tool_calls[{ci}]");
+            let f = c.get("function");
+            let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+            let arguments = f.and_then(|f| f.get("arguments"));
+            let (Some(name), Some(arguments)) = (name, arguments) else {
+                return Err(GatewayError::param(
+                    &param,
+                    format!("{param} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"),
+                ));
+            };
+            tool_calls.push(ToolCall {
+                name: name.to_string(),
+                arguments: match arguments {
+                    Value::String(a) => a.clone(),
+                    a => a.to_string(),
+                },
+            });
+        }
+        messages.push(InputMessage {
+            role,
+            content,
+            tool_calls,
+        });
     }
     let stop = match body.stop {
         None => Vec::new(),
@@ -437,7 +475,8 @@ pub fn parse_chat_request(
         logit_bias.push((id, b));
     }
     logit_bias.sort_by_key(|&(t, _)| t);
-    let structured = structured_output(StructuredFields {
+    let tools = tool_calls::parse(body.tools, body.tool_choice, body.parallel_tool_calls)?;
+    let mut structured = structured_output(StructuredFields {
         response_format: body.response_format,
         structured_outputs: body.structured_outputs,
         guided_json: body.guided_json,
@@ -445,8 +484,21 @@ pub fn parse_chat_request(
         guided_choice: body.guided_choice,
         guided_grammar: body.guided_grammar,
     })?;
+    if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
+        if structured.is_some() {
+            return Err(GatewayError::param(
+                "tool_choice",
+                "a required or named tool_choice is a constraint of its own; it cannot be \
+                 combined with response_format or structured_outputs",
+            ));
+        }
+        structured = Some(vlm_proto::StructuredOutput {
+            kind: Some(vlm_proto::structured_output::Kind::Lark(g)),
+        });
+    }
     let chat = ChatRequest {
         messages,
+        tools: tools.as_ref().map(|t| t.defs.clone()).unwrap_or_default(),
         sampling: InputSampling {
             structured,
             max_tokens,
@@ -469,7 +521,11 @@ pub fn parse_chat_request(
         model: body.model,
         body_bytes,
     };
-    Ok(ParsedChat { chat, remote })
+    Ok(ParsedChat {
+        chat,
+        tools,
+        remote,
+    })
 }
 
 fn now_secs() -> u64 {
@@ -579,6 +635,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             return e.into_response();
         }
     }
+    let tools = pending.tools.clone();
     let chat = match pending.fetch_images(&s.images).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
@@ -594,11 +651,33 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
     if stream {
         let out = async_stream::stream! {
             let mut first = true;
+            let mut calls = tools.as_ref().map(|_| CallStream::default());
             while let Some(item) = rx.recv().await {
                 match item {
-                    Ok(d) => {
+                    Ok(mut d) => {
                         let end = d.finish.is_some();
-                        yield Ok::<_, std::convert::Infallible>(sse_event(&chunk_json(&id, &model, created, &d, first, include_usage)));
+                        let mut found = Vec::new();
+                        if let (Some(c), Some(t)) = (calls.as_mut(), tools.as_ref()) {
+                            d.text = c.push(&d.text);
+                            if end {
+                                let (rest, parsed) = c.finish(t.parallel);
+                                d.text.push_str(&rest);
+                                found = parsed;
+                            }
+                        }
+                        let mut v = chunk_json(&id, &model, created, &d, first, include_usage);
+                        if !found.is_empty() {
+                            // Cut by max_tokens, the answer stays "length".
+                            if d.finish == Some(Finish::Stop) {
+                                v["choices"][0]["finish_reason"] = json!("tool_calls");
+                            }
+                            v["choices"][0]["delta"]["tool_calls"] = found
+                                .iter()
+                                .enumerate()
+                                .map(|(i, c)| c.openai_json(i, &call_id()))
+                                .collect();
+                        }
+                        yield Ok::<_, std::convert::Infallible>(sse_event(&v));
                         first = false;
                         if end { break; }
                     }
@@ -636,10 +715,31 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         }
     }
     let logprobs = want_logprobs.then_some(logprobs.as_slice());
-    axum::Json(completion_json(
-        &id, &model, created, &text, logprobs, finish, usage,
-    ))
-    .into_response()
+    let mut v = completion_json(&id, &model, created, &text, logprobs, finish, usage);
+    if let Some(t) = &tools {
+        let (content, calls) = tool_calls::split(&text, t.parallel);
+        if !calls.is_empty() {
+            let msg = &mut v["choices"][0]["message"];
+            msg["content"] = if content.is_empty() {
+                Value::Null
+            } else {
+                json!(content)
+            };
+            msg["tool_calls"] = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut j = c.openai_json(i, &call_id());
+                    j.as_object_mut().map(|o| o.remove("index"));
+                    j
+                })
+                .collect();
+            if finish == Some(Finish::Stop) {
+                v["choices"][0]["finish_reason"] = json!("tool_calls");
+            }
+        }
+    }
+    axum::Json(v).into_response()
 }
 
 /// The body of a non-streamed completion.

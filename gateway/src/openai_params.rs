@@ -1,6 +1,6 @@
 //! The OpenAI chat-completion parameters this server does not implement, and the check that
 //! refuses them: a parameter that would change the output is never accepted and ignored.
-//! A parameter given its no-op value (`store: false`, an empty `tools` list) or carrying only caller metadata (`user`, `metadata`)
+//! A parameter given its no-op value (`store: false`, an empty `functions` list) or carrying only caller metadata (`user`, `metadata`)
 //! is accepted, as is any parameter sent as `null` (what some clients send for "not given").
 use crate::error::GatewayError;
 use serde_json::{Map, Value};
@@ -9,10 +9,9 @@ use serde_json::{Map, Value};
 fn is_noop(param: &str, v: &Value) -> bool {
     match param {
         "store" | "echo" => v == &Value::Bool(false),
-        "tools" | "functions" => v.as_array().is_some_and(Vec::is_empty),
-        "tool_choice" | "function_call" => v.as_str() == Some("none"),
-        // Only meaningful with tools, which are refused unless empty.
-        "parallel_tool_calls" => v.is_boolean(),
+        // OpenAI's deprecated spellings of tools / tool_choice.
+        "functions" => v.as_array().is_some_and(Vec::is_empty),
+        "function_call" => v.as_str() == Some("none"),
         // Caller metadata: no effect on the output.
         "user" => v.is_string(),
         "metadata" => v.is_object(),
@@ -44,7 +43,8 @@ pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), Gate
                  max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, \
                  stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty, \
                  logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, response_format, \
-                 structured_outputs, guided_json/regex/choice/grammar, stream, \
+                 structured_outputs, guided_json/regex/choice/grammar, tools, tool_choice, \
+                 parallel_tool_calls, stream, \
                  stream_options.include_usage, n = 1"
             ),
         ));
@@ -64,11 +64,7 @@ mod tests {
     #[test]
     fn refuses_what_would_change_the_output_and_names_it() {
         for (body, param) in [
-            (
-                json!({"tools": [{"type": "function", "function": {"name": "f"}}]}),
-                "tools",
-            ),
-            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
             (json!({"reasoning_effort": "high"}), "reasoning_effort"),
             (json!({"some_future_field": 1}), "some_future_field"),
         ] {
@@ -82,8 +78,8 @@ mod tests {
     #[test]
     fn accepts_no_op_values_metadata_and_nulls() {
         check(json!({
-            "tools": [],
-            "tool_choice": "none", "parallel_tool_calls": true, "user": "u1",
+            "functions": [],
+            "function_call": "none", "user": "u1",
             "metadata": {"k": "v"}, "store": false, "service_tier": "auto",
         "modalities": ["text"], "seed_extra": null
         }))

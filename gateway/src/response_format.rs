@@ -240,6 +240,22 @@ mod tests {
     }
 
     #[test]
+    fn a_schema_keeps_its_property_order() {
+        // The order properties are written in is the schema's, not alphabetical.
+        let body =
+            r#"{"guided_json": {"type": "object", "properties": {"zeta": {}, "alpha": {}}}}"#;
+        let f: StructuredFields = serde_json::from_str(body).unwrap();
+        let Some(Kind::JsonSchema(text)) = structured_output(f).unwrap().and_then(|s| s.kind)
+        else {
+            panic!("no schema");
+        };
+        assert!(
+            text.find("zeta").unwrap() < text.find("alpha").unwrap(),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn malformed_or_doubled_constraints_name_their_field() {
         for (v, param) in [
             (

@@ -39,11 +39,13 @@ pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
                     }),
                 })
                 .collect(),
+            tool_calls: Vec::new(),
         })
         .collect();
     ChatRequest {
         messages,
         sampling: InputSampling::from_wire(req.sampling.unwrap_or_default()),
+        tools: Vec::new(),
         model: req.model,
         body_bytes,
     }

@@ -15,10 +15,12 @@ pub enum InputPart {
     Image { data: Bytes, mime_type: String },
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct InputMessage {
     pub role: String,
     pub content: Vec<InputPart>,
+    /// An assistant turn's tool calls (OpenAI's `tool_calls`).
+    pub tool_calls: Vec<vlm_tokenizer::ToolCall>,
 }
 
 /// Sampling as the caller asked for it (zero values = defaults, as in the proto). After
@@ -103,6 +105,8 @@ impl InputSampling {
 pub struct ChatRequest {
     pub messages: Vec<InputMessage>,
     pub sampling: InputSampling,
+    /// Tools the template lists (OpenAI's `tools` objects); empty = none.
+    pub tools: Vec<serde_json::Value>,
     /// Empty = the served model.
     pub model: String,
     /// Bytes of the request body as received (HTTP) or of the message (gRPC); 0 = unknown.
@@ -184,7 +188,7 @@ pub struct Validator {
     model_id: String,
 }
 
-const ROLES: [&str; 3] = ["system", "user", "assistant"];
+const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
 
 impl Validator {
     pub fn new(
@@ -234,7 +238,7 @@ impl Validator {
         for (i, m) in req.messages.iter().enumerate() {
             if !ROLES.contains(&m.role.as_str()) {
                 return Err(GatewayError::validation(format!(
-                    "messages[{i}].role is {:?}; expected one of system, user, assistant",
+                    "messages[{i}].role is {:?}; expected one of system, user, assistant, tool",
                     m.role
                 )));
             }
@@ -294,12 +298,14 @@ impl Validator {
                     }
                 }
             }
-            messages.push(ChatMessage::new(m.role, parts));
+            let mut msg = ChatMessage::new(m.role, parts);
+            msg.tool_calls = m.tool_calls;
+            messages.push(msg);
         }
         let counts: Vec<usize> = images.iter().map(|i| i.tokens as usize).collect();
         let input_ids = self
             .tokenizer
-            .encode_prompt(&messages, &counts)
+            .encode_prompt_with_tools(&messages, &req.tools, &counts)
             .map_err(|e| GatewayError::validation(format!("cannot build the prompt: {e}")))?;
         let prompt = input_ids.len() as u32;
         if prompt >= l.max_seq_len {
@@ -430,6 +436,7 @@ pub(crate) mod tests {
             messages: vec![InputMessage {
                 role: "user".into(),
                 content: parts,
+                ..Default::default()
             }],
             ..Default::default()
         }

@@ -26,18 +26,7 @@ async fn unsupported_parameters_are_refused_by_name() {
             body(json!({"response_format": {"type": "bogus"}})),
             "response_format.type",
         ),
-        // Fields are checked in name order: tool_choice before tools.
-        (
-            body(
-                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
-                        "tool_choice": "required"}),
-            ),
-            "tool_choice",
-        ),
-        (
-            body(json!({"tools": [{"type": "function", "function": {"name": "f"}}]})),
-            "tools",
-        ),
+        (body(json!({"functions": [{"name": "f"}]})), "functions"),
         (body(json!({"n": 2})), "n"),
         (
             body(json!({"stream_options": {"include_usage": true}})),
@@ -125,6 +114,27 @@ async fn served_sampling_parameters_out_of_range_are_refused_by_name() {
             "min_tokens",
             "over max_tokens (4)",
         ),
+        (
+            body(
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                        "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+            ),
+            "tool_choice",
+            "not in tools",
+        ),
+        (
+            body(
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                        "tool_choice": "required", "response_format": {"type": "json_object"}}),
+            ),
+            "tool_choice",
+            "cannot be combined",
+        ),
+        (
+            body(json!({"tools": [{"type": "tool"}]})),
+            "tools[0].type",
+            "\"function\"",
+        ),
     ] {
         let (status, text) = post(gw, &b).await;
         assert_eq!(status, 400, "{b}: {text}");
@@ -145,7 +155,8 @@ async fn served_and_no_op_values_metadata_and_developer_role_pass_the_checks() {
         "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1,
         "logprobs": true, "top_logprobs": 20, "logit_bias": {"11": -100, "12": 3.5},
         "min_p": 0.05, "top_k": -1, "min_tokens": 2, "stop_token_ids": [7],
-        "tools": [], "tool_choice": "none", "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        "tool_choice": "auto", "parallel_tool_calls": false, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
         "user": "u-1", "metadata": {"team": "a"}, "store": false, "top_logprobs": null,
         "stream": true, "stream_options": {"include_usage": false}
     });

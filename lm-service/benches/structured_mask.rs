@@ -21,7 +21,10 @@ fn main() {
     let eos = made.config.eos_token_ids[0];
     let t0 = Instant::now();
     let g = Grammars::load(dir.path(), vocab, eos).unwrap();
-    println!("vocab {vocab}: trie + slices built in {:.0} ms", t0.elapsed().as_secs_f64() * 1e3);
+    println!(
+        "vocab {vocab}: trie + slices built in {:.0} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
 
     let schema = serde_json::json!({
         "type": "object",
@@ -41,7 +44,10 @@ fn main() {
     };
     let t0 = Instant::now();
     let mut guides: Vec<_> = (0..8).map(|_| g.compile(&spec).unwrap()).collect();
-    println!("compile: {:.2} ms per request", t0.elapsed().as_secs_f64() * 1e3 / 8.0);
+    println!(
+        "compile: {:.2} ms per request",
+        t0.elapsed().as_secs_f64() * 1e3 / 8.0
+    );
 
     let mut rng = rand::rngs::StdRng::seed_from_u64(1);
     let mut row = vec![0f32; vocab];

@@ -41,6 +41,16 @@ pub enum ChatPart {
 pub struct ChatMessage {
     pub role: String,
     pub content: Vec<ChatPart>,
+    /// An assistant turn's tool calls, rendered by the template as `<tool_call>` blocks.
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// One function call of an assistant turn: the function's name and its arguments as JSON
+/// text (as OpenAI carries them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: String,
 }
 
 impl ChatMessage {
@@ -48,6 +58,7 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content,
+            tool_calls: Vec::new(),
         }
     }
     pub fn system(text: impl Into<String>) -> Self {
@@ -77,7 +88,15 @@ impl ChatMessage {
                 ChatPart::Image => json!({"type": "image"}),
             })
             .collect();
-        json!({"role": self.role, "content": parts})
+        let mut m = json!({"role": self.role, "content": parts});
+        if !self.tool_calls.is_empty() {
+            m["tool_calls"] = self
+                .tool_calls
+                .iter()
+                .map(|c| json!({"type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+        }
+        m
     }
 }
 
@@ -343,6 +362,17 @@ impl ChatTokenizer {
     /// Renders `messages` with the chat template; `add_generation_prompt` appends the
     /// assistant turn opening (`<|im_start|>assistant\n`).
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// [`Self::render`] with `tools` (OpenAI's `{"type": "function", "function": {...}}`
+    /// objects, as the template's `tools`; none = the template's tool-free branch).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let i = &self.inner;
         if !i.has_template {
             return Err(TokenizerError::Tokenizer(
@@ -352,6 +382,7 @@ impl ChatTokenizer {
         let ctx = json!({
             "messages": messages.iter().map(ChatMessage::to_json).collect::<Vec<_>>(),
             "add_generation_prompt": add_generation_prompt,
+            "tools": (!tools.is_empty()).then_some(tools),
             "bos_token": i.bos_token.clone().unwrap_or_default(),
             "eos_token": i.eos_token.clone().unwrap_or_default(),
             "pad_token": i.pad_token.clone().unwrap_or_default(),
@@ -382,6 +413,16 @@ impl ChatTokenizer {
         messages: &[ChatMessage],
         image_token_counts: &[usize],
     ) -> Result<Vec<u32>> {
+        self.encode_prompt_with_tools(messages, &[], image_token_counts)
+    }
+
+    /// [`Self::encode_prompt`] with `tools` rendered by the template.
+    pub fn encode_prompt_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        image_token_counts: &[usize],
+    ) -> Result<Vec<u32>> {
         let images: usize = messages.iter().map(ChatMessage::image_count).sum();
         if images != image_token_counts.len() {
             return Err(TokenizerError::invalid(format!(
@@ -389,7 +430,7 @@ impl ChatTokenizer {
                 image_token_counts.len()
             )));
         }
-        let text = self.render(messages, true)?;
+        let text = self.render_with_tools(messages, tools, true)?;
         let ids = self.encode(&text)?;
         self.expand_image_pads(&ids, image_token_counts)
     }

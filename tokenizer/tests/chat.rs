@@ -339,3 +339,37 @@ fn checkpoint_with_mismatched_config_ids_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn tools_tool_calls_and_tool_results_render_as_qwen_does() {
+    let (_d, tok) = tiny();
+    let tools = vec![
+        serde_json::json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}),
+    ];
+    let mut call = ChatMessage::assistant("");
+    call.content.clear();
+    call.tool_calls = vec![vlm_tokenizer::ToolCall {
+        name: "get_weather".into(),
+        arguments: r#"{"city": "Paris"}"#.into(),
+    }];
+    let messages = vec![
+        ChatMessage::user_text("Weather in Paris?"),
+        call,
+        ChatMessage::new("tool", vec![text("18 C")]),
+    ];
+    let out = tok.render_with_tools(&messages, &tools, true).unwrap();
+    assert!(out.starts_with("<|im_start|>system\n# Tools"), "{out}");
+    assert!(out.contains(r#""name": "get_weather""#), "{out}");
+    assert!(
+        out.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>"),
+        "{out}"
+    );
+    assert!(
+        out.contains("<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>"),
+        "{out}"
+    );
+    assert!(out.ends_with("<|im_start|>assistant\n"), "{out}");
+    // No tools: the plain branch.
+    assert!(!tok.render(&messages, true).unwrap().contains("# Tools"));
+}
