@@ -224,3 +224,102 @@ async fn logprobs_and_sampling_parameters_act_as_documented() {
     // Still serving.
     generate(&gw, request(|_| {})).await.unwrap();
 }
+
+fn post_path(addr: &str, path: &str, v: &Value) -> (u16, Value) {
+    let (status, text) = http(addr, "POST", path, v.to_string().as_bytes());
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {text}: {e}"));
+    (status, v)
+}
+
+/// `/v1/completions` with a text or id prompt, logprobs, echo and streaming; `/tokenize` and
+/// `/detokenize` agree with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_tokenize_and_detokenize() {
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let h = c.http();
+    let prompt = "Once upon a time";
+    let base = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "ignore_eos": true});
+    let (status, v) = post_path(&h, "/v1/completions", &base);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
+    let text = v["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(v["choices"][0]["logprobs"].is_null());
+
+    // The same prompt as ids (from /tokenize) gives the same greedy text; /detokenize inverts.
+    let (status, t) = post_path(&h, "/tokenize", &json!({"prompt": prompt}));
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(t["count"], v["usage"]["prompt_tokens"]);
+    let (_, d) = post_path(&h, "/detokenize", &json!({"tokens": t["tokens"]}));
+    assert_eq!(d["prompt"], prompt);
+    let mut by_ids = base.clone();
+    by_ids["prompt"] = t["tokens"].clone();
+    let (_, v2) = post_path(&h, "/v1/completions", &by_ids);
+    assert_eq!(v2["choices"][0]["text"], text.as_str());
+
+    // Legacy logprobs: one per token, alternatives as token -> logprob maps.
+    let mut lp = base.clone();
+    lp["logprobs"] = json!(3);
+    let (_, v3) = post_path(&h, "/v1/completions", &lp);
+    let l = &v3["choices"][0]["logprobs"];
+    assert_eq!(l["tokens"].as_array().unwrap().len(), 8, "{v3}");
+    assert_eq!(l["text_offset"][0], 0);
+    for (k, top) in l["top_logprobs"].as_array().unwrap().iter().enumerate() {
+        let top = top.as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 3, "{top:?}");
+        let chosen = l["token_logprobs"][k].as_f64().unwrap();
+        assert!(chosen <= 0.0);
+        // Greedy: the chosen token is the most likely one.
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!((best - chosen).abs() < 1e-5, "{top:?} vs {chosen}");
+    }
+
+    // echo puts the prompt first; streaming adds up to the same text.
+    let mut echo = base.clone();
+    echo["echo"] = json!(true);
+    let (_, v4) = post_path(&h, "/v1/completions", &echo);
+    assert_eq!(v4["choices"][0]["text"], format!("{prompt}{text}"));
+    let mut st = base.clone();
+    st["stream"] = json!(true);
+    let (status, body) = http(&h, "POST", "/v1/completions", st.to_string().as_bytes());
+    assert_eq!(status, 200, "{body}");
+    let chunks = sse_chunks(&body);
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|ch| ch["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(streamed, text);
+    assert!(chunks.last().unwrap()["usage"]["completion_tokens"] == 8);
+
+    // /tokenize of messages counts what the chat route sends to the LM.
+    let messages = json!([{"role": "user", "content": "hello there"}]);
+    let (_, t) = post_path(&h, "/tokenize", &json!({"messages": messages}));
+    let (_, chat) = post_path(
+        &h,
+        "/v1/chat/completions",
+        &json!({"messages": messages, "max_tokens": 1}),
+    );
+    assert_eq!(t["count"], chat["usage"]["prompt_tokens"], "{t} {chat}");
+
+    // Refusals name their parameter.
+    for (body, param) in [
+        (json!({"prompt": "a", "echo": true, "logprobs": 1}), "echo"),
+        (json!({"prompt": ["a", "b"]}), "prompt"),
+        (json!({"prompt": "a", "suffix": "z"}), "suffix"),
+        (json!({"prompt": "a", "best_of": 2}), "best_of"),
+        (json!({"prompt": "a", "max_tokens": 0}), "max_tokens"),
+        (json!({"prompt": "a", "logprobs": 21}), "logprobs"),
+    ] {
+        let (status, v) = post_path(&h, "/v1/completions", &body);
+        assert_eq!(status, 400, "{body}: {v}");
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+    let (status, v) = post_path(&h, "/detokenize", &json!({"tokens": [999_999_999u32]}));
+    assert_eq!(status, 400, "{v}");
+}

@@ -9,9 +9,9 @@ use crate::fetch::{ImageFetcher, Target};
 use crate::generate::{Core, Delta};
 use crate::logprobs::{openai_content, ShownLogprob};
 use crate::openai_params::check_unread;
-use crate::response_format::{structured_output, StructuredFields};
+use crate::openai_sampling::SamplingFields;
 use crate::tool_calls::{self, call_id, CallStream, Tools};
-use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
+use crate::validation::{ChatRequest, InputMessage, InputPart};
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
@@ -22,7 +22,6 @@ use base64::Engine;
 use bytes::Bytes;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
 use vlm_service_kit::generation::{Finish, Usage};
@@ -41,6 +40,12 @@ pub struct HttpState {
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route(
+            "/v1/completions",
+            post(crate::openai_completions::completions),
+        )
+        .route("/tokenize", post(crate::openai_completions::tokenize))
+        .route("/detokenize", post(crate::openai_completions::detokenize))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
@@ -64,8 +69,8 @@ async fn not_found(req: Request) -> Response {
     route_error(
         StatusCode::NOT_FOUND,
         format!(
-            "no route {} {}: this server serves POST /v1/chat/completions, GET /v1/models, \
-             GET /health, GET /metrics",
+            "no route {} {}: this server serves POST /v1/chat/completions, POST /v1/completions, \
+             POST /tokenize, POST /detokenize, GET /v1/models, GET /health, GET /metrics",
             req.method(),
             req.uri().path()
         ),
@@ -99,7 +104,7 @@ async fn metrics_text(State(s): State<HttpState>) -> Response {
         .into_response()
 }
 
-fn auth(s: &HttpState, req: &Request) -> Result<(), GatewayError> {
+pub(crate) fn auth(s: &HttpState, req: &Request) -> Result<(), GatewayError> {
     let h = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -123,72 +128,18 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub model: String,
     pub messages: Vec<OaMessage>,
-    pub max_tokens: Option<u32>,
-    pub max_completion_tokens: Option<u32>,
-    pub temperature: Option<f32>,
-    pub top_p: Option<f32>,
-    /// vLLM's extension; -1 (or 0) = off.
-    pub top_k: Option<i64>,
-    /// vLLM's extension.
-    pub min_p: Option<f32>,
-    pub seed: Option<u64>,
-    pub stop: Option<Stop>,
-    #[serde(default)]
-    pub stream: bool,
-    #[serde(default)]
-    pub ignore_eos: bool,
-    pub n: Option<u32>,
-    pub presence_penalty: Option<f32>,
-    pub frequency_penalty: Option<f32>,
-    /// vLLM's extension: 1 = off.
-    pub repetition_penalty: Option<f32>,
-    /// Token id (as a string, as OpenAI sends it) -> bias in [-100, 100].
-    pub logit_bias: Option<BTreeMap<String, f32>>,
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
-    /// vLLM's extensions.
-    pub min_tokens: Option<u32>,
-    pub stop_token_ids: Option<Vec<u32>>,
-    /// Structured output (see `response_format`).
-    pub response_format: Option<Value>,
-    pub structured_outputs: Option<Map<String, Value>>,
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<String>,
-    pub guided_choice: Option<Vec<String>>,
-    pub guided_grammar: Option<String>,
     /// Tool calling (see `tool_calls`).
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
-    pub stream_options: Option<StreamOptions>,
+    /// Sampling, stop conditions, structured output, streaming.
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    /// Declared last: it gets only what the fields above leave.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
-}
-
-/// `stream_options`: whether the final chunk carries `usage` (default: it does).
-#[derive(Debug, Deserialize)]
-pub struct StreamOptions {
-    pub include_usage: Option<bool>,
-    #[serde(flatten)]
-    pub extra: Map<String, Value>,
-}
-
-impl ChatCompletionRequest {
-    /// Whether a streamed answer ends with `usage` (`stream_options.include_usage`, default
-    /// true).
-    pub fn include_usage(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(true)
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Stop {
-    One(String),
-    Many(Vec<String>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -350,22 +301,7 @@ pub fn parse_chat_request(
     body_bytes: usize,
     fetcher: &ImageFetcher,
 ) -> Result<ParsedChat, GatewayError> {
-    if body.n.is_some_and(|n| n != 1) {
-        return Err(GatewayError::param(
-            "n",
-            "n must be 1: one choice per request",
-        ));
-    }
     check_unread(&body.extra, "")?;
-    if let Some(o) = &body.stream_options {
-        if !body.stream {
-            return Err(GatewayError::param(
-                "stream_options",
-                "stream_options is only allowed with stream: true",
-            ));
-        }
-        check_unread(&o.extra, "stream_options.")?;
-    }
     let mut messages = Vec::with_capacity(body.messages.len());
     let mut remote = Vec::new();
     for (mi, m) in body.messages.into_iter().enumerate() {
@@ -438,86 +374,26 @@ pub fn parse_chat_request(
             tool_calls,
         });
     }
-    let stop = match body.stop {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) => v,
-    };
-    let (max_param, max_tokens) = match (body.max_completion_tokens, body.max_tokens) {
-        (Some(n), _) => ("max_completion_tokens", n),
-        (None, Some(n)) => ("max_tokens", n),
-        (None, None) => ("max_tokens", 0),
-    };
-    if max_tokens == 0 && (body.max_completion_tokens.is_some() || body.max_tokens.is_some()) {
-        return Err(GatewayError::param(
-            max_param,
-            format!("{max_param} is 0; it must be at least 1 (leave it out for the rest of the context)"),
-        ));
-    }
-    let top_k = match body.top_k.unwrap_or(0) {
-        -1 | 0 => 0,
-        k if (1..=u32::MAX as i64).contains(&k) => k as u32,
-        k => {
-            return Err(GatewayError::param(
-                "top_k",
-                format!("top_k is {k}; it must be -1 or 0 (off) or a positive count"),
-            ))
-        }
-    };
-    let mut logit_bias = Vec::new();
-    for (k, &b) in body.logit_bias.iter().flatten() {
-        let id = k.trim().parse::<u32>().map_err(|_| {
-            GatewayError::param(
-                "logit_bias",
-                format!("logit_bias key {k:?} is not a token id"),
-            )
-        })?;
-        logit_bias.push((id, b));
-    }
-    logit_bias.sort_by_key(|&(t, _)| t);
     let tools = tool_calls::parse(body.tools, body.tool_choice, body.parallel_tool_calls)?;
-    let mut structured = structured_output(StructuredFields {
-        response_format: body.response_format,
-        structured_outputs: body.structured_outputs,
-        guided_json: body.guided_json,
-        guided_regex: body.guided_regex,
-        guided_choice: body.guided_choice,
-        guided_grammar: body.guided_grammar,
-    })?;
-    if let Some(g) = tools.as_ref().and_then(Tools::grammar) {
-        if structured.is_some() {
-            return Err(GatewayError::param(
-                "tool_choice",
-                "a required or named tool_choice is a constraint of its own; it cannot be \
-                 combined with response_format or structured_outputs",
-            ));
-        }
-        structured = Some(vlm_proto::StructuredOutput {
+    let forced = tools
+        .as_ref()
+        .and_then(Tools::grammar)
+        .map(|g| vlm_proto::StructuredOutput {
             kind: Some(vlm_proto::structured_output::Kind::Lark(g)),
         });
-    }
+    let sampling = body.sampling.into_sampling(
+        0,
+        (
+            body.logprobs.unwrap_or(false),
+            body.top_logprobs.unwrap_or(0),
+        ),
+        forced,
+    )?;
     let chat = ChatRequest {
         messages,
         tools: tools.as_ref().map(|t| t.defs.clone()).unwrap_or_default(),
-        sampling: InputSampling {
-            structured,
-            max_tokens,
-            temperature: body.temperature.unwrap_or(1.0),
-            top_p: body.top_p.unwrap_or(0.0),
-            top_k,
-            min_p: body.min_p.unwrap_or(0.0),
-            seed: body.seed,
-            stop,
-            stop_token_ids: body.stop_token_ids.unwrap_or_default(),
-            ignore_eos: body.ignore_eos,
-            presence_penalty: body.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: body.frequency_penalty.unwrap_or(0.0),
-            repetition_penalty: body.repetition_penalty.unwrap_or(0.0),
-            logit_bias,
-            min_tokens: body.min_tokens.unwrap_or(0),
-            logprobs: body.logprobs.unwrap_or(false),
-            top_logprobs: body.top_logprobs.unwrap_or(0),
-        },
+        prompt: None,
+        sampling,
         model: body.model,
         body_bytes,
     };
@@ -528,7 +404,7 @@ pub fn parse_chat_request(
     })
 }
 
-fn now_secs() -> u64 {
+pub(crate) fn now_secs() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -536,7 +412,7 @@ fn now_secs() -> u64 {
 }
 
 /// The OpenAI `finish_reason` string (`cancelled` is ours: OpenAI has no such end).
-fn finish_reason(f: Finish) -> &'static str {
+pub(crate) fn finish_reason(f: Finish) -> &'static str {
     match f {
         Finish::Stop => "stop",
         Finish::Length => "length",
@@ -597,38 +473,55 @@ pub fn sse_event(v: &Value) -> String {
 
 pub const SSE_DONE: &str = "data: [DONE]\n\n";
 
+/// Reads a JSON body within the body limit: (body, its bytes). The bytes are dropped here.
+pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
+    s: &HttpState,
+    req: Request,
+    what: &str,
+) -> Result<(T, usize), GatewayError> {
+    let limit = s.core.validator().limits().max_body_bytes;
+    let body = axum::body::to_bytes(req.into_body(), limit)
+        .await
+        .map_err(|_| {
+            GatewayError::validation(format!(
+                "request body is over the limit of {limit} bytes (--max-body-bytes)"
+            ))
+        })?;
+    let parsed = serde_json::from_slice(&body).map_err(|e| {
+        GatewayError::validation(format!("request body is not a valid {what}: {e}"))
+    })?;
+    Ok((parsed, body.len()))
+}
+
+/// A `text/event-stream` response of `events`.
+pub(crate) fn sse_response(
+    events: impl futures::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static,
+) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/event-stream")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
 async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response {
     if let Err(e) = auth(&s, &req) {
         return e.into_response();
     }
     let span = tracing::info_span!("POST /v1/chat/completions");
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
-    let limit = s.core.validator().limits().max_body_bytes;
-    let body = match axum::body::to_bytes(req.into_body(), limit).await {
-        Ok(b) => b,
-        Err(_) => {
-            return GatewayError::validation(format!(
-                "request body is over the limit of {limit} bytes (--max-body-bytes)"
-            ))
-            .into_response()
-        }
-    };
-    let parsed: ChatCompletionRequest = match serde_json::from_slice(&body) {
-        Ok(p) => p,
-        Err(e) => {
-            return GatewayError::validation(format!(
-                "request body is not a valid chat completion request: {e}"
-            ))
-            .into_response()
-        }
-    };
-    let (stream, include_usage) = (parsed.stream, parsed.include_usage());
+    let (parsed, body_len): (ChatCompletionRequest, usize) =
+        match read_json(&s, req, "chat completion request").await {
+            Ok(p) => p,
+            Err(e) => return e.into_response(),
+        };
+    let (stream, include_usage) = (parsed.sampling.stream, parsed.sampling.include_usage());
     let want_logprobs = parsed.logprobs == Some(true);
-    let pending = match parse_chat_request(parsed, body.len(), &s.images) {
+    let pending = match parse_chat_request(parsed, body_len, &s.images) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
-    drop(body);
     // Refuse what validation would refuse anyway (too many images, bad roles) before fetching.
     if !pending.remote.is_empty() {
         if let Err(e) = s.core.validator().check_shape(&pending.chat) {
@@ -689,12 +582,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
             }
             yield Ok(SSE_DONE.to_string());
         };
-        return Response::builder()
-            .status(StatusCode::OK)
-            .header(header::CONTENT_TYPE, "text/event-stream")
-            .header(header::CACHE_CONTROL, "no-cache")
-            .body(Body::from_stream(out))
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+        return sse_response(out);
     }
     let mut text = String::new();
     let mut logprobs = Vec::new();

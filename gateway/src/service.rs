@@ -46,6 +46,7 @@ pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
         messages,
         sampling: InputSampling::from_wire(req.sampling.unwrap_or_default()),
         tools: Vec::new(),
+        prompt: None,
         model: req.model,
         body_bytes,
     }

@@ -100,6 +100,14 @@ impl InputSampling {
     }
 }
 
+/// A prompt given as is (`/v1/completions`), instead of messages through the chat template.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RawPrompt {
+    /// Encoded as written: special tokens in it are special.
+    Text(String),
+    Ids(Vec<u32>),
+}
+
 /// A chat request before validation.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ChatRequest {
@@ -107,6 +115,8 @@ pub struct ChatRequest {
     pub sampling: InputSampling,
     /// Tools the template lists (OpenAI's `tools` objects); empty = none.
     pub tools: Vec<serde_json::Value>,
+    /// Set instead of `messages`: the prompt as is, no template.
+    pub prompt: Option<RawPrompt>,
     /// Empty = the served model.
     pub model: String,
     /// Bytes of the request body as received (HTTP) or of the message (gRPC); 0 = unknown.
@@ -230,10 +240,24 @@ impl Validator {
                 req.model, self.model_id
             )));
         }
-        if req.messages.is_empty() {
-            return Err(GatewayError::validation(
-                "messages is empty: at least one message is required",
-            ));
+        match (&req.prompt, req.messages.is_empty()) {
+            (None, true) => {
+                return Err(GatewayError::validation(
+                    "messages is empty: at least one message is required",
+                ))
+            }
+            (Some(_), false) => {
+                return Err(GatewayError::validation(
+                    "a request has messages or a prompt, not both",
+                ))
+            }
+            (Some(RawPrompt::Text(t)), _) if t.is_empty() => {
+                return Err(GatewayError::param("prompt", "prompt is empty"))
+            }
+            (Some(RawPrompt::Ids(ids)), _) if ids.is_empty() => {
+                return Err(GatewayError::param("prompt", "prompt has no token ids"))
+            }
+            _ => {}
         }
         for (i, m) in req.messages.iter().enumerate() {
             if !ROLES.contains(&m.role.as_str()) {
@@ -303,10 +327,13 @@ impl Validator {
             messages.push(msg);
         }
         let counts: Vec<usize> = images.iter().map(|i| i.tokens as usize).collect();
-        let input_ids = self
-            .tokenizer
-            .encode_prompt_with_tools(&messages, &req.tools, &counts)
-            .map_err(|e| GatewayError::validation(format!("cannot build the prompt: {e}")))?;
+        let input_ids = match req.prompt {
+            Some(p) => self.raw_prompt_ids(p)?,
+            None => self
+                .tokenizer
+                .encode_prompt_with_tools(&messages, &req.tools, &counts)
+                .map_err(|e| GatewayError::validation(format!("cannot build the prompt: {e}")))?,
+        };
         let prompt = input_ids.len() as u32;
         if prompt >= l.max_seq_len {
             return Err(GatewayError::validation(format!(
@@ -347,6 +374,33 @@ impl Validator {
             image_tokens,
             sampling: s,
         })
+    }
+
+    /// A raw prompt's ids; an image placeholder (which needs an image) is refused.
+    fn raw_prompt_ids(&self, p: RawPrompt) -> Result<Vec<u32>, GatewayError> {
+        let ids = match p {
+            RawPrompt::Text(t) => self
+                .tokenizer
+                .encode(&t)
+                .map_err(|e| GatewayError::validation(format!("cannot encode the prompt: {e}")))?,
+            RawPrompt::Ids(ids) => ids,
+        };
+        let t = &self.tokenizer;
+        let vision = [Some(t.image_pad_id()), t.video_pad_id()];
+        if let Some((i, id)) = ids
+            .iter()
+            .enumerate()
+            .find(|(_, id)| vision.contains(&Some(**id)))
+        {
+            return Err(GatewayError::param(
+                "prompt",
+                format!(
+                    "prompt token {i} is {id}, an image placeholder; images are served through \
+                     /v1/chat/completions"
+                ),
+            ));
+        }
+        Ok(ids)
     }
 
     fn plan_image(

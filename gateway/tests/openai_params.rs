@@ -169,14 +169,14 @@ async fn served_and_no_op_values_metadata_and_developer_role_pass_the_checks() {
 #[tokio::test]
 async fn unknown_routes_and_methods_answer_json() {
     let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
-    let (status, text) = request(gw, "POST", "/v1/completions", "{}").await;
+    let (status, text) = request(gw, "POST", "/v1/embeddings", "{}").await;
     assert_eq!(status, 404, "{text}");
     let v = json_body(&text);
     assert!(
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("POST /v1/completions"),
+            .contains("POST /v1/embeddings"),
         "{text}"
     );
     assert_eq!(v["error"]["code"], 404);

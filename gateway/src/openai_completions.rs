@@ -1,0 +1,380 @@
+//! `POST /v1/completions` (a prompt as text or token ids, no chat template; streamed or not;
+//! `logprobs: N` in the legacy shape; `echo`), and vLLM's `POST /tokenize` / `POST
+//! /detokenize`.
+use crate::error::GatewayError;
+use crate::logprobs::ShownLogprob;
+use crate::openai::{
+    auth, finish_reason, now_secs, parse_chat_request, read_json, sse_event, sse_response,
+    usage_json, ChatCompletionRequest, HttpState, SSE_DONE,
+};
+use crate::openai_params::check_unread;
+use crate::openai_sampling::SamplingFields;
+use crate::validation::{ChatRequest, RawPrompt};
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use vlm_service_kit::generation::{Finish, Usage};
+
+/// OpenAI's default `max_tokens` for completions.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: String,
+    pub prompt: Value,
+    /// The sampled token's logprob and this many alternatives per position.
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+/// One prompt: a string, or token ids (each also as a one-element list).
+fn prompt(v: &Value) -> Result<RawPrompt, GatewayError> {
+    let bad = || {
+        GatewayError::param(
+            "prompt",
+            "prompt must be a string, a list of token ids, or a one-element list of either",
+        )
+    };
+    match v {
+        Value::String(s) => Ok(RawPrompt::Text(s.clone())),
+        Value::Array(a) if a.len() == 1 && (a[0].is_string() || a[0].is_array()) => prompt(&a[0]),
+        Value::Array(a) if a.iter().all(Value::is_u64) => a
+            .iter()
+            .map(|x| {
+                x.as_u64()
+                    .and_then(|x| u32::try_from(x).ok())
+                    .ok_or_else(bad)
+            })
+            .collect::<Result<Vec<u32>, _>>()
+            .map(RawPrompt::Ids),
+        Value::Array(a) if a.len() > 1 && a.iter().all(|x| x.is_string() || x.is_array()) => {
+            Err(GatewayError::param(
+                "prompt",
+                format!(
+                    "{} prompts given; one prompt per request (send one request each)",
+                    a.len()
+                ),
+            ))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// The request in domain terms, with `echo`'s text.
+fn parse(body: CompletionRequest, body_bytes: usize) -> Result<(ChatRequest, bool), GatewayError> {
+    check_unread(&body.extra, "")?;
+    if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(GatewayError::param(
+            "suffix",
+            "suffix (insertion) is not supported",
+        ));
+    }
+    if body.best_of.is_some_and(|b| b != 1) {
+        return Err(GatewayError::param("best_of", "best_of must be 1"));
+    }
+    let echo = body.echo.unwrap_or(false);
+    if echo && body.logprobs.is_some() {
+        return Err(GatewayError::param(
+            "echo",
+            "echo with logprobs needs the prompt's logprobs, which this server does not compute; \
+             send echo or logprobs",
+        ));
+    }
+    let max = vlm_service_kit::sampling::MAX_TOP_LOGPROBS;
+    if let Some(n) = body.logprobs.filter(|&n| n > max) {
+        return Err(GatewayError::param(
+            "logprobs",
+            format!("logprobs is {n}; it must be in [0, {max}]"),
+        ));
+    }
+    let p = prompt(&body.prompt)?;
+    let logprobs = (body.logprobs.is_some(), body.logprobs.unwrap_or(0));
+    let sampling = body
+        .sampling
+        .into_sampling(DEFAULT_MAX_TOKENS, logprobs, None)?;
+    Ok((
+        ChatRequest {
+            prompt: Some(p),
+            sampling,
+            model: body.model,
+            body_bytes,
+            ..Default::default()
+        },
+        echo,
+    ))
+}
+
+/// The legacy logprobs object of a completion choice: `tokens`, `token_logprobs`,
+/// `top_logprobs` (token -> logprob maps) and `text_offset` (characters into the choice's
+/// text, after `start`).
+fn legacy_logprobs(l: &[ShownLogprob], start: usize) -> Value {
+    let mut offset = start;
+    let mut offsets = Vec::with_capacity(l.len());
+    for x in l {
+        offsets.push(offset);
+        offset += x.chosen.token.chars().count();
+    }
+    json!({
+        "tokens": l.iter().map(|x| x.chosen.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": l.iter().map(|x| x.chosen.logprob).collect::<Vec<_>>(),
+        "top_logprobs": l.iter().map(|x| {
+            x.top.iter().map(|t| (t.token.clone(), json!(t.logprob))).collect::<Map<String, Value>>()
+        }).collect::<Vec<_>>(),
+        "text_offset": offsets,
+    })
+}
+
+fn choice(text: &str, logprobs: Option<Value>, finish: Option<Finish>) -> Value {
+    json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.map(finish_reason)})
+}
+
+pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
+    if let Err(e) = auth(&s, &req) {
+        return e.into_response();
+    }
+    let span = tracing::info_span!("POST /v1/completions");
+    vlm_service_kit::telemetry::extract_http(req.headers(), &span);
+    let (body, len): (CompletionRequest, usize) =
+        match read_json(&s, req, "completion request").await {
+            Ok(p) => p,
+            Err(e) => return e.into_response(),
+        };
+    let (stream, include_usage) = (body.sampling.stream, body.sampling.include_usage());
+    let want_logprobs = body.logprobs.is_some();
+    let (chat, echo) = match parse(body, len) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let tok = s.core.validator().tokenizer().clone();
+    let echoed = match (&chat.prompt, echo) {
+        (Some(RawPrompt::Text(t)), true) => t.clone(),
+        (Some(RawPrompt::Ids(ids)), true) => tok.decode(ids).unwrap_or_default(),
+        _ => String::new(),
+    };
+    let model = s.core.validator().model_id().to_string();
+    let gen = match s.core.start(chat, span).await {
+        Ok(g) => g,
+        Err(e) => return e.into_response(),
+    };
+    let id = format!("cmpl-{}", gen.request_id);
+    let created = now_secs();
+    let mut rx = gen.rx;
+    let chunk = move |text: &str, lp: Option<Value>, finish: Option<Finish>| {
+        json!({"id": id, "object": "text_completion", "created": created, "model": model,
+               "choices": [choice(text, lp, finish)]})
+    };
+    if stream {
+        let out = async_stream::stream! {
+            let mut shown = echoed.chars().count();
+            if !echoed.is_empty() {
+                yield Ok::<_, std::convert::Infallible>(sse_event(&chunk(&echoed, None, None)));
+            }
+            while let Some(item) = rx.recv().await {
+                match item {
+                    Ok(d) => {
+                        let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown));
+                        shown += d.logprobs.iter().map(|l| l.chosen.token.chars().count()).sum::<usize>();
+                        let mut v = chunk(&d.text, lp, d.finish);
+                        if d.finish.is_some() && include_usage {
+                            v["usage"] = usage_json(d.usage);
+                        }
+                        yield Ok(sse_event(&v));
+                        if d.finish.is_some() { break; }
+                    }
+                    Err(e) => {
+                        yield Ok(sse_event(&e.openai_body()));
+                        break;
+                    }
+                }
+            }
+            yield Ok(SSE_DONE.to_string());
+        };
+        return sse_response(out);
+    }
+    let mut text = echoed.clone();
+    let mut logprobs = Vec::new();
+    let mut usage = Usage::default();
+    let mut finish = None;
+    while let Some(item) = rx.recv().await {
+        match item {
+            Ok(d) => {
+                text.push_str(&d.text);
+                logprobs.extend(d.logprobs);
+                usage = d.usage;
+                if d.finish.is_some() {
+                    finish = d.finish;
+                    break;
+                }
+            }
+            Err(e) => return e.into_response(),
+        }
+    }
+    let lp = want_logprobs.then(|| legacy_logprobs(&logprobs, 0));
+    let mut v = chunk(&text, lp, finish);
+    v["usage"] = usage_json(usage);
+    axum::Json(v).into_response()
+}
+
+/// vLLM's `/tokenize`: `{"prompt": ...}` (encoded as is) or `{"messages": [...]}` (through the
+/// chat template, images counted) -> `{"count", "max_model_len", "tokens"}`.
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    prompt: Option<String>,
+    messages: Option<Value>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
+    if let Err(e) = auth(&s, &req) {
+        return e.into_response();
+    }
+    let (body, len): (TokenizeRequest, usize) = match read_json(&s, req, "tokenize request").await {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let v = s.core.validator();
+    let ids = match (body.prompt, body.messages) {
+        (Some(p), None) => {
+            let mut rest = body.rest;
+            rest.remove("model");
+            rest.remove("add_special_tokens");
+            if let Err(e) = check_unread(&rest, "") {
+                return e.into_response();
+            }
+            v.tokenizer()
+                .encode(&p)
+                .map_err(|e| GatewayError::validation(format!("cannot encode the prompt: {e}")))
+        }
+        (None, Some(m)) => {
+            // A chat request without generation: the same parse and checks as the chat route.
+            let mut chat = body.rest;
+            chat.insert("messages".into(), m);
+            chat.remove("add_generation_prompt");
+            serde_json::from_value::<ChatCompletionRequest>(Value::Object(chat))
+                .map_err(|e| GatewayError::validation(format!("not a valid tokenize request: {e}")))
+                .and_then(|c| parse_chat_request(c, len, &s.images))
+                .and_then(|p| {
+                    if !p.remote.is_empty() {
+                        return Err(GatewayError::param(
+                            "messages",
+                            "/tokenize takes images as data: URLs only",
+                        ));
+                    }
+                    v.validate(p.chat).map(|r| r.input_ids)
+                })
+        }
+        _ => Err(GatewayError::validation(
+            "a tokenize request has a prompt or messages (one of them)",
+        )),
+    };
+    match ids {
+        Ok(ids) => axum::Json(json!({
+            "count": ids.len(), "max_model_len": v.limits().max_seq_len, "tokens": ids,
+        }))
+        .into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+    #[serde(flatten)]
+    rest: Map<String, Value>,
+}
+
+/// vLLM's `/detokenize`: `{"tokens": [...]}` -> `{"prompt": text}`.
+pub async fn detokenize(State(s): State<HttpState>, req: Request) -> Response {
+    if let Err(e) = auth(&s, &req) {
+        return e.into_response();
+    }
+    let (mut body, _): (DetokenizeRequest, usize) =
+        match read_json(&s, req, "detokenize request").await {
+            Ok(p) => p,
+            Err(e) => return e.into_response(),
+        };
+    body.rest.remove("model");
+    if let Err(e) = check_unread(&body.rest, "") {
+        return e.into_response();
+    }
+    let tok = s.core.validator().tokenizer();
+    if let Some(bad) = body.tokens.iter().find(|&&t| tok.id_to_token(t).is_none()) {
+        return GatewayError::param(
+            "tokens",
+            format!(
+                "token {bad} is not in the tokenizer's vocabulary ({} tokens)",
+                tok.vocab_size()
+            ),
+        )
+        .into_response();
+    }
+    match tok.decode(&body.tokens) {
+        Ok(text) => axum::Json(json!({"prompt": text})).into_response(),
+        Err(e) => GatewayError::validation(format!("cannot decode: {e}")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_in_every_single_shape_and_batches_refused() {
+        assert_eq!(prompt(&json!("hi")).unwrap(), RawPrompt::Text("hi".into()));
+        assert_eq!(
+            prompt(&json!(["hi"])).unwrap(),
+            RawPrompt::Text("hi".into())
+        );
+        assert_eq!(prompt(&json!([1, 2])).unwrap(), RawPrompt::Ids(vec![1, 2]));
+        assert_eq!(prompt(&json!([[3]])).unwrap(), RawPrompt::Ids(vec![3]));
+        let e = prompt(&json!(["a", "b"])).unwrap_err();
+        assert!(e.to_string().contains("one prompt per request"), "{e}");
+        for bad in [
+            json!(3),
+            json!([-1]),
+            json!([1, "a"]),
+            json!([5_000_000_000u64]),
+        ] {
+            assert_eq!(
+                prompt(&bad).unwrap_err().param_name(),
+                Some("prompt"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn legacy_logprobs_have_offsets_into_the_text() {
+        use crate::logprobs::ShownToken;
+        let t = |s: &str, lp| ShownToken {
+            token_id: 0,
+            token: s.into(),
+            bytes: s.as_bytes().to_vec(),
+            logprob: lp,
+        };
+        let l = vec![
+            ShownLogprob {
+                chosen: t("hé", -0.5),
+                top: vec![t("hé", -0.5), t("x", -2.0)],
+            },
+            ShownLogprob {
+                chosen: t("llo", -0.25),
+                top: vec![],
+            },
+        ];
+        let v = legacy_logprobs(&l, 3);
+        assert_eq!(v["tokens"], json!(["hé", "llo"]));
+        assert_eq!(v["token_logprobs"], json!([-0.5, -0.25]));
+        assert_eq!(v["top_logprobs"][0], json!({"hé": -0.5, "x": -2.0}));
+        assert_eq!(v["text_offset"], json!([3, 5]));
+    }
+}

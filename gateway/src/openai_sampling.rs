@@ -1,0 +1,210 @@
+//! The body fields both OpenAI routes (`/v1/chat/completions`, `/v1/completions`) share:
+//! sampling, stop conditions, structured output and streaming options, read once into an
+//! [`InputSampling`]. Each route adds its own (messages or prompt, logprobs in its shape).
+use crate::error::GatewayError;
+use crate::openai_params::check_unread;
+use crate::response_format::{structured_output, StructuredFields};
+use crate::validation::InputSampling;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`: whether the final chunk carries `usage` (default: it does).
+#[derive(Debug, Deserialize)]
+pub struct StreamOptions {
+    pub include_usage: Option<bool>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct SamplingFields {
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// vLLM's extension; -1 (or 0) = off.
+    pub top_k: Option<i64>,
+    /// vLLM's extension.
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub stop: Option<Stop>,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub ignore_eos: bool,
+    pub n: Option<u32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// vLLM's extension: 1 = off.
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string, as OpenAI sends it) -> bias in [-100, 100].
+    pub logit_bias: Option<BTreeMap<String, f32>>,
+    /// vLLM's extensions.
+    pub min_tokens: Option<u32>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Structured output (see `response_format`).
+    pub response_format: Option<Value>,
+    pub structured_outputs: Option<Map<String, Value>>,
+    pub guided_json: Option<Value>,
+    pub guided_regex: Option<String>,
+    pub guided_choice: Option<Vec<String>>,
+    pub guided_grammar: Option<String>,
+}
+
+impl SamplingFields {
+    /// Whether a streamed answer ends with `usage` (`stream_options.include_usage`, default
+    /// true).
+    pub fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(true)
+    }
+
+    /// Into the domain form. `default_max_tokens` applies when neither max field is given
+    /// (0 = the rest of the context); `logprobs` is (asked, alternatives); `forced` is a
+    /// route's own constraint (a required tool call), which excludes any other.
+    pub fn into_sampling(
+        self,
+        default_max_tokens: u32,
+        logprobs: (bool, u32),
+        forced: Option<vlm_proto::StructuredOutput>,
+    ) -> Result<InputSampling, GatewayError> {
+        if self.n.is_some_and(|n| n != 1) {
+            return Err(GatewayError::param(
+                "n",
+                "n must be 1: one choice per request",
+            ));
+        }
+        if let Some(o) = &self.stream_options {
+            if !self.stream {
+                return Err(GatewayError::param(
+                    "stream_options",
+                    "stream_options is only allowed with stream: true",
+                ));
+            }
+            check_unread(&o.extra, "stream_options.")?;
+        }
+        let stop = match self.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s],
+            Some(Stop::Many(v)) => v,
+        };
+        let (max_param, max_tokens) = match (self.max_completion_tokens, self.max_tokens) {
+            (Some(n), _) => ("max_completion_tokens", n),
+            (None, Some(n)) => ("max_tokens", n),
+            (None, None) => ("max_tokens", default_max_tokens),
+        };
+        if max_tokens == 0 && (self.max_completion_tokens.is_some() || self.max_tokens.is_some()) {
+            return Err(GatewayError::param(
+                max_param,
+                format!(
+                    "{max_param} is 0; it must be at least 1 (leave it out for the rest of the \
+                     context)"
+                ),
+            ));
+        }
+        let top_k = match self.top_k.unwrap_or(0) {
+            -1 | 0 => 0,
+            k if (1..=u32::MAX as i64).contains(&k) => k as u32,
+            k => {
+                return Err(GatewayError::param(
+                    "top_k",
+                    format!("top_k is {k}; it must be -1 or 0 (off) or a positive count"),
+                ))
+            }
+        };
+        let mut logit_bias = Vec::new();
+        for (k, &b) in self.logit_bias.iter().flatten() {
+            let id = k.trim().parse::<u32>().map_err(|_| {
+                GatewayError::param(
+                    "logit_bias",
+                    format!("logit_bias key {k:?} is not a token id"),
+                )
+            })?;
+            logit_bias.push((id, b));
+        }
+        logit_bias.sort_by_key(|&(t, _)| t);
+        let mut structured = structured_output(StructuredFields {
+            response_format: self.response_format,
+            structured_outputs: self.structured_outputs,
+            guided_json: self.guided_json,
+            guided_regex: self.guided_regex,
+            guided_choice: self.guided_choice,
+            guided_grammar: self.guided_grammar,
+        })?;
+        if let Some(f) = forced {
+            if structured.is_some() {
+                return Err(GatewayError::param(
+                    "tool_choice",
+                    "a required or named tool_choice is a constraint of its own; it cannot be \
+                     combined with response_format or structured_outputs",
+                ));
+            }
+            structured = Some(f);
+        }
+        Ok(InputSampling {
+            max_tokens,
+            temperature: self.temperature.unwrap_or(1.0),
+            top_p: self.top_p.unwrap_or(0.0),
+            top_k,
+            min_p: self.min_p.unwrap_or(0.0),
+            seed: self.seed,
+            stop,
+            stop_token_ids: self.stop_token_ids.unwrap_or_default(),
+            ignore_eos: self.ignore_eos,
+            presence_penalty: self.presence_penalty.unwrap_or(0.0),
+            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
+            repetition_penalty: self.repetition_penalty.unwrap_or(0.0),
+            logit_bias,
+            min_tokens: self.min_tokens.unwrap_or(0),
+            logprobs: logprobs.0,
+            top_logprobs: logprobs.1,
+            structured,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A route's body: its own field, the shared ones, and the rest.
+    #[derive(Debug, Deserialize)]
+    struct Body {
+        #[allow(dead_code)]
+        prompt: String,
+        #[serde(flatten)]
+        sampling: SamplingFields,
+        #[serde(flatten)]
+        extra: Map<String, Value>,
+    }
+
+    #[test]
+    fn shared_fields_are_read_once_and_only_the_rest_is_left() {
+        let b: Body = serde_json::from_value(json!({
+            "prompt": "p", "temperature": 0.5, "top_k": -1, "logit_bias": {"7": 2.0},
+            "stop": "x", "stream": true, "stream_options": {"include_usage": false},
+            "mystery": 1
+        }))
+        .unwrap();
+        assert_eq!(b.extra.keys().collect::<Vec<_>>(), ["mystery"]);
+        assert!(!b.sampling.include_usage());
+        let s = b.sampling.into_sampling(16, (false, 0), None).unwrap();
+        assert_eq!((s.temperature, s.top_k, s.max_tokens), (0.5, 0, 16));
+        assert_eq!(
+            (s.logit_bias.clone(), s.stop.clone()),
+            (vec![(7, 2.0)], vec!["x".to_string()])
+        );
+    }
+}
