@@ -323,3 +323,89 @@ async fn completions_tokenize_and_detokenize() {
     let (status, v) = post_path(&h, "/detokenize", &json!({"tokens": [999_999_999u32]}));
     assert_eq!(status, 400, "{v}");
 }
+
+/// n = 3: three choices from one prompt, each with its own generator; the prompt's full KV
+/// blocks are computed once (the LM's prefill counter) and read by the other two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n_choices_share_one_prefill() {
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let h = c.http();
+    let lm = c.lms[0].addr("metrics");
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(60);
+    let body = json!({"messages": [{"role": "user", "content": long}], "n": 3,
+                      "max_tokens": 8, "temperature": 1, "seed": 11, "ignore_eos": true,
+                      "logprobs": true});
+    let before = scrape(&lm);
+    let (status, text) = post_json(&h, &body);
+    assert_eq!(status, 200, "{text}");
+    let after = scrape(&lm);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{text}");
+    for (i, ch) in choices.iter().enumerate() {
+        assert_eq!(ch["index"], i);
+        assert_eq!(ch["finish_reason"], "length");
+        assert_eq!(ch["logprobs"]["content"].as_array().unwrap().len(), 8);
+    }
+    let texts: Vec<&str> = choices
+        .iter()
+        .map(|ch| ch["message"]["content"].as_str().unwrap())
+        .collect();
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    assert_eq!(v["usage"]["completion_tokens"], 24);
+    let prompt = v["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(
+        prompt > 256.0,
+        "the prompt must fill a 256-token block: {prompt}"
+    );
+    let delta = |name: &str| after.sum(name).unwrap_or(0.0) - before.sum(name).unwrap_or(0.0);
+    let prefilled = delta("vlm_lm_prefill_tokens_total");
+    let hits = delta("vlm_lm_prefix_cache_hit_tokens_total");
+    assert!(
+        prefilled < 2.0 * prompt,
+        "{prefilled} prefill tokens for 3 choices of a {prompt}-token prompt"
+    );
+    assert!(
+        hits >= 2.0 * 256.0,
+        "{hits} prompt tokens read from the cache"
+    );
+
+    // The same seed gives the same choices again; streamed, each choice ends once.
+    let (_, again) = post_json(&h, &body);
+    let again: Value = serde_json::from_str(&again).unwrap();
+    assert_eq!(again["choices"], v["choices"]);
+    let mut st = body.clone();
+    st["stream"] = json!(true);
+    let (status, text) = post_json(&h, &st);
+    assert_eq!(status, 200, "{text}");
+    let chunks = sse_chunks(&text);
+    let mut ends = [0; 3];
+    let mut streamed = vec![String::new(); 3];
+    for ch in &chunks {
+        let i = ch["choices"][0]["index"].as_u64().unwrap() as usize;
+        if let Some(t) = ch["choices"][0]["delta"]["content"].as_str() {
+            streamed[i].push_str(t);
+        }
+        if ch["choices"][0]["finish_reason"].is_string() {
+            ends[i] += 1;
+        }
+    }
+    assert_eq!(ends, [1, 1, 1]);
+    assert_eq!(streamed, texts);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 24);
+    // Completions take n too.
+    let (status, v) = post_path(
+        &h,
+        "/v1/completions",
+        &json!({"prompt": "hi", "n": 2, "max_tokens": 3, "ignore_eos": true}),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"].as_array().unwrap().len(), 2);
+    let (status, v) = post_path(&h, "/v1/completions", &json!({"prompt": "hi", "n": 17}));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("n")),
+        "{v}"
+    );
+}

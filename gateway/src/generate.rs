@@ -20,13 +20,18 @@ use vlm_service_kit::generation::{Finish, Usage};
 /// One message of the output stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Delta {
+    /// Which choice (0..n) this delta is of.
+    pub index: u32,
     pub text: String,
     pub token_ids: Vec<u32>,
     /// One per token id when the request asked for logprobs, else empty.
     pub logprobs: Vec<ShownLogprob>,
-    /// Set on the last delta.
+    /// Set on the choice's last delta.
     pub finish: Option<Finish>,
+    /// Accounting of the whole request so far (final on the stream's last delta).
     pub usage: Usage,
+    /// The stream's last delta: every choice has finished.
+    pub end: bool,
 }
 
 /// A started generation: the first LM event has arrived.
@@ -121,12 +126,19 @@ impl Core {
             .await?;
         tracing::debug!(lm = %lm.addr, "first event");
         let (tx, rx) = mpsc::channel(64);
+        let n = valid.sampling.n.max(1) as usize;
         let pump = Pump {
-            text: TextStream::new(
-                i.validator.tokenizer(),
-                valid.sampling.stop.clone(),
-                valid.sampling.min_tokens,
-            ),
+            choices: (0..n)
+                .map(|_| Choice {
+                    text: TextStream::new(
+                        i.validator.tokenizer(),
+                        valid.sampling.stop.clone(),
+                        valid.sampling.min_tokens,
+                    ),
+                    tokens: 0,
+                    done: false,
+                })
+                .collect(),
             tokenizer: i.validator.tokenizer().clone(),
             usage: Usage {
                 prompt_tokens: valid.prompt_tokens(),
@@ -222,8 +234,15 @@ async fn first_event(
     }
 }
 
-struct Pump {
+/// One choice's text and state.
+struct Choice {
     text: TextStream,
+    tokens: u32,
+    done: bool,
+}
+
+struct Pump {
+    choices: Vec<Choice>,
     /// Texts of logprob tokens.
     tokenizer: vlm_tokenizer::ChatTokenizer,
     usage: Usage,
@@ -255,8 +274,9 @@ impl Pump {
                         Ok(Some(ev)) => ev,
                         Ok(None) => {
                             // Ended without a finish reason: treat as the end of the output.
-                            let d = self.finish_delta(Vec::new(), Finish::Length);
-                            let _ = tx.send(d).await;
+                            for d in self.finish_all(Finish::Length) {
+                                let _ = tx.send(d).await;
+                            }
                             break "ok";
                         }
                         Err(s) => {
@@ -274,8 +294,9 @@ impl Pump {
                 }
             };
             match self.on_event(ev) {
-                Ok((delta, done)) => {
-                    let end = delta.finish.is_some() || done;
+                Ok(None) => {}
+                Ok(Some(delta)) => {
+                    let end = delta.end;
                     if tx.send(Ok(delta)).await.is_err() {
                         break "cancelled";
                     }
@@ -302,67 +323,82 @@ impl Pump {
             .record(self.arrived.elapsed().as_secs_f64());
     }
 
-    /// Turns one LM event into a delta; `true` when the stream must end (stop string).
-    fn on_event(&mut self, ev: TokenEvent) -> Result<(Delta, bool), GatewayError> {
+    /// Turns one LM event into its choice's delta (`None` for a choice already ended by a stop
+    /// string, whose further tokens are dropped).
+    fn on_event(&mut self, ev: TokenEvent) -> Result<Option<Delta>, GatewayError> {
         if !ev.token_ids.is_empty() && self.first_token_at.is_none() {
             let now = Instant::now();
             self.first_token_at = Some(now);
             metrics::histogram!(m::TIME_TO_FIRST_TOKEN_SECONDS)
                 .record((now - self.arrived).as_secs_f64());
         }
-        self.usage.completion_tokens += ev.token_ids.len() as u32;
         // Every LM event carries its cumulative usage: its latest cached count stands. The
         // other counts are the gateway's own (it ends streams at stop strings).
         if let Some(u) = &ev.usage {
             self.usage.cached_tokens = u.cached_tokens;
         }
+        let index = ev.index;
+        let n = self.choices.len();
+        let c = self.choices.get_mut(index as usize).ok_or_else(|| {
+            GatewayError::Internal(format!("the LM sent choice {index} of a request for {n}"))
+        })?;
+        if c.done {
+            return Ok(None);
+        }
+        c.tokens += ev.token_ids.len() as u32;
+        self.usage.completion_tokens += ev.token_ids.len() as u32;
         let logprobs: Vec<ShownLogprob> = ev
             .logprobs
             .into_iter()
             .map(|l| show(&self.tokenizer, l.into()))
             .collect();
-        let d = self.text.push(&ev.token_ids)?;
-        if d.stopped {
-            return Ok((
-                Delta {
-                    text: d.text,
-                    token_ids: ev.token_ids,
-                    logprobs,
-                    finish: Some(Finish::Stop),
-                    usage: self.usage,
-                },
-                true,
-            ));
-        }
-        let finish = Finish::from_wire(ev.finish_reason).or_else(|| {
-            (self.usage.completion_tokens >= self.max_tokens).then_some(Finish::Length)
-        });
+        let d = c.text.push(&ev.token_ids)?;
+        let finish = if d.stopped {
+            Some(Finish::Stop)
+        } else {
+            Finish::from_wire(ev.finish_reason)
+                .or_else(|| (c.tokens >= self.max_tokens).then_some(Finish::Length))
+        };
         let mut text = d.text;
         if finish.is_some() {
-            let rest = self.text.finish()?;
-            text.push_str(&rest.text);
+            c.done = true;
+            if !d.stopped {
+                text.push_str(&c.text.finish()?.text);
+            }
         }
-        Ok((
-            Delta {
-                text,
-                token_ids: ev.token_ids,
-                logprobs,
-                finish,
-                usage: self.usage,
-            },
-            false,
-        ))
+        Ok(Some(Delta {
+            index,
+            text,
+            token_ids: ev.token_ids,
+            logprobs,
+            finish,
+            usage: self.usage,
+            end: self.choices.iter().all(|c| c.done),
+        }))
     }
 
-    fn finish_delta(&mut self, token_ids: Vec<u32>, finish: Finish) -> Result<Delta, GatewayError> {
-        let rest = self.text.finish()?;
-        Ok(Delta {
-            text: rest.text,
-            token_ids,
-            logprobs: Vec::new(),
-            finish: Some(finish),
-            usage: self.usage,
-        })
+    /// The LM stream ended early: every open choice ends with `finish`.
+    fn finish_all(&mut self, finish: Finish) -> Vec<Result<Delta, GatewayError>> {
+        let open: Vec<usize> = (0..self.choices.len())
+            .filter(|&i| !self.choices[i].done)
+            .collect();
+        let last = open.last().copied();
+        open.into_iter()
+            .map(|i| {
+                let c = &mut self.choices[i];
+                c.done = true;
+                let rest = c.text.finish()?;
+                Ok(Delta {
+                    index: i as u32,
+                    text: rest.text,
+                    token_ids: Vec::new(),
+                    logprobs: Vec::new(),
+                    finish: Some(finish),
+                    usage: self.usage,
+                    end: Some(i) == last,
+                })
+            })
+            .collect()
     }
 }
 
@@ -385,7 +421,11 @@ mod tests {
         let tok =
             vlm_tokenizer::ChatTokenizer::from_dir(&crate::validation::tests::tiny_dir()).unwrap();
         Pump {
-            text: TextStream::new(&tok, Vec::new(), 0),
+            choices: vec![Choice {
+                text: TextStream::new(&tok, Vec::new(), 0),
+                tokens: 0,
+                done: false,
+            }],
             tokenizer: tok.clone(),
             usage: Usage {
                 prompt_tokens,
@@ -410,27 +450,30 @@ mod tests {
                 cached_tokens,
             }),
             logprobs: Vec::new(),
+            index: 0,
         }
     }
 
     #[test]
     fn the_lms_cached_tokens_reach_every_delta() {
         let mut p = pump(96);
-        let (d, end) = p.on_event(event(vec![5], None, Some(64))).unwrap();
-        assert!(!end);
+        let d = p.on_event(event(vec![5], None, Some(64))).unwrap().unwrap();
+        assert!(!d.end);
         assert_eq!(d.usage.cached_tokens, 64);
         assert_eq!((d.usage.prompt_tokens, d.usage.completion_tokens), (96, 1));
         // An event without usage keeps the last count; the last delta carries it.
-        let (d, _) = p
+        let d = p
             .on_event(event(vec![6], Some(Finish::Stop), None))
+            .unwrap()
             .unwrap();
         assert_eq!(d.finish, Some(Finish::Stop));
+        assert!(d.end);
         assert_eq!(d.usage.cached_tokens, 64);
         assert_eq!(d.usage.completion_tokens, 2);
         // A later count (the LM recomputed part of the prompt) replaces it.
         let mut p = pump(96);
         p.on_event(event(vec![5], None, Some(64))).unwrap();
-        let (d, _) = p.on_event(event(vec![6], None, Some(32))).unwrap();
+        let d = p.on_event(event(vec![6], None, Some(32))).unwrap().unwrap();
         assert_eq!(d.usage.cached_tokens, 32);
     }
 }

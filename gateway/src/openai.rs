@@ -458,9 +458,9 @@ pub fn chunk_json(
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish.map(finish_reason)}],
+        "choices": [{"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish.map(finish_reason)}],
     });
-    if d.finish.is_some() && usage {
+    if d.end && usage {
         v["usage"] = usage_json(d.usage);
     }
     v
@@ -518,6 +518,7 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         };
     let (stream, include_usage) = (parsed.sampling.stream, parsed.sampling.include_usage());
     let want_logprobs = parsed.logprobs == Some(true);
+    let chat_n = parsed.sampling.n.unwrap_or(1);
     let pending = match parse_chat_request(parsed, body_len, &s.images) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -541,24 +542,26 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
     let id = format!("chatcmpl-{}", gen.request_id);
     let created = now_secs();
     let mut rx = gen.rx;
+    let n = chat_n.max(1) as usize;
     if stream {
         let out = async_stream::stream! {
-            let mut first = true;
-            let mut calls = tools.as_ref().map(|_| CallStream::default());
+            let mut first = vec![true; n];
+            let mut calls: Vec<Option<CallStream>> =
+                (0..n).map(|_| tools.as_ref().map(|_| CallStream::default())).collect();
             while let Some(item) = rx.recv().await {
                 match item {
                     Ok(mut d) => {
-                        let end = d.finish.is_some();
+                        let i = (d.index as usize).min(n - 1);
                         let mut found = Vec::new();
-                        if let (Some(c), Some(t)) = (calls.as_mut(), tools.as_ref()) {
+                        if let (Some(c), Some(t)) = (calls[i].as_mut(), tools.as_ref()) {
                             d.text = c.push(&d.text);
-                            if end {
+                            if d.finish.is_some() {
                                 let (rest, parsed) = c.finish(t.parallel);
                                 d.text.push_str(&rest);
                                 found = parsed;
                             }
                         }
-                        let mut v = chunk_json(&id, &model, created, &d, first, include_usage);
+                        let mut v = chunk_json(&id, &model, created, &d, first[i], include_usage);
                         if !found.is_empty() {
                             // Cut by max_tokens, the answer stays "length".
                             if d.finish == Some(Finish::Stop) {
@@ -567,12 +570,12 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
                             v["choices"][0]["delta"]["tool_calls"] = found
                                 .iter()
                                 .enumerate()
-                                .map(|(i, c)| c.openai_json(i, &call_id()))
+                                .map(|(k, c)| c.openai_json(k, &call_id()))
                                 .collect();
                         }
                         yield Ok::<_, std::convert::Infallible>(sse_event(&v));
-                        first = false;
-                        if end { break; }
+                        first[i] = false;
+                        if d.end { break; }
                     }
                     Err(e) => {
                         yield Ok(sse_event(&e.openai_body()));
@@ -584,60 +587,88 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         };
         return sse_response(out);
     }
-    let mut text = String::new();
-    let mut logprobs = Vec::new();
+    let mut texts = vec![String::new(); n];
+    let mut logprobs: Vec<Vec<ShownLogprob>> = vec![Vec::new(); n];
+    let mut finishes = vec![None; n];
     let mut usage = Usage::default();
-    let mut finish = None;
     while let Some(item) = rx.recv().await {
         match item {
             Ok(d) => {
-                text.push_str(&d.text);
-                logprobs.extend(d.logprobs);
+                let i = (d.index as usize).min(n - 1);
+                texts[i].push_str(&d.text);
+                logprobs[i].extend(d.logprobs);
                 usage = d.usage;
                 if d.finish.is_some() {
-                    finish = d.finish;
+                    finishes[i] = d.finish;
+                }
+                if d.end {
                     break;
                 }
             }
             Err(e) => return e.into_response(),
         }
     }
-    let logprobs = want_logprobs.then_some(logprobs.as_slice());
-    let mut v = completion_json(&id, &model, created, &text, logprobs, finish, usage);
-    if let Some(t) = &tools {
-        let (content, calls) = tool_calls::split(&text, t.parallel);
-        if !calls.is_empty() {
-            let msg = &mut v["choices"][0]["message"];
-            msg["content"] = if content.is_empty() {
-                Value::Null
-            } else {
-                json!(content)
-            };
-            msg["tool_calls"] = calls
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let mut j = c.openai_json(i, &call_id());
-                    j.as_object_mut().map(|o| o.remove("index"));
-                    j
-                })
-                .collect();
-            if finish == Some(Finish::Stop) {
-                v["choices"][0]["finish_reason"] = json!("tool_calls");
+    let choices = (0..n)
+        .map(|i| {
+            let lp = want_logprobs.then_some(logprobs[i].as_slice());
+            let mut c = chat_choice_json(i, &texts[i], lp, finishes[i]);
+            if let Some(t) = &tools {
+                with_tool_calls(&mut c, &texts[i], t.parallel, finishes[i]);
             }
-        }
-    }
-    axum::Json(v).into_response()
+            c
+        })
+        .collect();
+    axum::Json(completion_json(&id, &model, created, choices, usage)).into_response()
 }
 
-/// The body of a non-streamed completion.
+/// A choice whose text holds tool calls: `message.tool_calls`, the content outside them, and
+/// `finish_reason: "tool_calls"` (unless cut by max_tokens).
+fn with_tool_calls(c: &mut Value, text: &str, parallel: bool, finish: Option<Finish>) {
+    let (content, calls) = tool_calls::split(text, parallel);
+    if calls.is_empty() {
+        return;
+    }
+    let msg = &mut c["message"];
+    msg["content"] = if content.is_empty() {
+        Value::Null
+    } else {
+        json!(content)
+    };
+    msg["tool_calls"] = calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let mut j = call.openai_json(i, &call_id());
+            j.as_object_mut().map(|o| o.remove("index"));
+            j
+        })
+        .collect();
+    if finish == Some(Finish::Stop) {
+        c["finish_reason"] = json!("tool_calls");
+    }
+}
+
+/// One choice of a non-streamed chat completion.
+pub fn chat_choice_json(
+    index: usize,
+    text: &str,
+    logprobs: Option<&[ShownLogprob]>,
+    finish: Option<Finish>,
+) -> Value {
+    json!({
+        "index": index,
+        "message": {"role": "assistant", "content": text},
+        "logprobs": logprobs.map(openai_content),
+        "finish_reason": finish.map(finish_reason),
+    })
+}
+
+/// The body of a non-streamed chat completion.
 pub fn completion_json(
     id: &str,
     model: &str,
     created: u64,
-    text: &str,
-    logprobs: Option<&[ShownLogprob]>,
-    finish: Option<Finish>,
+    choices: Vec<Value>,
     usage: Usage,
 ) -> Value {
     json!({
@@ -645,12 +676,7 @@ pub fn completion_json(
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": logprobs.map(openai_content),
-            "finish_reason": finish.map(finish_reason),
-        }],
+        "choices": choices,
         "usage": usage_json(usage),
     })
 }
@@ -663,11 +689,13 @@ mod tests {
     #[test]
     fn sse_chunks() {
         let d = Delta {
+            index: 0,
             text: "Hi".into(),
             token_ids: vec![1],
             logprobs: Vec::new(),
             finish: None,
             usage: Usage::default(),
+            end: false,
         };
         let v = chunk_json("c1", "m", 7, &d, true, true);
         assert_eq!(
@@ -686,11 +714,13 @@ mod tests {
             cached_tokens: 8,
         };
         let last = Delta {
+            index: 0,
             text: String::new(),
             token_ids: vec![2],
             logprobs: Vec::new(),
             finish: Some(Finish::Length),
             usage: u,
+            end: true,
         };
         let v = chunk_json("c1", "m", 7, &last, false, true);
         assert_eq!(v["choices"][0]["delta"], json!({}));
@@ -711,7 +741,13 @@ mod tests {
             completion_tokens: 5,
             cached_tokens,
         };
-        let v = completion_json("c2", "m", 9, "Hello", None, Some(Finish::Stop), usage(64));
+        let v = completion_json(
+            "c2",
+            "m",
+            9,
+            vec![chat_choice_json(0, "Hello", None, Some(Finish::Stop))],
+            usage(64),
+        );
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["choices"][0]["message"]["content"], "Hello");
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
@@ -721,7 +757,13 @@ mod tests {
                    "prompt_tokens_details": {"cached_tokens": 64}})
         );
         // A miss is an explicit 0, as OpenAI sends it.
-        let v = completion_json("c3", "m", 9, "", None, Some(Finish::Length), usage(0));
+        let v = completion_json(
+            "c3",
+            "m",
+            9,
+            vec![chat_choice_json(0, "", None, Some(Finish::Length))],
+            usage(0),
+        );
         assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
     }
 

@@ -132,8 +132,8 @@ fn legacy_logprobs(l: &[ShownLogprob], start: usize) -> Value {
     })
 }
 
-fn choice(text: &str, logprobs: Option<Value>, finish: Option<Finish>) -> Value {
-    json!({"index": 0, "text": text, "logprobs": logprobs, "finish_reason": finish.map(finish_reason)})
+fn choice(index: usize, text: &str, logprobs: Option<Value>, finish: Option<Finish>) -> Value {
+    json!({"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish.map(finish_reason)})
 }
 
 pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
@@ -149,6 +149,7 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
         };
     let (stream, include_usage) = (body.sampling.stream, body.sampling.include_usage());
     let want_logprobs = body.logprobs.is_some();
+    let n = body.sampling.n.unwrap_or(1);
     let (chat, echo) = match parse(body, len) {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -167,27 +168,31 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
     let id = format!("cmpl-{}", gen.request_id);
     let created = now_secs();
     let mut rx = gen.rx;
-    let chunk = move |text: &str, lp: Option<Value>, finish: Option<Finish>| {
+    let n = n.max(1) as usize;
+    let chunk = move |index: usize, text: &str, lp: Option<Value>, finish: Option<Finish>| {
         json!({"id": id, "object": "text_completion", "created": created, "model": model,
-               "choices": [choice(text, lp, finish)]})
+               "choices": [choice(index, text, lp, finish)]})
     };
     if stream {
         let out = async_stream::stream! {
-            let mut shown = echoed.chars().count();
+            let mut shown = vec![echoed.chars().count(); n];
             if !echoed.is_empty() {
-                yield Ok::<_, std::convert::Infallible>(sse_event(&chunk(&echoed, None, None)));
+                for i in 0..n {
+                    yield Ok::<_, std::convert::Infallible>(sse_event(&chunk(i, &echoed, None, None)));
+                }
             }
             while let Some(item) = rx.recv().await {
                 match item {
                     Ok(d) => {
-                        let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown));
-                        shown += d.logprobs.iter().map(|l| l.chosen.token.chars().count()).sum::<usize>();
-                        let mut v = chunk(&d.text, lp, d.finish);
-                        if d.finish.is_some() && include_usage {
+                        let i = (d.index as usize).min(n - 1);
+                        let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown[i]));
+                        shown[i] += d.logprobs.iter().map(|l| l.chosen.token.chars().count()).sum::<usize>();
+                        let mut v = chunk(i, &d.text, lp, d.finish);
+                        if d.end && include_usage {
                             v["usage"] = usage_json(d.usage);
                         }
                         yield Ok(sse_event(&v));
-                        if d.finish.is_some() { break; }
+                        if d.end { break; }
                     }
                     Err(e) => {
                         yield Ok(sse_event(&e.openai_body()));
@@ -199,26 +204,35 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
         };
         return sse_response(out);
     }
-    let mut text = echoed.clone();
-    let mut logprobs = Vec::new();
+    let mut texts = vec![echoed.clone(); n];
+    let mut logprobs: Vec<Vec<ShownLogprob>> = vec![Vec::new(); n];
+    let mut finishes = vec![None; n];
     let mut usage = Usage::default();
-    let mut finish = None;
     while let Some(item) = rx.recv().await {
         match item {
             Ok(d) => {
-                text.push_str(&d.text);
-                logprobs.extend(d.logprobs);
+                let i = (d.index as usize).min(n - 1);
+                texts[i].push_str(&d.text);
+                logprobs[i].extend(d.logprobs);
                 usage = d.usage;
                 if d.finish.is_some() {
-                    finish = d.finish;
+                    finishes[i] = d.finish;
+                }
+                if d.end {
                     break;
                 }
             }
             Err(e) => return e.into_response(),
         }
     }
-    let lp = want_logprobs.then(|| legacy_logprobs(&logprobs, 0));
-    let mut v = chunk(&text, lp, finish);
+    let choices: Vec<Value> = (0..n)
+        .map(|i| {
+            let lp = want_logprobs.then(|| legacy_logprobs(&logprobs[i], 0));
+            choice(i, &texts[i], lp, finishes[i])
+        })
+        .collect();
+    let mut v = chunk(0, "", None, None);
+    v["choices"] = json!(choices);
     v["usage"] = usage_json(usage);
     axum::Json(v).into_response()
 }

@@ -79,11 +79,8 @@ impl SamplingFields {
         logprobs: (bool, u32),
         forced: Option<vlm_proto::StructuredOutput>,
     ) -> Result<InputSampling, GatewayError> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err(GatewayError::param(
-                "n",
-                "n must be 1: one choice per request",
-            ));
+        if self.n == Some(0) {
+            return Err(GatewayError::param("n", "n is 0; it must be at least 1"));
         }
         if let Some(o) = &self.stream_options {
             if !self.stream {
@@ -170,6 +167,7 @@ impl SamplingFields {
             logprobs: logprobs.0,
             top_logprobs: logprobs.1,
             structured,
+            n: self.n.unwrap_or(1),
         })
     }
 }

@@ -60,6 +60,7 @@ fn response(request_id: &str, d: Delta) -> pb::GenerateResponse {
         finish_reason: Finish::to_wire(d.finish),
         usage: Some(d.usage.into()),
         logprobs: d.logprobs.iter().map(ShownLogprob::to_wire).collect(),
+        index: d.index,
     }
 }
 
@@ -98,8 +99,10 @@ mod tests {
     fn responses_carry_the_usage_with_cached_tokens() {
         let d = Delta {
             text: "ok".into(),
+            index: 0,
             token_ids: vec![3, 4],
             logprobs: Vec::new(),
+            end: true,
             finish: Some(Finish::Length),
             usage: Usage {
                 prompt_tokens: 70,

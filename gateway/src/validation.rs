@@ -48,6 +48,8 @@ pub struct InputSampling {
     pub top_logprobs: u32,
     /// The grammar the output must follow (compiled and enforced by the LM).
     pub structured: Option<vlm_proto::StructuredOutput>,
+    /// Choices (0 or 1 = one).
+    pub n: u32,
 }
 
 impl InputSampling {
@@ -71,6 +73,7 @@ impl InputSampling {
             logprobs: self.logprobs,
             top_logprobs: self.top_logprobs,
             structured: self.structured.clone(),
+            n: self.n,
         }
     }
 
@@ -96,6 +99,7 @@ impl InputSampling {
             logprobs: s.logprobs,
             top_logprobs: s.top_logprobs,
             structured: s.structured,
+            n: s.n,
         }
     }
 }
@@ -156,9 +160,11 @@ impl ValidRequest {
     pub fn prompt_tokens(&self) -> u32 {
         self.input_ids.len() as u32
     }
-    /// KV tokens this request may hold at most: prompt + max_tokens.
+    /// KV tokens this request may hold at most: prompt + max_tokens per choice (the prompt's
+    /// blocks are shared).
     pub fn kv_tokens(&self) -> u64 {
-        self.input_ids.len() as u64 + self.sampling.max_tokens as u64
+        self.input_ids.len() as u64
+            + self.sampling.max_tokens as u64 * self.sampling.n.max(1) as u64
     }
 }
 

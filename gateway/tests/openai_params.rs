@@ -27,7 +27,7 @@ async fn unsupported_parameters_are_refused_by_name() {
             "response_format.type",
         ),
         (body(json!({"functions": [{"name": "f"}]})), "functions"),
-        (body(json!({"n": 2})), "n"),
+        (body(json!({"best_of": 2})), "best_of"),
         (
             body(json!({"stream_options": {"include_usage": true}})),
             "stream_options",

@@ -160,6 +160,8 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
                     image_tokens: 0,
                     sampling: SamplingConfig::greedy(),
                     guide: None,
+                    n: 1,
+                    index: 0,
                     max_new_tokens: new_tokens,
                     stop_ids: Vec::new(),
                     deadline: None,

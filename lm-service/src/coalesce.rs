@@ -22,6 +22,11 @@ pub fn coalesced(
         let mut pending = None;
         while ev.finish.is_none() {
             match rx.try_recv() {
+                // Another choice's event is not merged into this one's.
+                Ok(Ok(next)) if next.index != ev.index => {
+                    pending = Some(Ok(next));
+                    break;
+                }
                 Ok(Ok(next)) => {
                     ev.tokens.extend(next.tokens);
                     ev.logprobs.extend(next.logprobs);
@@ -47,6 +52,7 @@ mod tests {
 
     fn ev(t: u32, finish: Option<Finish>) -> Result<GenEvent, LmError> {
         Ok(GenEvent {
+            index: 0,
             tokens: vec![t],
             logprobs: vec![TokenLogprob {
                 token_id: t,
@@ -89,6 +95,22 @@ mod tests {
             (vec![4, 5], Some(Finish::Length))
         );
         assert_eq!(out[3].as_ref().unwrap().tokens, vec![6]);
+    }
+
+    #[tokio::test]
+    async fn choices_are_never_merged_into_each_other() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        for (t, index) in [(1, 0), (2, 0), (3, 1), (4, 1), (5, 0)] {
+            let mut e = ev(t, None).unwrap();
+            e.index = index;
+            tx.send(Ok(e)).unwrap();
+        }
+        drop(tx);
+        let out: Vec<(u32, Vec<u32>)> = coalesced(rx)
+            .map(|e| e.map(|e| (e.index, e.tokens)).unwrap())
+            .collect()
+            .await;
+        assert_eq!(out, [(0, vec![1, 2]), (1, vec![3, 4]), (0, vec![5])]);
     }
 
     #[tokio::test]

@@ -30,6 +30,7 @@ pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> Ge
 
 pub fn token_event(e: GenEvent) -> pb::TokenEvent {
     pb::TokenEvent {
+        index: e.index,
         token_ids: e.tokens,
         finish_reason: Finish::to_wire(e.finish),
         usage: Some(e.usage.into()),

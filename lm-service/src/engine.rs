@@ -61,6 +61,8 @@ impl EngineInfo {
 /// One streamed step of a generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenEvent {
+    /// Which choice (0..n) this event is of.
+    pub index: u32,
     pub tokens: Vec<u32>,
     /// One per token when the request asked for logprobs, else empty.
     pub logprobs: Vec<TokenLogprob>,
@@ -83,6 +85,11 @@ pub struct SeqRequest {
     pub sampling: SamplingConfig,
     /// The structured-output constraint (moved into the sampler at admission).
     pub guide: Option<Guide>,
+    /// Choices to generate from this prompt (1 = one). The others are forked from the first
+    /// once its prefill is done, so they read the prompt's KV blocks from the prefix cache.
+    pub n: usize,
+    /// Which choice this sequence is.
+    pub index: u32,
     /// Most tokens to generate (already capped to the context).
     pub max_new_tokens: usize,
     /// Token ids that end the generation (EOS unless ignored, plus the request's).
@@ -298,6 +305,15 @@ struct SeqState {
     cached_tokens: u32,
     /// Content keys of its full blocks (prefix caching).
     keys: KeyChain,
+    /// The first choice of an n > 1 request, until it forks the others at its first token.
+    fork: Option<Fork>,
+}
+
+/// What the other choices of a request start from: their number and the grammar before any
+/// token.
+struct Fork {
+    n: usize,
+    guide: Option<Guide>,
 }
 
 impl SeqState {
@@ -364,33 +380,80 @@ impl Engine {
         match cmd {
             Command::Shutdown => false,
             Command::Generate(req) => {
-                let id = SEQ_IDS.fetch_add(1, Ordering::Relaxed);
-                let queue_span = tracing::info_span!(parent: &req.span, "queue", seq = id);
-                self.sched.add(id, req.prompt.len(), req.deadline);
-                let mut keys = KeyChain::new(
-                    self.salt,
-                    self.sched.config().block_len as usize,
-                    image_spans(&req),
-                );
-                keys.extend(&req.prompt, &[]);
-                self.sched.extend_keys(id, keys.keys());
-                let mut req = req;
-                let sampler =
-                    Sampler::new(req.sampling.clone(), &req.prompt).with_guide(req.guide.take());
-                self.seqs.insert(
-                    id,
-                    SeqState {
-                        req: *req,
-                        generated: Vec::new(),
-                        sampler,
-                        last_token_at: None,
-                        queue_span: Some(queue_span),
-                        cached_tokens: 0,
-                        keys,
-                    },
-                );
+                let fork = (req.n > 1).then(|| Fork {
+                    n: req.n,
+                    guide: req.guide.clone(),
+                });
+                self.admit(*req, fork);
                 true
             }
+        }
+    }
+
+    /// Queues one sequence.
+    fn admit(&mut self, mut req: SeqRequest, fork: Option<Fork>) -> SeqId {
+        let id = SEQ_IDS.fetch_add(1, Ordering::Relaxed);
+        let queue_span = tracing::info_span!(parent: &req.span, "queue", seq = id);
+        self.sched.add(id, req.prompt.len(), req.deadline);
+        let mut keys = KeyChain::new(
+            self.salt,
+            self.sched.config().block_len as usize,
+            image_spans(&req),
+        );
+        keys.extend(&req.prompt, &[]);
+        self.sched.extend_keys(id, keys.keys());
+        let sampler = Sampler::new(req.sampling.clone(), &req.prompt).with_guide(req.guide.take());
+        self.seqs.insert(
+            id,
+            SeqState {
+                req,
+                generated: Vec::new(),
+                sampler,
+                last_token_at: None,
+                queue_span: Some(queue_span),
+                cached_tokens: 0,
+                keys,
+                fork,
+            },
+        );
+        id
+    }
+
+    /// The first choice's prefill is done: the other choices start now, reading its prompt
+    /// blocks from the prefix cache. Each has its own generator (seed + index, as vLLM).
+    fn fork(&mut self, id: SeqId) {
+        let Some(s) = self.seqs.get_mut(&id) else {
+            return;
+        };
+        let Some(f) = s.fork.take() else {
+            return;
+        };
+        let r = &s.req;
+        let children: Vec<SeqRequest> = (1..f.n)
+            .map(|i| SeqRequest {
+                request_id: r.request_id.clone(),
+                prompt: r.prompt.clone(),
+                images: r.images.clone(),
+                image_hashes: r.image_hashes.clone(),
+                layout: r.layout.clone(),
+                image_tokens: r.image_tokens,
+                sampling: SamplingConfig {
+                    seed: r.sampling.seed.wrapping_add(i as u64),
+                    ..r.sampling.clone()
+                },
+                guide: f.guide.clone(),
+                n: 1,
+                index: i as u32,
+                max_new_tokens: r.max_new_tokens,
+                stop_ids: r.stop_ids.clone(),
+                deadline: r.deadline,
+                events: r.events.clone(),
+                span: r.span.clone(),
+                received: r.received,
+            })
+            .collect();
+        for c in children {
+            self.admit(c, None);
         }
     }
 
@@ -425,6 +488,7 @@ impl Engine {
             if let Some(s) = self.seqs.remove(&id) {
                 tracing::info!(parent: &s.req.span, request_id = %s.req.request_id, "deadline passed; sequence dropped");
                 let _ = s.req.events.send(Ok(GenEvent {
+                    index: s.req.index,
                     tokens: Vec::new(),
                     logprobs: Vec::new(),
                     finish: Some(Finish::Cancelled),
@@ -500,6 +564,7 @@ impl Engine {
                 )
                 .map_err(|e| LmError::internal(e.to_string()))
                 .and_then(|c| self.backend.prefill(&c).map_err(LmError::from));
+                metrics::counter!("vlm_lm_prefill_tokens_total").increment(p.len as u64);
                 prefilled = Some(r);
             }
         }
@@ -534,6 +599,7 @@ impl Engine {
     }
 
     fn sample_and_emit(&mut self, id: SeqId, logits: &[f32]) {
+        self.fork(id);
         let Some(s) = self.seqs.get_mut(&id) else {
             return;
         };
@@ -581,6 +647,7 @@ impl Engine {
             None
         };
         let sent = s.req.events.send(Ok(GenEvent {
+            index: s.req.index,
             tokens: vec![token],
             logprobs: logprob.into_iter().collect(),
             finish,

@@ -183,6 +183,8 @@ pub async fn generate(
         image_tokens,
         sampling,
         guide,
+        n: s.n.max(1) as usize,
+        index: 0,
         max_new_tokens: max_new,
         stop_ids,
         deadline: input.deadline,

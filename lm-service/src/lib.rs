@@ -133,6 +133,7 @@ fn register_metrics(graphs: &[u32]) {
         "vlm_lm_generated_tokens_total",
         "vlm_lm_prefix_cache_prompt_tokens_total",
         "vlm_lm_prefix_cache_hit_tokens_total",
+        "vlm_lm_prefill_tokens_total",
     ] {
         metrics::counter!(name).increment(0);
     }

@@ -10,6 +10,8 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 /// Most bytes of a grammar (schema, regex, Lark text, all choices together).
 pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
+/// Most choices per request (`n`).
+pub const MAX_N: u32 = 16;
 /// Most strings of a choice.
 pub const MAX_CHOICES: usize = 256;
 
@@ -103,6 +105,12 @@ pub fn check(s: &pb::SamplingParams, vocab: Option<usize>) -> Result<(), Samplin
                 "top_logprobs is {}; it must be in [0, {MAX_TOP_LOGPROBS}]",
                 s.top_logprobs
             ),
+        ));
+    }
+    if s.n > MAX_N {
+        return Err(err(
+            "n",
+            format!("n is {}; it must be in [1, {MAX_N}]", s.n),
         ));
     }
     if let Some(g) = &s.structured {
