@@ -322,6 +322,7 @@ async fn one_request(addr: String, image: Vec<u8>, tokens: u32) -> (f64, Vec<(In
                     part: Some(Part::Image(pb::ImagePart {
                         data: image,
                         mime_type: String::new(),
+                        ..Default::default()
                     })),
                 },
                 pb::ContentPart {
@@ -395,6 +396,7 @@ async fn one_direct(
                     InputPart::Image {
                         data: image.into(),
                         mime_type: String::new(),
+                        budget: Default::default(),
                     },
                     InputPart::Text(PROMPT.into()),
                 ],

@@ -688,3 +688,56 @@ async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
         );
     }
 }
+
+/// `detail` and `mm_processor_kwargs` set an image's resolution end to end: the vision service
+/// resizes to the grid the gateway planned (it refuses a mismatch), the image costs fewer
+/// tokens at `low`, and the same bytes at two resolutions are two cache entries, not one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_detail_and_pixel_budgets_set_the_resolution() {
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let img = png(1024, 768, 9);
+    let ask = |detail: &str, extra: serde_json::Value| {
+        use base64::Engine;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(&img);
+        let mut b = serde_json::json!({
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}"), "detail": detail}},
+                {"type": "text", "text": "what is it?"}]}],
+            "max_tokens": 2, "temperature": 0});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let (status, text) = post_json(&c.http(), &b);
+        assert_eq!(status, 200, "{detail} {extra}: {text}");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let auto = ask("auto", serde_json::json!({}));
+    let low = ask("low", serde_json::json!({}));
+    let tiny = ask(
+        "auto",
+        serde_json::json!({"mm_processor_kwargs": {"max_pixels": 128 * 128}}),
+    );
+    let high = ask("high", serde_json::json!({}));
+    assert!(low < auto, "low {low} vs auto {auto}");
+    assert!(tiny < low, "max_pixels 128x128 {tiny} vs low {low}");
+    assert!(high >= auto, "high {high} vs auto {auto}");
+    // 1024x768 at low: 512*512 pixels at most -> 16x12 patches of 32 = 192 image tokens; the
+    // text around it is the same in both, so the difference is the image's.
+    assert_eq!(
+        auto - low,
+        (1024 * 768 - 576 * 416) / 1024,
+        "auto {auto} low {low}"
+    );
+    // Asking again at each resolution hits the LM's embedding cache for that resolution.
+    let hits = |c: &Cluster| {
+        scrape(&c.lms[0].addr("metrics"))
+            .sum("vlm_lm_embedding_cache_hits_total")
+            .unwrap_or(0.0)
+    };
+    let before = hits(&c);
+    assert_eq!(ask("low", serde_json::json!({})), low);
+    assert_eq!(ask("auto", serde_json::json!({})), auto);
+    assert_eq!(hits(&c) - before, 2.0);
+}

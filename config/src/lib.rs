@@ -21,7 +21,7 @@ pub mod plan;
 mod rules;
 pub mod types;
 
-pub use bucket::{ImagePlanError, PlannedImage};
+pub use bucket::{ImagePlanError, PixelBudget, PlannedImage};
 pub use error::{BucketError, ConfigError};
 pub use file::Format;
 pub use geometry::{image_geometry, smart_resize, GeometryError, ImageGeometry};

@@ -117,6 +117,41 @@ fn image_sizes_in_raw_patches() {
 }
 
 #[test]
+fn a_request_pixel_budget_stays_within_the_config() {
+    use vlm_config::PixelBudget;
+    let v = example("en-vit-buckets.yaml").config.visual;
+    let budget = |min, max| PixelBudget {
+        min_pixels: min,
+        max_pixels: max,
+    };
+    // A small max: 1024x1024 at 256x256, the floor lowered with it.
+    let p = v
+        .plan_image_within(1024, 1024, budget(None, Some(65536)))
+        .unwrap();
+    assert_eq!((p.geometry.resized_width, p.geometry.tokens()), (256, 64));
+    // A max over the config's is the config's.
+    let big = v
+        .plan_image_within(1024, 1024, budget(None, Some(u64::MAX)))
+        .unwrap();
+    assert_eq!(big.geometry, v.plan_image(1024, 1024).unwrap().geometry);
+    // A min raises a small image.
+    let p = v
+        .plan_image_within(64, 64, budget(Some(512 * 512), None))
+        .unwrap();
+    assert_eq!(p.geometry.resized_width, 512);
+    for (b, needle) in [
+        (
+            budget(Some(v.max_pixels + 1), None),
+            "over the server's max_pixels",
+        ),
+        (budget(Some(70_000), Some(65_536)), "over max_pixels 65536"),
+    ] {
+        let e = v.plan_image_within(100, 100, b).unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+}
+
+#[test]
 fn json_yaml_toml_agree() {
     let yaml = example("local.yaml").config;
     let toml = example("local.toml").config;

@@ -101,6 +101,8 @@ pub fn lm_request(
                         })),
                         content_hash: i.content_hash.to_vec(),
                         expected_grid: Some(grid),
+                        min_pixels: i.budget.min_pixels.unwrap_or(0),
+                        max_pixels: i.budget.max_pixels.unwrap_or(0),
                     }),
                 }
             })

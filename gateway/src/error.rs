@@ -47,6 +47,9 @@ pub enum GatewayError {
     /// The caller went away.
     #[error("cancelled")]
     Cancelled,
+    /// The request's deadline passed before it finished (the LM dropped the sequence).
+    #[error("deadline exceeded: {0}")]
+    DeadlineExceeded(String),
     /// An upstream service refused the request as invalid (passed on as is).
     #[error("{0}")]
     UpstreamInvalid(String),
@@ -85,6 +88,7 @@ impl GatewayError {
             GatewayError::Unauthenticated(_) => "unauthenticated",
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Cancelled => "cancelled",
+            GatewayError::DeadlineExceeded(_) => "deadline",
             GatewayError::Internal(_) => "error",
         }
     }
@@ -100,6 +104,7 @@ impl GatewayError {
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             // nginx's "client closed request"; nobody reads it.
             GatewayError::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
+            GatewayError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -114,6 +119,7 @@ impl GatewayError {
             GatewayError::Unauthenticated(_) => "authentication_error",
             GatewayError::Unavailable(_) => "service_unavailable",
             GatewayError::Cancelled => "cancelled",
+            GatewayError::DeadlineExceeded(_) => "timeout",
             GatewayError::Internal(_) => "server_error",
         }
     }
@@ -155,6 +161,7 @@ impl From<GatewayError> for tonic::Status {
             GatewayError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),
             GatewayError::Cancelled => tonic::Status::cancelled(msg),
+            GatewayError::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(msg),
             GatewayError::Internal(_) => tonic::Status::internal(msg),
         }
     }

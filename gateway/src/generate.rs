@@ -352,6 +352,13 @@ impl Pump {
             .into_iter()
             .map(|l| show(&self.tokenizer, l.into()))
             .collect();
+        if Finish::from_wire(ev.finish_reason) == Some(Finish::Cancelled) {
+            // Not an OpenAI end: the request failed (its stream ends with this error).
+            return Err(GatewayError::DeadlineExceeded(format!(
+                "the deadline passed after {} generated tokens",
+                self.usage.completion_tokens
+            )));
+        }
         let d = c.text.push(&ev.token_ids)?;
         let finish = if d.stopped {
             Some(Finish::Stop)
@@ -452,6 +459,17 @@ mod tests {
             logprobs: Vec::new(),
             index: 0,
         }
+    }
+
+    #[test]
+    fn an_lm_deadline_is_an_error_not_a_finish_reason() {
+        let mut p = pump(96);
+        p.on_event(event(vec![5], None, None)).unwrap();
+        let e = p
+            .on_event(event(vec![], Some(Finish::Cancelled), None))
+            .unwrap_err();
+        assert_eq!(e.http_status(), axum::http::StatusCode::GATEWAY_TIMEOUT);
+        assert!(e.to_string().contains("after 1 generated tokens"), "{e}");
     }
 
     #[test]

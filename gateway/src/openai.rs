@@ -10,6 +10,7 @@ use crate::generate::{Core, Delta};
 use crate::logprobs::{openai_content, ShownLogprob};
 use crate::openai_params::check_unread;
 use crate::openai_sampling::SamplingFields;
+use crate::response_format::StructuredFields;
 use crate::tool_calls::{self, call_id, CallStream, Tools};
 use crate::validation::{ChatRequest, InputMessage, InputPart};
 use axum::body::Body;
@@ -24,6 +25,7 @@ use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::watch;
+use vlm_config::PixelBudget;
 use vlm_service_kit::generation::{Finish, Usage};
 use vlm_tokenizer::ToolCall;
 
@@ -134,9 +136,13 @@ pub struct ChatCompletionRequest {
     pub tools: Option<Vec<Value>>,
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
+    /// vLLM's per-request processor options: `min_pixels` / `max_pixels` of every image.
+    pub mm_processor_kwargs: Option<Map<String, Value>>,
     /// Sampling, stop conditions, structured output, streaming.
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
     /// Declared last: it gets only what the fields above leave.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -196,6 +202,76 @@ impl OaImageUrl {
     }
 }
 
+/// OpenAI's `detail: "low"`: at most a 512x512 image (256 image tokens on Qwen3-VL).
+pub const LOW_DETAIL_PIXELS: u64 = 512 * 512;
+
+/// vLLM's `mm_processor_kwargs`: `min_pixels` and `max_pixels` for every image of the request.
+fn mm_pixel_budget(kw: Option<&Map<String, Value>>) -> Result<PixelBudget, GatewayError> {
+    let Some(kw) = kw else {
+        return Ok(PixelBudget::default());
+    };
+    let mut rest = kw.clone();
+    let mut take = |k: &str| -> Result<Option<u64>, GatewayError> {
+        match rest.remove(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_u64().filter(|&n| n > 0).map(Some).ok_or_else(|| {
+                GatewayError::param(
+                    &format!("mm_processor_kwargs.{k}"),
+                    format!("mm_processor_kwargs.{k} must be a positive pixel count"),
+                )
+            }),
+        }
+    };
+    let b = PixelBudget {
+        min_pixels: take("min_pixels")?,
+        max_pixels: take("max_pixels")?,
+    };
+    check_unread(&rest, "mm_processor_kwargs.")?;
+    Ok(b)
+}
+
+/// An image part's budget: the request's, with OpenAI's `detail` (`low`: at most
+/// [`LOW_DETAIL_PIXELS`]; `high`: up to the server's max_pixels; `auto`: the request's, else
+/// the server's resolution rules).
+fn detail_budget(
+    detail: Option<&str>,
+    request: PixelBudget,
+    param: &str,
+) -> Result<PixelBudget, GatewayError> {
+    match detail {
+        None | Some("auto") => Ok(request),
+        Some("low") => Ok(PixelBudget {
+            max_pixels: Some(
+                request
+                    .max_pixels
+                    .map_or(LOW_DETAIL_PIXELS, |m| m.min(LOW_DETAIL_PIXELS)),
+            ),
+            min_pixels: request.min_pixels.map(|m| m.min(LOW_DETAIL_PIXELS)),
+        }),
+        Some("high") => Ok(PixelBudget {
+            max_pixels: Some(request.max_pixels.unwrap_or(u64::MAX)),
+            ..request
+        }),
+        Some(d) => Err(GatewayError::param(
+            param,
+            format!("{param} {d:?} is not one of low, high, auto"),
+        )),
+    }
+}
+
+fn with_budget(part: InputPart, budget: PixelBudget) -> InputPart {
+    match part {
+        InputPart::Image {
+            data, mime_type, ..
+        } => InputPart::Image {
+            data,
+            mime_type,
+            budget,
+        },
+        text => text,
+    }
+}
+
 /// Decodes a `data:` URL.
 pub fn image_from_data_url(url: &str) -> Result<InputPart, GatewayError> {
     let rest = url.strip_prefix("data:").ok_or_else(|| {
@@ -218,6 +294,7 @@ pub fn image_from_data_url(url: &str) -> Result<InputPart, GatewayError> {
     Ok(InputPart::Image {
         data: bytes.into(),
         mime_type: mime,
+        budget: Default::default(),
     })
 }
 
@@ -253,6 +330,7 @@ async fn fetch_part(fetcher: &ImageFetcher, t: &Target) -> Result<InputPart, Gat
     Ok(InputPart::Image {
         data: f.data,
         mime_type: f.mime_type,
+        budget: Default::default(),
     })
 }
 
@@ -278,7 +356,12 @@ impl ParsedChat {
             futures::future::try_join_all(remote.iter().map(|(_, _, t)| fetch_part(fetcher, t)))
                 .await?;
         for ((m, p, _), part) in remote.into_iter().zip(parts) {
-            chat.messages[m].content[p] = part;
+            let slot = &mut chat.messages[m].content[p];
+            let budget = match slot {
+                InputPart::Image { budget, .. } => *budget,
+                InputPart::Text(_) => PixelBudget::default(),
+            };
+            *slot = with_budget(part, budget);
         }
         Ok(chat)
     }
@@ -302,6 +385,7 @@ pub fn parse_chat_request(
     fetcher: &ImageFetcher,
 ) -> Result<ParsedChat, GatewayError> {
     check_unread(&body.extra, "")?;
+    let pixels = mm_pixel_budget(body.mm_processor_kwargs.as_ref())?;
     let mut messages = Vec::with_capacity(body.messages.len());
     let mut remote = Vec::new();
     for (mi, m) in body.messages.into_iter().enumerate() {
@@ -315,24 +399,16 @@ pub fn parse_chat_request(
                     content.push(match p {
                         OaPart::Text { text } => InputPart::Text(text),
                         OaPart::ImageUrl { image_url } => {
-                            if let Some(d) = image_url.detail().filter(|d| *d != "auto") {
-                                let param =
-                                    format!("messages[{mi}].content[{pi}].image_url.detail");
-                                return Err(GatewayError::param(
-                                    &param,
-                                    format!(
-                                        "{param} {d:?} is not supported: only \"auto\" (the \
-                                         processor's resolution rules, bounded by the ViT buckets)"
-                                    ),
-                                ));
-                            }
+                            let param = format!("messages[{mi}].content[{pi}].image_url.detail");
+                            let budget = detail_budget(image_url.detail(), pixels, &param)?;
                             match image_source(image_url.url(), fetcher)? {
-                                ImageSource::Inline(part) => part,
+                                ImageSource::Inline(part) => with_budget(part, budget),
                                 ImageSource::Remote(t) => {
                                     remote.push((mi, pi, t));
                                     InputPart::Image {
                                         data: Bytes::new(),
                                         mime_type: String::new(),
+                                        budget,
                                     }
                                 }
                             }
@@ -382,6 +458,7 @@ pub fn parse_chat_request(
             kind: Some(vlm_proto::structured_output::Kind::Lark(g)),
         });
     let sampling = body.sampling.into_sampling(
+        body.structured,
         0,
         (
             body.logprobs.unwrap_or(false),
@@ -411,12 +488,12 @@ pub(crate) fn now_secs() -> u64 {
         .unwrap_or(0)
 }
 
-/// The OpenAI `finish_reason` string (`cancelled` is ours: OpenAI has no such end).
+/// The OpenAI `finish_reason` string. A cancelled generation never gets here: the caller
+/// went away, or its deadline passed (an error, see `generate`).
 pub(crate) fn finish_reason(f: Finish) -> &'static str {
     match f {
-        Finish::Stop => "stop",
+        Finish::Stop | Finish::Cancelled => "stop",
         Finish::Length => "length",
-        Finish::Cancelled => "cancelled",
     }
 }
 
@@ -587,38 +664,57 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         };
         return sse_response(out);
     }
-    let mut texts = vec![String::new(); n];
-    let mut logprobs: Vec<Vec<ShownLogprob>> = vec![Vec::new(); n];
-    let mut finishes = vec![None; n];
-    let mut usage = Usage::default();
-    while let Some(item) = rx.recv().await {
-        match item {
-            Ok(d) => {
-                let i = (d.index as usize).min(n - 1);
-                texts[i].push_str(&d.text);
-                logprobs[i].extend(d.logprobs);
-                usage = d.usage;
-                if d.finish.is_some() {
-                    finishes[i] = d.finish;
-                }
-                if d.end {
-                    break;
-                }
-            }
-            Err(e) => return e.into_response(),
-        }
-    }
+    let all = match Collected::read(&mut rx, n).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
     let choices = (0..n)
         .map(|i| {
-            let lp = want_logprobs.then_some(logprobs[i].as_slice());
-            let mut c = chat_choice_json(i, &texts[i], lp, finishes[i]);
+            let lp = want_logprobs.then_some(all.logprobs[i].as_slice());
+            let mut c = chat_choice_json(i, &all.texts[i], lp, all.finishes[i]);
             if let Some(t) = &tools {
-                with_tool_calls(&mut c, &texts[i], t.parallel, finishes[i]);
+                with_tool_calls(&mut c, &all.texts[i], t.parallel, all.finishes[i]);
             }
             c
         })
         .collect();
-    axum::Json(completion_json(&id, &model, created, choices, usage)).into_response()
+    axum::Json(completion_json(&id, &model, created, choices, all.usage)).into_response()
+}
+
+/// A non-streamed answer of `n` choices, read to its end.
+pub(crate) struct Collected {
+    pub texts: Vec<String>,
+    pub logprobs: Vec<Vec<ShownLogprob>>,
+    pub finishes: Vec<Option<Finish>>,
+    pub usage: Usage,
+}
+
+impl Collected {
+    pub(crate) async fn read(
+        rx: &mut tokio::sync::mpsc::Receiver<Result<Delta, GatewayError>>,
+        n: usize,
+    ) -> Result<Collected, GatewayError> {
+        let mut c = Collected {
+            texts: vec![String::new(); n],
+            logprobs: vec![Vec::new(); n],
+            finishes: vec![None; n],
+            usage: Usage::default(),
+        };
+        while let Some(item) = rx.recv().await {
+            let d = item?;
+            let i = (d.index as usize).min(n - 1);
+            c.texts[i].push_str(&d.text);
+            c.logprobs[i].extend(d.logprobs);
+            c.usage = d.usage;
+            if d.finish.is_some() {
+                c.finishes[i] = d.finish;
+            }
+            if d.end {
+                break;
+            }
+        }
+        Ok(c)
+    }
 }
 
 /// A choice whose text holds tool calls: `message.tool_calls`, the content outside them, and
@@ -791,12 +887,50 @@ mod tests {
             r.messages[1].content[0],
             InputPart::Image {
                 data: vec![1u8, 2, 3].into(),
-                mime_type: "image/png".into()
+                mime_type: "image/png".into(),
+                budget: Default::default(),
             }
         );
         assert_eq!(r.sampling.max_tokens, 5);
         assert_eq!(r.sampling.temperature, 0.0);
         assert_eq!(r.sampling.stop, vec!["x".to_string()]);
+    }
+
+    #[test]
+    fn detail_and_mm_processor_kwargs_set_the_pixel_budget() {
+        let req = mm_pixel_budget(Some(
+            json!({"min_pixels": 1000, "max_pixels": 900000})
+                .as_object()
+                .unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(detail_budget(Some("auto"), req, "d").unwrap(), req);
+        let low = detail_budget(Some("low"), req, "d").unwrap();
+        assert_eq!(
+            (low.min_pixels, low.max_pixels),
+            (Some(1000), Some(LOW_DETAIL_PIXELS))
+        );
+        let high = detail_budget(Some("high"), PixelBudget::default(), "d").unwrap();
+        assert_eq!(high.max_pixels, Some(u64::MAX));
+        assert_eq!(
+            detail_budget(Some("ultra"), req, "p.detail")
+                .unwrap_err()
+                .param_name(),
+            Some("p.detail")
+        );
+        // Fetched and inline images alike keep their part's budget.
+        let body: ChatCompletionRequest = serde_json::from_value(json!({
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url":
+                {"url": format!("data:image/png;base64,{}", base64::engine::general_purpose::STANDARD.encode([1u8])),
+                 "detail": "low"}}]}]
+        }))
+        .unwrap();
+        let parsed =
+            parse_chat_request(body, 10, &ImageFetcher::new(FetchOptions::deny_all())).unwrap();
+        let InputPart::Image { budget, .. } = &parsed.chat.messages[0].content[0] else {
+            panic!("not an image");
+        };
+        assert_eq!(budget.max_pixels, Some(LOW_DETAIL_PIXELS));
     }
 
     #[test]

@@ -5,16 +5,17 @@ use crate::error::GatewayError;
 use crate::logprobs::ShownLogprob;
 use crate::openai::{
     auth, finish_reason, now_secs, parse_chat_request, read_json, sse_event, sse_response,
-    usage_json, ChatCompletionRequest, HttpState, SSE_DONE,
+    usage_json, ChatCompletionRequest, Collected, HttpState, SSE_DONE,
 };
 use crate::openai_params::check_unread;
 use crate::openai_sampling::SamplingFields;
+use crate::response_format::StructuredFields;
 use crate::validation::{ChatRequest, RawPrompt};
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use vlm_service_kit::generation::{Finish, Usage};
+use vlm_service_kit::generation::Finish;
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -31,6 +32,8 @@ pub struct CompletionRequest {
     pub best_of: Option<u32>,
     #[serde(flatten)]
     pub sampling: SamplingFields,
+    #[serde(flatten)]
+    pub structured: StructuredFields,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
@@ -97,9 +100,9 @@ fn parse(body: CompletionRequest, body_bytes: usize) -> Result<(ChatRequest, boo
     }
     let p = prompt(&body.prompt)?;
     let logprobs = (body.logprobs.is_some(), body.logprobs.unwrap_or(0));
-    let sampling = body
-        .sampling
-        .into_sampling(DEFAULT_MAX_TOKENS, logprobs, None)?;
+    let sampling =
+        body.sampling
+            .into_sampling(body.structured, DEFAULT_MAX_TOKENS, logprobs, None)?;
     Ok((
         ChatRequest {
             prompt: Some(p),
@@ -204,33 +207,17 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
         };
         return sse_response(out);
     }
-    let mut texts = vec![echoed.clone(); n];
-    let mut logprobs: Vec<Vec<ShownLogprob>> = vec![Vec::new(); n];
-    let mut finishes = vec![None; n];
-    let mut usage = Usage::default();
-    while let Some(item) = rx.recv().await {
-        match item {
-            Ok(d) => {
-                let i = (d.index as usize).min(n - 1);
-                texts[i].push_str(&d.text);
-                logprobs[i].extend(d.logprobs);
-                usage = d.usage;
-                if d.finish.is_some() {
-                    finishes[i] = d.finish;
-                }
-                if d.end {
-                    break;
-                }
-            }
-            Err(e) => return e.into_response(),
-        }
-    }
+    let all = match Collected::read(&mut rx, n).await {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
     let choices: Vec<Value> = (0..n)
         .map(|i| {
-            let lp = want_logprobs.then(|| legacy_logprobs(&logprobs[i], 0));
-            choice(i, &texts[i], lp, finishes[i])
+            let lp = want_logprobs.then(|| legacy_logprobs(&all.logprobs[i], 0));
+            choice(i, &format!("{echoed}{}", all.texts[i]), lp, all.finishes[i])
         })
         .collect();
+    let usage = all.usage;
     let mut v = chunk(0, "", None, None);
     v["choices"] = json!(choices);
     v["usage"] = usage_json(usage);

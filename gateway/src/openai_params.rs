@@ -45,7 +45,7 @@ pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), Gate
                  logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, response_format, \
                  structured_outputs, guided_json/regex/choice/grammar, tools, tool_choice, \
                  parallel_tool_calls, stream, \
-                 stream_options.include_usage, n = 1"
+                 stream_options.include_usage, n"
             ),
         ));
     }

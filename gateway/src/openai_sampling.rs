@@ -1,6 +1,8 @@
 //! The body fields both OpenAI routes (`/v1/chat/completions`, `/v1/completions`) share:
-//! sampling, stop conditions, structured output and streaming options, read once into an
-//! [`InputSampling`]. Each route adds its own (messages or prompt, logprobs in its shape).
+//! sampling, stop conditions and streaming options, read once into an [`InputSampling`]
+//! together with the structured-output fields (`StructuredFields`, flattened beside these in
+//! each route's body: serde's flatten does not nest). Each route adds its own (messages or
+//! prompt, logprobs in its shape).
 use crate::error::GatewayError;
 use crate::openai_params::check_unread;
 use crate::response_format::{structured_output, StructuredFields};
@@ -51,13 +53,6 @@ pub struct SamplingFields {
     /// vLLM's extensions.
     pub min_tokens: Option<u32>,
     pub stop_token_ids: Option<Vec<u32>>,
-    /// Structured output (see `response_format`).
-    pub response_format: Option<Value>,
-    pub structured_outputs: Option<Map<String, Value>>,
-    pub guided_json: Option<Value>,
-    pub guided_regex: Option<String>,
-    pub guided_choice: Option<Vec<String>>,
-    pub guided_grammar: Option<String>,
 }
 
 impl SamplingFields {
@@ -75,6 +70,7 @@ impl SamplingFields {
     /// route's own constraint (a required tool call), which excludes any other.
     pub fn into_sampling(
         self,
+        structured: StructuredFields,
         default_max_tokens: u32,
         logprobs: (bool, u32),
         forced: Option<vlm_proto::StructuredOutput>,
@@ -131,14 +127,7 @@ impl SamplingFields {
             logit_bias.push((id, b));
         }
         logit_bias.sort_by_key(|&(t, _)| t);
-        let mut structured = structured_output(StructuredFields {
-            response_format: self.response_format,
-            structured_outputs: self.structured_outputs,
-            guided_json: self.guided_json,
-            guided_regex: self.guided_regex,
-            guided_choice: self.guided_choice,
-            guided_grammar: self.guided_grammar,
-        })?;
+        let mut structured = structured_output(structured)?;
         if let Some(f) = forced {
             if structured.is_some() {
                 return Err(GatewayError::param(
@@ -185,6 +174,8 @@ mod tests {
         #[serde(flatten)]
         sampling: SamplingFields,
         #[serde(flatten)]
+        structured: StructuredFields,
+        #[serde(flatten)]
         extra: Map<String, Value>,
     }
 
@@ -193,12 +184,16 @@ mod tests {
         let b: Body = serde_json::from_value(json!({
             "prompt": "p", "temperature": 0.5, "top_k": -1, "logit_bias": {"7": 2.0},
             "stop": "x", "stream": true, "stream_options": {"include_usage": false},
-            "mystery": 1
+            "guided_regex": "a+", "mystery": 1
         }))
         .unwrap();
         assert_eq!(b.extra.keys().collect::<Vec<_>>(), ["mystery"]);
         assert!(!b.sampling.include_usage());
-        let s = b.sampling.into_sampling(16, (false, 0), None).unwrap();
+        let s = b
+            .sampling
+            .into_sampling(b.structured, 16, (false, 0), None)
+            .unwrap();
+        assert!(s.structured.is_some());
         assert_eq!((s.temperature, s.top_k, s.max_tokens), (0.5, 0, 16));
         assert_eq!(
             (s.logit_bias.clone(), s.stop.clone()),

@@ -36,6 +36,10 @@ pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
                     pb::content_part::Part::Image(i) => Some(InputPart::Image {
                         data: i.data.into(),
                         mime_type: i.mime_type,
+                        budget: vlm_config::PixelBudget {
+                            min_pixels: (i.min_pixels > 0).then_some(i.min_pixels),
+                            max_pixels: (i.max_pixels > 0).then_some(i.max_pixels),
+                        },
                     }),
                 })
                 .collect(),

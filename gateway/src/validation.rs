@@ -5,14 +5,19 @@
 use crate::error::GatewayError;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
-use vlm_config::{DeployConfig, VisualConfig};
+use vlm_config::{DeployConfig, PixelBudget, VisualConfig};
 use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
 
 /// One part of a message as the edges (gRPC, HTTP) decode it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum InputPart {
     Text(String),
-    Image { data: Bytes, mime_type: String },
+    Image {
+        data: Bytes,
+        mime_type: String,
+        /// This image's pixel budget (OpenAI's `detail`, vLLM's `mm_processor_kwargs`).
+        budget: PixelBudget,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -143,6 +148,8 @@ pub struct ValidImage {
     /// The ViT bucket it runs in.
     pub bucket: u32,
     pub downscaled: bool,
+    /// The request's pixel budget, forwarded so the vision service resizes the same way.
+    pub budget: PixelBudget,
 }
 
 /// A request that passed every check; the rest of the gateway accepts only this.
@@ -321,9 +328,13 @@ impl Validator {
             for part in m.content {
                 match part {
                     InputPart::Text(t) => parts.push(ChatPart::Text(t)),
-                    InputPart::Image { data, mime_type } => {
+                    InputPart::Image {
+                        data,
+                        mime_type,
+                        budget,
+                    } => {
                         let index = images.len();
-                        images.push(self.plan_image(index, mi, data, mime_type, l)?);
+                        images.push(self.plan_image(index, mi, data, mime_type, budget, l)?);
                         parts.push(ChatPart::Image);
                     }
                 }
@@ -415,6 +426,7 @@ impl Validator {
         message: usize,
         data: Bytes,
         mime_type: String,
+        budget: PixelBudget,
         l: &Limits,
     ) -> Result<ValidImage, GatewayError> {
         if data.len() > l.max_image_bytes {
@@ -430,9 +442,12 @@ impl Validator {
                 strip_prefix(&e.to_string())
             ))
         })?;
-        let planned = self.visual.plan_image(width, height).map_err(|e| {
-            GatewayError::validation(format!("image {index} ({width}x{height}): {e}"))
-        })?;
+        let planned = self
+            .visual
+            .plan_image_within(width, height, budget)
+            .map_err(|e| {
+                GatewayError::validation(format!("image {index} ({width}x{height}): {e}"))
+            })?;
         let g = planned.geometry;
         let content_hash: [u8; 32] = Sha256::digest(&data).into();
         Ok(ValidImage {
@@ -445,6 +460,7 @@ impl Validator {
             tokens: g.tokens() as u32,
             bucket: planned.bucket,
             downscaled: planned.downscaled,
+            budget,
         })
     }
 }
@@ -522,6 +538,7 @@ pub(crate) mod tests {
                 InputPart::Image {
                     data: img.clone(),
                     mime_type: String::new(),
+                    budget: Default::default(),
                 },
                 InputPart::Text("hi".into()),
             ]))
@@ -549,6 +566,7 @@ pub(crate) mod tests {
                 InputPart::Image {
                     data: png(512, 512),
                     mime_type: String::new(),
+                    budget: Default::default(),
                 },
                 InputPart::Text("hi".into()),
             ]),
@@ -565,6 +583,7 @@ pub(crate) mod tests {
             .map(|_| InputPart::Image {
                 data: png(64, 64),
                 mime_type: String::new(),
+                budget: Default::default(),
             })
             .collect();
         let m = err(&v, req(three));
@@ -575,6 +594,7 @@ pub(crate) mod tests {
             req(vec![InputPart::Image {
                 data: png(2048, 2048),
                 mime_type: String::new(),
+                budget: Default::default(),
             }]),
         );
         assert!(m.contains("16384") && m.contains("4096"), "{m}");
@@ -584,6 +604,7 @@ pub(crate) mod tests {
             req(vec![InputPart::Image {
                 data: Bytes::from_static(b"not an image"),
                 mime_type: String::new(),
+                budget: Default::default(),
             }]),
         );
         assert!(m.contains("image 0"), "{m}");

@@ -43,9 +43,17 @@ async fn unsupported_parameters_are_refused_by_name() {
         (
             json!({"messages": [{"role": "user", "content": [
                 {"type": "text", "text": "a"},
-                {"type": "image_url", "image_url": {"url": png, "detail": "low"}}
+                {"type": "image_url", "image_url": {"url": png, "detail": "medium"}}
             ]}]}),
             "messages[0].content[1].image_url.detail",
+        ),
+        (
+            body(json!({"mm_processor_kwargs": {"do_resize": false}})),
+            "mm_processor_kwargs.do_resize",
+        ),
+        (
+            body(json!({"mm_processor_kwargs": {"max_pixels": -4}})),
+            "mm_processor_kwargs.max_pixels",
         ),
     ] {
         let (status, text) = post(gw, &b).await;
@@ -156,7 +164,8 @@ async fn served_and_no_op_values_metadata_and_developer_role_pass_the_checks() {
         "logprobs": true, "top_logprobs": 20, "logit_bias": {"11": -100, "12": 3.5},
         "min_p": 0.05, "top_k": -1, "min_tokens": 2, "stop_token_ids": [7],
         "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
-        "tool_choice": "auto", "parallel_tool_calls": false, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        "tool_choice": "auto", "parallel_tool_calls": false,
+        "mm_processor_kwargs": {"min_pixels": 4096, "max_pixels": 200000}, "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
         "user": "u-1", "metadata": {"team": "a"}, "store": false, "top_logprobs": null,
         "stream": true, "stream_options": {"include_usage": false}
     });

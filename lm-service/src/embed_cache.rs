@@ -1,5 +1,6 @@
-//! Image embeddings by content hash: an LRU bounded in bytes. Values share their bytes, so a
-//! hit costs no copy.
+//! Image embeddings by content hash and grid (the same bytes at two resolutions, OpenAI's
+//! `detail`, are two entries): an LRU bounded in bytes. Values share their bytes, so a hit
+//! costs no copy.
 use std::collections::HashMap;
 use vlm_compute::ImageEmbeds;
 
@@ -15,13 +16,13 @@ struct Entry {
     last_used: u64,
 }
 
-/// LRU cache of image embeddings keyed by the image's content hash.
+/// LRU cache of image embeddings keyed by the image's content hash and grid.
 #[derive(Debug)]
 pub struct EmbedCache {
     capacity: usize,
     used: usize,
     tick: u64,
-    map: HashMap<Vec<u8>, Entry>,
+    map: HashMap<(Vec<u8>, [usize; 3]), Entry>,
     hits: u64,
     misses: u64,
 }
@@ -42,8 +43,8 @@ impl EmbedCache {
     pub fn get(&mut self, hash: &[u8], grid: [usize; 3]) -> Option<ImageEmbeds> {
         self.tick += 1;
         let tick = self.tick;
-        match self.map.get_mut(hash) {
-            Some(e) if !hash.is_empty() && e.value.grid_thw == grid => {
+        match self.map.get_mut(&(hash.to_vec(), grid)) {
+            Some(e) if !hash.is_empty() => {
                 e.last_used = tick;
                 self.hits += 1;
                 metrics::counter!("vlm_lm_embedding_cache_hits_total").increment(1);
@@ -67,7 +68,8 @@ impl EmbedCache {
         if bytes > self.capacity {
             return;
         }
-        if let Some(old) = self.map.remove(hash) {
+        let key = (hash.to_vec(), value.grid_thw);
+        if let Some(old) = self.map.remove(&key) {
             self.used -= old.bytes;
         }
         while self.used + bytes > self.capacity {
@@ -86,7 +88,7 @@ impl EmbedCache {
         self.tick += 1;
         self.used += bytes;
         self.map.insert(
-            hash.to_vec(),
+            key,
             Entry {
                 value,
                 bytes,
@@ -141,10 +143,15 @@ mod tests {
         assert_eq!(c.len(), 3);
         assert!(c.bytes() <= 100);
         assert_eq!((c.hits(), c.misses()), (3, 1));
-        // A grid mismatch is a miss.
+        // A grid mismatch is a miss; the same bytes at another grid are another entry.
         assert!(c.get(b"a", [1, 4, 4]).is_none());
         // Too large for the cache: not stored.
         c.insert(b"big", embeds(10));
         assert!(c.get(b"big", [1, 2, 20]).is_none());
+        let mut c = EmbedCache::new(1000);
+        c.insert(b"a", embeds(1));
+        c.insert(b"a", embeds(2));
+        assert_eq!(c.len(), 2);
+        assert!(c.get(b"a", [1, 2, 2]).is_some() && c.get(b"a", [1, 2, 4]).is_some());
     }
 }

@@ -279,6 +279,7 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
             source: None,
             content_hash: vec![],
             expected_grid: None,
+            ..Default::default()
         }),
     };
     let e = generate(
@@ -435,6 +436,7 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
             })),
             content_hash: vec![],
             expected_grid: None,
+            ..Default::default()
         }),
     };
     let req = request(
@@ -492,6 +494,7 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
             })),
             content_hash: vec![],
             expected_grid: None,
+            ..Default::default()
         }),
     };
     let req = request(ids, vec![image], &vision.endpoint(), greedy(max_new as u32));
@@ -609,6 +612,7 @@ fn synthetic_image() -> (LmImage, usize) {
             })),
             content_hash: vec![],
             expected_grid: None,
+            ..Default::default()
         }),
     };
     (image, tokens)

@@ -54,6 +54,7 @@ fn encoded(data: Vec<u8>) -> pb::ImageInput {
         })),
         content_hash: vec![],
         expected_grid: None,
+        ..Default::default()
     }
 }
 
@@ -300,6 +301,7 @@ async fn async_main() {
         })),
         content_hash: vec![0; 32],
         expected_grid: None,
+        ..Default::default()
     };
     let mut client = running.client.clone();
     let (mut bytes, mut transfer, mut total) = (0usize, 0f64, 0f64);

@@ -56,6 +56,10 @@ pub fn encode_request(req: pb::EncodeRequest) -> Result<EncodeRequest, VisionErr
                 source,
                 content_hash: img.content_hash,
                 expected_grid: img.expected_grid.map(|g| [g.t, g.h, g.w]),
+                budget: vlm_config::PixelBudget {
+                    min_pixels: (img.min_pixels > 0).then_some(img.min_pixels),
+                    max_pixels: (img.max_pixels > 0).then_some(img.max_pixels),
+                },
             })
         })
         .collect::<Result<Vec<_>, _>>()?;

@@ -65,6 +65,7 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
         })),
         content_hash: vec![],
         expected_grid: Some(pb::ImageGrid { t: 1, h: 32, w: 32 }),
+        ..Default::default()
     };
     let chunks = collect(&mut client, request(vec![pixels]))
         .await

@@ -61,6 +61,7 @@ pub fn request(args: &GenerateArgs) -> anyhow::Result<GenerateRequest> {
             part: Some(Part::Image(ImagePart {
                 data,
                 mime_type: String::new(),
+                ..Default::default()
             })),
         });
     }

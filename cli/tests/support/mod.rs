@@ -529,6 +529,7 @@ pub fn grpc_request(images: &[Vec<u8>], text: &str, max_tokens: u32) -> pb::Gene
             part: Some(Part::Image(pb::ImagePart {
                 data: d.clone(),
                 mime_type: "image/png".into(),
+                ..Default::default()
             })),
         })
         .collect();

@@ -102,7 +102,7 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
             }
             let planned = limits
                 .visual
-                .plan_image(width, height)
+                .plan_image_within(width, height, input.budget)
                 .map_err(|e| VisionError::invalid(index, format!("image {width}x{height}: {e}")))?;
             let g = planned.geometry;
             let grid = [g.grid_t, g.grid_h, g.grid_w];
@@ -228,6 +228,7 @@ mod tests {
             },
             content_hash: vec![],
             expected_grid: None,
+            budget: Default::default(),
         }
     }
 
@@ -277,6 +278,7 @@ mod tests {
             },
             content_hash: vec![],
             expected_grid: None,
+            budget: Default::default(),
         };
         let msg = plan(4, input, &l).unwrap_err().to_string();
         assert!(msg.contains("12288") && msg.contains("got 10"), "{msg}");

@@ -23,6 +23,8 @@ pub struct ImageInput {
     pub content_hash: Vec<u8>,
     /// The grid (t, h, w) the caller expects; refused when the service computes another.
     pub expected_grid: Option<[u32; 3]>,
+    /// The request's pixel budget for the resize (within the config's).
+    pub budget: vlm_config::PixelBudget,
 }
 
 /// Element type of the raw bytes on the wire.

@@ -224,6 +224,7 @@ pub fn encoded(data: Vec<u8>) -> pb::ImageInput {
         })),
         content_hash: vec![],
         expected_grid: None,
+        ..Default::default()
     }
 }
 
