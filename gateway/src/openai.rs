@@ -570,6 +570,37 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     Ok((parsed, body.len()))
 }
 
+/// A streamed answer: `prelude`, then one event per delta as `chunk` writes it, up to the
+/// stream's last delta (or an error event), then `data: [DONE]`.
+pub(crate) fn sse_deltas(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Delta, GatewayError>>,
+    prelude: Vec<Value>,
+    mut chunk: impl FnMut(Delta) -> Value + Send + 'static,
+) -> Response {
+    let out = async_stream::stream! {
+        for v in prelude {
+            yield Ok::<_, std::convert::Infallible>(sse_event(&v));
+        }
+        while let Some(item) = rx.recv().await {
+            match item {
+                Ok(d) => {
+                    let end = d.end;
+                    yield Ok(sse_event(&chunk(d)));
+                    if end {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    yield Ok(sse_event(&e.openai_body()));
+                    break;
+                }
+            }
+        }
+        yield Ok(SSE_DONE.to_string());
+    };
+    sse_response(out)
+}
+
 /// A `text/event-stream` response of `events`.
 pub(crate) fn sse_response(
     events: impl futures::Stream<Item = Result<String, std::convert::Infallible>> + Send + 'static,
@@ -621,48 +652,36 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
     let mut rx = gen.rx;
     let n = chat_n.max(1) as usize;
     if stream {
-        let out = async_stream::stream! {
-            let mut first = vec![true; n];
-            let mut calls: Vec<Option<CallStream>> =
-                (0..n).map(|_| tools.as_ref().map(|_| CallStream::default())).collect();
-            while let Some(item) = rx.recv().await {
-                match item {
-                    Ok(mut d) => {
-                        let i = (d.index as usize).min(n - 1);
-                        let mut found = Vec::new();
-                        if let (Some(c), Some(t)) = (calls[i].as_mut(), tools.as_ref()) {
-                            d.text = c.push(&d.text);
-                            if d.finish.is_some() {
-                                let (rest, parsed) = c.finish(t.parallel);
-                                d.text.push_str(&rest);
-                                found = parsed;
-                            }
-                        }
-                        let mut v = chunk_json(&id, &model, created, &d, first[i], include_usage);
-                        if !found.is_empty() {
-                            // Cut by max_tokens, the answer stays "length".
-                            if d.finish == Some(Finish::Stop) {
-                                v["choices"][0]["finish_reason"] = json!("tool_calls");
-                            }
-                            v["choices"][0]["delta"]["tool_calls"] = found
-                                .iter()
-                                .enumerate()
-                                .map(|(k, c)| c.openai_json(k, &call_id()))
-                                .collect();
-                        }
-                        yield Ok::<_, std::convert::Infallible>(sse_event(&v));
-                        first[i] = false;
-                        if d.end { break; }
-                    }
-                    Err(e) => {
-                        yield Ok(sse_event(&e.openai_body()));
-                        break;
-                    }
+        let mut first = vec![true; n];
+        let mut calls: Vec<Option<CallStream>> = (0..n)
+            .map(|_| tools.as_ref().map(|_| CallStream::default()))
+            .collect();
+        return sse_deltas(rx, Vec::new(), move |mut d| {
+            let i = (d.index as usize).min(n - 1);
+            let mut found = Vec::new();
+            if let (Some(c), Some(t)) = (calls[i].as_mut(), tools.as_ref()) {
+                d.text = c.push(&d.text);
+                if d.finish.is_some() {
+                    let (rest, parsed) = c.finish(t.parallel);
+                    d.text.push_str(&rest);
+                    found = parsed;
                 }
             }
-            yield Ok(SSE_DONE.to_string());
-        };
-        return sse_response(out);
+            let mut v = chunk_json(&id, &model, created, &d, first[i], include_usage);
+            first[i] = false;
+            if !found.is_empty() {
+                // Cut by max_tokens, the answer stays "length".
+                if d.finish == Some(Finish::Stop) {
+                    v["choices"][0]["finish_reason"] = json!("tool_calls");
+                }
+                v["choices"][0]["delta"]["tool_calls"] = found
+                    .iter()
+                    .enumerate()
+                    .map(|(k, c)| c.openai_json(k, &call_id()))
+                    .collect();
+            }
+            v
+        });
     }
     let all = match Collected::read(&mut rx, n).await {
         Ok(c) => c,

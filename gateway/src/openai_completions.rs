@@ -4,8 +4,8 @@
 use crate::error::GatewayError;
 use crate::logprobs::ShownLogprob;
 use crate::openai::{
-    auth, finish_reason, now_secs, parse_chat_request, read_json, sse_event, sse_response,
-    usage_json, ChatCompletionRequest, Collected, HttpState, SSE_DONE,
+    auth, finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
+    ChatCompletionRequest, Collected, HttpState,
 };
 use crate::openai_params::check_unread;
 use crate::openai_sampling::SamplingFields;
@@ -177,35 +177,26 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
                "choices": [choice(index, text, lp, finish)]})
     };
     if stream {
-        let out = async_stream::stream! {
-            let mut shown = vec![echoed.chars().count(); n];
-            if !echoed.is_empty() {
-                for i in 0..n {
-                    yield Ok::<_, std::convert::Infallible>(sse_event(&chunk(i, &echoed, None, None)));
-                }
-            }
-            while let Some(item) = rx.recv().await {
-                match item {
-                    Ok(d) => {
-                        let i = (d.index as usize).min(n - 1);
-                        let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown[i]));
-                        shown[i] += d.logprobs.iter().map(|l| l.chosen.token.chars().count()).sum::<usize>();
-                        let mut v = chunk(i, &d.text, lp, d.finish);
-                        if d.end && include_usage {
-                            v["usage"] = usage_json(d.usage);
-                        }
-                        yield Ok(sse_event(&v));
-                        if d.end { break; }
-                    }
-                    Err(e) => {
-                        yield Ok(sse_event(&e.openai_body()));
-                        break;
-                    }
-                }
-            }
-            yield Ok(SSE_DONE.to_string());
+        let mut shown = vec![echoed.chars().count(); n];
+        let prelude = if echoed.is_empty() {
+            Vec::new()
+        } else {
+            (0..n).map(|i| chunk(i, &echoed, None, None)).collect()
         };
-        return sse_response(out);
+        return sse_deltas(rx, prelude, move |d| {
+            let i = (d.index as usize).min(n - 1);
+            let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown[i]));
+            shown[i] += d
+                .logprobs
+                .iter()
+                .map(|l| l.chosen.token.chars().count())
+                .sum::<usize>();
+            let mut v = chunk(i, &d.text, lp, d.finish);
+            if d.end && include_usage {
+                v["usage"] = usage_json(d.usage);
+            }
+            v
+        });
     }
     let all = match Collected::read(&mut rx, n).await {
         Ok(c) => c,

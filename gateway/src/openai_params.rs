@@ -13,7 +13,7 @@ fn is_noop(param: &str, v: &Value) -> bool {
         "functions" => v.as_array().is_some_and(Vec::is_empty),
         "function_call" => v.as_str() == Some("none"),
         // Caller metadata: no effect on the output.
-        "user" => v.is_string(),
+        "user" | "safety_identifier" | "prompt_cache_key" => v.is_string(),
         "metadata" => v.is_object(),
         "service_tier" => matches!(v.as_str(), Some("auto" | "default")),
         "modalities" => v

@@ -193,3 +193,69 @@ async fn unknown_routes_and_methods_answer_json() {
     assert_eq!(status, 405, "{text}");
     assert_eq!(json_body(&text)["error"]["code"], 405);
 }
+
+/// Every parameter of OpenAI's chat-completions reference, one at a time: served (it gets past
+/// every check of the gateway, then finds no replica: 503) or refused (400 naming it).
+#[tokio::test]
+async fn every_chat_completions_parameter_is_served_or_refused_by_name() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let served = [
+        ("frequency_penalty", json!(0.5)),
+        ("logit_bias", json!({"5": 1})),
+        ("logprobs", json!(true)),
+        ("max_completion_tokens", json!(3)),
+        ("max_tokens", json!(3)),
+        ("metadata", json!({"k": "v"})),
+        ("modalities", json!(["text"])),
+        ("model", json!("")),
+        ("n", json!(2)),
+        ("presence_penalty", json!(-0.5)),
+        ("prompt_cache_key", json!("k")),
+        ("response_format", json!({"type": "json_object"})),
+        ("safety_identifier", json!("u")),
+        ("seed", json!(7)),
+        ("service_tier", json!("auto")),
+        ("stop", json!(["x"])),
+        ("store", json!(false)),
+        ("stream", json!(true)),
+        ("temperature", json!(0.7)),
+        ("tools", tools.clone()),
+        ("top_p", json!(0.9)),
+        ("user", json!("u")),
+    ];
+    for (param, v) in served {
+        let mut b = body(json!({}));
+        b[param] = v;
+        let (status, text) = post(gw, &b).await;
+        assert_eq!(status, 503, "{param} should be served: {text}");
+    }
+    // Those that need a companion.
+    for b in [
+        body(json!({"logprobs": true, "top_logprobs": 2})),
+        body(json!({"stream": true, "stream_options": {"include_usage": false}})),
+        body(json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false})),
+    ] {
+        let (status, text) = post(gw, &b).await;
+        assert_eq!(status, 503, "{b}: {text}");
+    }
+    let refused = [
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ("function_call", json!("auto")),
+        ("functions", json!([{"name": "f"}])),
+        ("modalities", json!(["text", "audio"])),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("reasoning_effort", json!("low")),
+        ("service_tier", json!("flex")),
+        ("store", json!(true)),
+        ("verbosity", json!("low")),
+        ("web_search_options", json!({})),
+    ];
+    for (param, v) in refused {
+        let mut b = body(json!({}));
+        b[param] = v;
+        let (status, text) = post(gw, &b).await;
+        assert_eq!(status, 400, "{param} should be refused: {text}");
+        assert_eq!(json_body(&text)["error"]["param"], param, "{text}");
+    }
+}

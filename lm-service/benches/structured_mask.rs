@@ -10,7 +10,43 @@ use std::time::Instant;
 use vlm_lm_service::structured::Grammars;
 use vlm_proto::v1 as pb;
 
+/// Resident bytes of this process (VmRSS).
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
 fn main() {
+    // What the compiler holds, per preset.
+    for preset in [
+        vlm_make_model::Preset::Tiny,
+        vlm_make_model::Preset::Qwen3Vl2b,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = vlm_make_model::MakeOptions {
+            weights: false,
+            ..vlm_make_model::MakeOptions::new(preset)
+        };
+        let made = vlm_make_model::make_model(dir.path(), &opts).unwrap();
+        let before = rss();
+        let g = Grammars::load(
+            dir.path(),
+            made.config.text.vocab_size,
+            made.config.eos_token_ids[0],
+        );
+        let held = rss().saturating_sub(before);
+        println!(
+            "{}: vocab {}, the compiler holds {:.1} MiB ({:.0} B per token)",
+            preset.name(),
+            made.config.text.vocab_size,
+            held as f64 / (1 << 20) as f64,
+            held as f64 / made.config.text.vocab_size as f64
+        );
+        drop(g);
+    }
     let dir = tempfile::tempdir().unwrap();
     let opts = vlm_make_model::MakeOptions {
         weights: false,

@@ -536,9 +536,24 @@ impl Engine {
                 }
             }
             decoded = Some(if rows.len() == d.rows.len() {
-                self.backend
-                    .decode(d.graph as usize, &rows)
-                    .map_err(LmError::from)
+                // The rows' grammar masks are computed on a thread beside the forward pass
+                // (they depend only on the tokens so far); sampling then only applies them.
+                let mut guides: Vec<&mut Guide> = self
+                    .seqs
+                    .iter_mut()
+                    .filter(|(id, _)| d.rows.iter().any(|r| r.seq == **id))
+                    .filter_map(|(_, s)| s.sampler.guide_mut())
+                    .collect();
+                let backend = &mut self.backend;
+                std::thread::scope(|scope| {
+                    let masks = (!guides.is_empty())
+                        .then(|| scope.spawn(move || guides.iter_mut().for_each(|g| g.prepare())));
+                    let out = backend.decode(d.graph as usize, &rows);
+                    if let Some(h) = masks {
+                        let _ = h.join();
+                    }
+                    out.map_err(LmError::from)
+                })
             } else {
                 Err(LmError::internal("a decode row's sequence is missing"))
             });

@@ -127,6 +127,11 @@ impl Sampler {
         }
     }
 
+    /// The grammar state, when the request has one (to prepare its mask ahead).
+    pub fn guide_mut(&mut self) -> Option<&mut Guide> {
+        self.guide.as_mut()
+    }
+
     /// Constrains every token to what `guide`'s grammar allows.
     pub fn with_guide(mut self, guide: Option<Guide>) -> Self {
         self.guide = guide;

@@ -4,7 +4,7 @@
 //! penalties and temperature only ever choose among allowed tokens), and the sampled token
 //! advances the matcher. The matcher lives with the sequence, so it survives preemption.
 use llguidance::api::TopLevelGrammar;
-use llguidance::toktrie::{ApproximateTokEnv, TokEnv, TokRxInfo, TokTrie};
+use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use llguidance::{Matcher, ParserFactory};
 use std::path::Path;
 use std::sync::Arc;
@@ -101,7 +101,10 @@ impl Grammars {
         if let Some(e) = matcher.get_error() {
             return Err(e);
         }
-        Ok(Guide { matcher })
+        Ok(Guide {
+            matcher,
+            ready: None,
+        })
     }
 }
 
@@ -109,6 +112,8 @@ impl Grammars {
 #[derive(Clone)]
 pub struct Guide {
     matcher: Matcher,
+    /// The mask for the next token, computed ahead by [`Guide::prepare`].
+    ready: Option<Result<SimpleVob, String>>,
 }
 
 impl std::fmt::Debug for Guide {
@@ -121,10 +126,10 @@ impl Guide {
     /// Sets every token the grammar does not allow next to -inf (once the grammar is
     /// complete, only EOS is allowed).
     pub fn mask(&mut self, row: &mut [f32]) -> Result<(), String> {
-        let allowed = self
-            .matcher
-            .compute_mask_or_eos()
-            .map_err(|e| format!("structured output: {e}"))?;
+        let allowed = match self.ready.take() {
+            Some(m) => m?,
+            None => self.compute()?,
+        };
         for (i, x) in row.iter_mut().enumerate() {
             if !allowed.is_allowed(i as u32) {
                 *x = f32::NEG_INFINITY;
@@ -133,8 +138,23 @@ impl Guide {
         Ok(())
     }
 
+    /// Computes the next token's mask now (on another thread, while the forward pass runs);
+    /// [`Guide::mask`] then only applies it.
+    pub fn prepare(&mut self) {
+        if self.ready.is_none() {
+            self.ready = Some(self.compute());
+        }
+    }
+
+    fn compute(&mut self) -> Result<SimpleVob, String> {
+        self.matcher
+            .compute_mask_or_eos()
+            .map_err(|e| format!("structured output: {e}"))
+    }
+
     /// Advances past the sampled token.
     pub fn advance(&mut self, token: u32) -> Result<(), String> {
+        self.ready = None;
         self.matcher
             .consume_token(token)
             .map_err(|e| format!("structured output: {e}"))
@@ -259,6 +279,26 @@ mod tests {
             2,
         );
         assert!(text == "xy" || text == "xz", "{text}");
+    }
+
+    #[test]
+    fn a_mask_prepared_ahead_is_the_mask_computed_in_place() {
+        let (_d, g, _, _) = tiny();
+        let spec = pb::StructuredOutput {
+            kind: Some(Kind::Regex("[ab]{3}".into())),
+        };
+        let (mut ahead, mut inline) = (g.compile(&spec).unwrap(), g.compile(&spec).unwrap());
+        let vocab = g.factory.tok_env().tok_trie().vocab_size();
+        for _ in 0..3 {
+            ahead.prepare();
+            let (mut r1, mut r2) = (vec![0f32; vocab], vec![0f32; vocab]);
+            ahead.mask(&mut r1).unwrap();
+            inline.mask(&mut r2).unwrap();
+            assert_eq!(r1, r2);
+            let t = vlm_compute::argmax(&r1);
+            ahead.advance(t).unwrap();
+            inline.advance(t).unwrap();
+        }
     }
 
     #[test]

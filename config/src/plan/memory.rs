@@ -39,7 +39,8 @@
 //!
 //! * **process baseline** ([`CPU_PROCESS_BASELINE`]): the binary's code pages, the tokio
 //!   runtime, tonic/health/reflection, the metrics registry, tracing, thread stacks and the
-//!   allocator's arenas. Not in the device placement (it is the same few MiB whatever the
+//!   allocator's arenas; the LM adds its structured-output compiler
+//!   ([`structured_output_bytes`]). Not in the device placement (it is the same few MiB whatever the
 //!   config), so [`PartBytes::total`] leaves it out.
 //! * **held from start**: the weights (in the compute dtype: a bf16 checkpoint served in f32
 //!   is widened at load), the buffers allocated at load and kept for the life of the process —
@@ -156,6 +157,15 @@ impl PartBytes {
 /// 12 MiB; it is one figure for both. It does not grow with the model: with the 2B checkpoint
 /// it is noise next to gigabytes of weights (cli/benches/plan_rss.rs prints the difference).
 pub const CPU_PROCESS_BASELINE: u64 = 12 * super::device::MIB;
+
+/// What the LM's structured-output compiler holds (llguidance's token trie and token-class
+/// slices over the model's vocabulary, built at start): a fixed part and bytes per token.
+/// Measured with `cargo bench -p vlm-lm-service --bench structured_mask` (VmRSS around
+/// `Grammars::load`, 2026-12-01, this machine): 0.9 MiB for the tiny checkpoint's 1024 tokens,
+/// 67.0 MiB for the 2B's 151936 (463 B per token).
+pub fn structured_output_bytes(vocab: u64) -> u64 {
+    super::device::MIB + 464 * vocab
+}
 
 /// The KV cache's geometry and count.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -364,8 +374,9 @@ fn lm_bytes_without_kv(
         total: weights + buffers,
         // The LM's step buffers are per run (allocated per op, freed after each step).
         held_buffers: 0,
+        // Host memory: the process and its grammar compiler.
         process_baseline: if kind.shared_pool {
-            sizing.process_baseline()
+            sizing.process_baseline() + structured_output_bytes(dims.vocab)
         } else {
             0
         },
