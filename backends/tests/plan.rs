@@ -4,8 +4,8 @@
 use std::path::Path;
 use vlm_backend_cpu::sizing::{vit_bucket_bytes, VitDims};
 use vlm_config::plan::{
-    self, BufferPolicy, DeviceKind, ModelDims, Part, PlanOptions, Service, Sizing,
-    CPU_PROCESS_BASELINE, GIB,
+    self, structured_output_bytes, BufferPolicy, DeviceKind, ModelDims, Part, PlanOptions, Service,
+    Sizing, CPU_PROCESS_BASELINE, GIB,
 };
 use vlm_config::{DeployConfig, Dtype};
 
@@ -160,7 +160,11 @@ fn a_cpu_service_resident_figure_is_baseline_weights_held_buffers_and_kv() {
     assert_eq!(v.resident(), CPU_PROCESS_BASELINE + v.weights + held);
     let l = plan::service_bytes(&c, &dims, &kind, s.as_ref(), Service::Lm, &opts).unwrap();
     assert_eq!(l.held_buffers, 0);
-    assert_eq!(l.resident(), CPU_PROCESS_BASELINE + l.weights + l.kv_cache);
+    // The LM's process also holds its structured-output compiler.
+    assert_eq!(
+        l.resident(),
+        CPU_PROCESS_BASELINE + structured_output_bytes(dims.vocab) + l.weights + l.kv_cache
+    );
     // Device memory of an accelerator carries no process baseline.
     let h200 = DeviceKind::h200();
     let hs = sizing(&c, &h200, &opts);
@@ -285,7 +289,12 @@ fn the_plan_is_what_the_loaded_backends_hold() {
         assert_eq!(l.kv_cache, m.kv_bytes(), "{dtype:?} KV pool");
         assert_eq!(
             v.resident() + l.resident(),
-            2 * CPU_PROCESS_BASELINE + memory.weight_bytes + held + m.weight_bytes + m.kv_bytes()
+            2 * CPU_PROCESS_BASELINE
+                + structured_output_bytes(tiny.vocab)
+                + memory.weight_bytes
+                + held
+                + m.weight_bytes
+                + m.kv_bytes()
         );
     }
 }

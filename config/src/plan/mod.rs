@@ -41,8 +41,8 @@ pub use device::{human, parse_bytes, BufferPolicy, DeviceKind, GIB, KIB, MIB};
 pub use dims::{ModelDims, ParamCount};
 pub use memory::{
     cpu_service_bytes, kv_pool_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with,
-    service_bytes, visual_bytes, DevicePlan, Item, KvPlan, Part, PartBytes, Plan, PlanOptions,
-    Service, Suggestion, CPU_PROCESS_BASELINE,
+    service_bytes, structured_output_bytes, visual_bytes, DevicePlan, Item, KvPlan, Part,
+    PartBytes, Plan, PlanOptions, Service, Suggestion, CPU_PROCESS_BASELINE,
 };
 pub use sizing::{
     graph_lm_elems, graph_vit_elems, BucketBytes, Dtypes, PoolUse, RblnSizing, Sizing,
