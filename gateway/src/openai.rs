@@ -106,7 +106,7 @@ async fn metrics_text(State(s): State<HttpState>) -> Response {
         .into_response()
 }
 
-pub(crate) fn auth(s: &HttpState, req: &Request) -> Result<(), GatewayError> {
+fn auth(s: &HttpState, req: &Request) -> Result<(), GatewayError> {
     let h = req
         .headers()
         .get(header::AUTHORIZATION)
@@ -550,12 +550,14 @@ pub fn sse_event(v: &Value) -> String {
 
 pub const SSE_DONE: &str = "data: [DONE]\n\n";
 
-/// Reads a JSON body within the body limit: (body, its bytes). The bytes are dropped here.
+/// Checks the API key, then reads a JSON body within the body limit: (body, its bytes). The
+/// bytes are dropped here.
 pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     s: &HttpState,
     req: Request,
     what: &str,
 ) -> Result<(T, usize), GatewayError> {
+    auth(s, &req)?;
     let limit = s.core.validator().limits().max_body_bytes;
     let body = axum::body::to_bytes(req.into_body(), limit)
         .await
@@ -614,9 +616,6 @@ pub(crate) fn sse_response(
 }
 
 async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response {
-    if let Err(e) = auth(&s, &req) {
-        return e.into_response();
-    }
     let span = tracing::info_span!("POST /v1/chat/completions");
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
     let (parsed, body_len): (ChatCompletionRequest, usize) =

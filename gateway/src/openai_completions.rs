@@ -4,7 +4,7 @@
 use crate::error::GatewayError;
 use crate::logprobs::ShownLogprob;
 use crate::openai::{
-    auth, finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
+    finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
     ChatCompletionRequest, Collected, HttpState,
 };
 use crate::openai_params::check_unread;
@@ -140,9 +140,6 @@ fn choice(index: usize, text: &str, logprobs: Option<Value>, finish: Option<Fini
 }
 
 pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
-    if let Err(e) = auth(&s, &req) {
-        return e.into_response();
-    }
     let span = tracing::info_span!("POST /v1/completions");
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
     let (body, len): (CompletionRequest, usize) =
@@ -226,9 +223,6 @@ struct TokenizeRequest {
 }
 
 pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
-    if let Err(e) = auth(&s, &req) {
-        return e.into_response();
-    }
     let (body, len): (TokenizeRequest, usize) = match read_json(&s, req, "tokenize request").await {
         Ok(p) => p,
         Err(e) => return e.into_response(),
@@ -236,21 +230,34 @@ pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
     let v = s.core.validator();
     let ids = match (body.prompt, body.messages) {
         (Some(p), None) => {
+            // The prompt is encoded as written (nothing added), so `add_special_tokens` is
+            // refused by the check below rather than ignored.
             let mut rest = body.rest;
-            rest.remove("model");
-            rest.remove("add_special_tokens");
-            if let Err(e) = check_unread(&rest, "") {
-                return e.into_response();
-            }
-            v.tokenizer()
-                .encode(&p)
-                .map_err(|e| GatewayError::validation(format!("cannot encode the prompt: {e}")))
+            let model = rest.remove("model");
+            check_unread(&rest, "")
+                .and_then(|()| v.check_model(model.as_ref().and_then(Value::as_str).unwrap_or("")))
+                .and_then(|()| {
+                    v.tokenizer().encode(&p).map_err(|e| {
+                        GatewayError::validation(format!("cannot encode the prompt: {e}"))
+                    })
+                })
         }
         (None, Some(m)) => {
             // A chat request without generation: the same parse and checks as the chat route.
             let mut chat = body.rest;
             chat.insert("messages".into(), m);
-            chat.remove("add_generation_prompt");
+            // The count is of what the chat route sends: the assistant turn opened.
+            if chat
+                .remove("add_generation_prompt")
+                .is_some_and(|g| g != Value::Bool(true))
+            {
+                return GatewayError::param(
+                    "add_generation_prompt",
+                    "add_generation_prompt must be true: the count is of the prompt as the chat \
+                     route sends it",
+                )
+                .into_response();
+            }
             serde_json::from_value::<ChatCompletionRequest>(Value::Object(chat))
                 .map_err(|e| GatewayError::validation(format!("not a valid tokenize request: {e}")))
                 .and_then(|c| parse_chat_request(c, len, &s.images))
@@ -286,16 +293,17 @@ struct DetokenizeRequest {
 
 /// vLLM's `/detokenize`: `{"tokens": [...]}` -> `{"prompt": text}`.
 pub async fn detokenize(State(s): State<HttpState>, req: Request) -> Response {
-    if let Err(e) = auth(&s, &req) {
-        return e.into_response();
-    }
     let (mut body, _): (DetokenizeRequest, usize) =
         match read_json(&s, req, "detokenize request").await {
             Ok(p) => p,
             Err(e) => return e.into_response(),
         };
-    body.rest.remove("model");
-    if let Err(e) = check_unread(&body.rest, "") {
+    let model = body.rest.remove("model");
+    if let Err(e) = check_unread(&body.rest, "").and_then(|()| {
+        s.core
+            .validator()
+            .check_model(model.as_ref().and_then(Value::as_str).unwrap_or(""))
+    }) {
         return e.into_response();
     }
     let tok = s.core.validator().tokenizer();

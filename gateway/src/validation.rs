@@ -238,6 +238,17 @@ impl Validator {
         &self.model_id
     }
 
+    /// `model` (empty: the served one) names the model this gateway serves.
+    pub fn check_model(&self, model: &str) -> Result<(), GatewayError> {
+        if !model.is_empty() && model != self.model_id {
+            return Err(GatewayError::validation(format!(
+                "model {model:?} is not served here; this gateway serves {:?}",
+                self.model_id
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks that need no tokenizer: body size, model name, roles, image count, sampling.
     pub fn check_shape(&self, req: &ChatRequest) -> Result<(), GatewayError> {
         let l = &self.limits;
@@ -247,12 +258,7 @@ impl Validator {
                 req.body_bytes, l.max_body_bytes
             )));
         }
-        if !req.model.is_empty() && req.model != self.model_id {
-            return Err(GatewayError::validation(format!(
-                "model {:?} is not served here; this gateway serves {:?}",
-                req.model, self.model_id
-            )));
-        }
+        self.check_model(&req.model)?;
         match (&req.prompt, req.messages.is_empty()) {
             (None, true) => {
                 return Err(GatewayError::validation(

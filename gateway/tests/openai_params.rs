@@ -259,3 +259,39 @@ async fn every_chat_completions_parameter_is_served_or_refused_by_name() {
         assert_eq!(json_body(&text)["error"]["param"], param, "{text}");
     }
 }
+
+/// `/tokenize` and `/detokenize` refuse what they would otherwise ignore: a prompt encoded with
+/// anything added, a count without the generation prompt, another model.
+#[tokio::test]
+async fn tokenize_refuses_what_it_would_ignore() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    let (status, text) = request(gw, "POST", "/tokenize", r#"{"prompt": "hi"}"#).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(json_body(&text)["count"].as_u64().unwrap() > 0);
+    for (path, body, needle) in [
+        (
+            "/tokenize",
+            r#"{"prompt": "hi", "add_special_tokens": true}"#,
+            "add_special_tokens",
+        ),
+        (
+            "/tokenize",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false}"#,
+            "add_generation_prompt",
+        ),
+        (
+            "/tokenize",
+            r#"{"prompt": "hi", "model": "other"}"#,
+            "not served here",
+        ),
+        (
+            "/detokenize",
+            r#"{"tokens": [1], "model": "other"}"#,
+            "not served here",
+        ),
+    ] {
+        let (status, text) = request(gw, "POST", path, body).await;
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains(needle), "{body}: {text}");
+    }
+}
