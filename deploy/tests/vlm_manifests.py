@@ -56,6 +56,8 @@ SERVICES: dict[str, dict[str, Any]] = {
 MODEL = ("--model", "VLM_MODEL")
 CONFIG = ("--config", "VLM_CONFIG")
 GATEWAY_UPSTREAMS = {"vision": ("--vision", "VLM_VISION_ADDRS"), "lm": ("--lm", "VLM_LM_ADDRS")}
+# The LM pulls embeddings only from the vision replicas it is given.
+LM_UPSTREAMS = {"vision": ("--vision", "VLM_LM_VISION")}
 BINARIES = {"vision-service", "lm-service", "gateway", "vlm"}
 DRAIN_SECONDS = 60
 RUN_AS_USER = 10001
@@ -495,30 +497,38 @@ def check_ports_and_probes(docs: list[dict]) -> list[str]:
 
 
 def check_gateway_upstreams(docs: list[dict]) -> list[str]:
+    """The gateway's --vision/--lm and the LM's --vision name the headless Services."""
     p = []
-    gw = deployments(docs).get("gateway")
-    if gw is None:
-        return ["no gateway Deployment"]
-    c = main_container(gw)
-    for comp, (flag, env) in GATEWAY_UPSTREAMS.items():
+    for who, upstreams in (("gateway", GATEWAY_UPSTREAMS), ("lm", LM_UPSTREAMS)):
+        dep = deployments(docs).get(who)
+        if dep is None:
+            p.append(f"no {who} Deployment")
+            continue
+        p += _check_upstreams(who, main_container(dep), upstreams, docs)
+    return p
+
+
+def _check_upstreams(who: str, c: dict, upstreams: dict, docs: list[dict]) -> list[str]:
+    p = []
+    for comp, (flag, env) in upstreams.items():
         addrs = setting(c, flag, env)
         if not addrs:
-            p.append(f"gateway: no {flag} / {env}")
+            p.append(f"{who}: no {flag} / {env}")
             continue
         m = re.fullmatch(r"dns:///([a-z0-9.-]+):(\d+)", addrs)
         if not m:
-            p.append(f"gateway: {flag} {addrs!r} is not dns:///<headless service>:<port>")
+            p.append(f"{who}: {flag} {addrs!r} is not dns:///<headless service>:<port>")
             continue
         host, port = m.group(1), int(m.group(2))
         svc = by_name(docs, "Service", host.split(".")[0])
         if svc is None:
-            p.append(f"gateway: {flag} names Service {host}, which is not in the output")
+            p.append(f"{who}: {flag} names Service {host}, which is not in the output")
             continue
         if component(svc) != comp or svc["spec"].get("clusterIP") != "None":
-            p.append(f"gateway: {flag} names {host}, not the headless {comp} Service")
+            p.append(f"{who}: {flag} names {host}, not the headless {comp} Service")
         grpc = [x for x in svc["spec"]["ports"] if x.get("name") == "grpc"]
         if not grpc or grpc[0]["port"] != port:
-            p.append(f"gateway: {flag} port {port} != Service {host} grpc port {grpc[0]['port'] if grpc else None}")
+            p.append(f"{who}: {flag} port {port} != Service {host} grpc port {grpc[0]['port'] if grpc else None}")
     return p
 
 

@@ -3,7 +3,19 @@ use crate::error::GatewayError;
 use crate::validation::ValidRequest;
 use vlm_proto::v1 as pb;
 
-/// How an upstream call failed.
+/// Which part of the stack a failure is blamed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Lm,
+    /// The vision replica the LM was sent to (the LM says so with `vlm-failed-part: vision`).
+    Vision,
+}
+
+/// Status metadata an upstream sets when the part that failed is not itself.
+pub const FAILED_PART: &str = "vlm-failed-part";
+
+/// How an upstream call failed. Messages name addresses: they are for logs, not clients
+/// (the conversion to [`GatewayError`] leaves them out).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
     /// Connection refused, reset, timed out, or the replica said UNAVAILABLE / busy: try
@@ -13,6 +25,7 @@ pub enum ClientError {
         addr: String,
         message: String,
         code: tonic::Code,
+        part: Part,
     },
     /// The replica refused the request itself (INVALID_ARGUMENT, ...): do not retry.
     #[error("{addr}: {status}")]
@@ -32,12 +45,24 @@ impl ClientError {
                 addr: addr.to_string(),
                 message: format!("{:?}: {}", s.code(), s.message()),
                 code: s.code(),
+                part: match s.metadata().get(FAILED_PART).map(|v| v.as_bytes()) {
+                    Some(b"vision") => Part::Vision,
+                    _ => Part::Lm,
+                },
             },
             code => ClientError::Refused {
                 addr: addr.to_string(),
                 status: s.message().to_string(),
                 code,
             },
+        }
+    }
+
+    /// The part to blame: a vision failure never takes the LM replica out of rotation.
+    pub fn part(&self) -> Part {
+        match self {
+            ClientError::Unreachable { part, .. } => *part,
+            ClientError::Refused { .. } => Part::Lm,
         }
     }
 
@@ -61,14 +86,27 @@ impl ClientError {
 
 impl From<ClientError> for GatewayError {
     fn from(e: ClientError) -> Self {
+        // No addresses: those are logged where the failure is seen.
         match e {
-            ClientError::Unreachable { .. } => GatewayError::Unavailable(e.to_string()),
+            ClientError::Unreachable {
+                part: Part::Vision,
+                code,
+                ..
+            } => GatewayError::Unavailable(format!(
+                "the vision service failed ({code:?}) encoding this request's images; requests \
+                 without images are still served"
+            )),
+            ClientError::Unreachable { code, .. } => {
+                GatewayError::Unavailable(format!("the LM service is unavailable ({code:?})"))
+            }
             ClientError::Refused {
                 code: tonic::Code::InvalidArgument | tonic::Code::OutOfRange,
                 status,
                 ..
-            } => GatewayError::UpstreamInvalid(status),
-            ClientError::Refused { .. } => GatewayError::Internal(e.to_string()),
+            } => GatewayError::UpstreamInvalid(crate::error::scrub_addresses(&status)),
+            ClientError::Refused { code, .. } => {
+                GatewayError::Internal(format!("the LM service refused the request ({code:?})"))
+            }
         }
     }
 }
@@ -77,7 +115,7 @@ impl From<ClientError> for GatewayError {
 pub fn lm_request(
     request_id: &str,
     req: &ValidRequest,
-    vision_endpoint: String,
+    vision_replica: String,
 ) -> pb::LmGenerateRequest {
     pb::LmGenerateRequest {
         request_id: request_id.to_string(),
@@ -107,7 +145,7 @@ pub fn lm_request(
                 }
             })
             .collect(),
-        vision_endpoint,
+        vision_replica,
         sampling: Some(pb::SamplingParams {
             // Stop strings are the gateway's job.
             stop: Vec::new(),

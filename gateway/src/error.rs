@@ -109,6 +109,19 @@ impl GatewayError {
         }
     }
 
+    /// How long a client should wait before retrying (`Retry-After` on 429, `RetryInfo` on
+    /// RESOURCE_EXHAUSTED); `None` when retrying the same request cannot help (it alone is
+    /// over the KV budget).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            GatewayError::Overloaded {
+                reason: OverloadReason::QueueFull | OverloadReason::Draining,
+                ..
+            } => Some(RETRY_AFTER),
+            _ => None,
+        }
+    }
+
     /// The OpenAI error `type` string.
     pub fn openai_type(&self) -> &'static str {
         match self {
@@ -131,7 +144,7 @@ impl GatewayError {
             _ => serde_json::Value::Null,
         };
         openai_error_body(
-            &self.to_string(),
+            &self.client_message(),
             self.openai_type(),
             self.param_name(),
             code,
@@ -150,9 +163,82 @@ pub fn openai_error_body(
     serde_json::json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
 }
 
+/// `msg` with anything that looks like an internal address (`http://...`, an IP with or
+/// without a port, `[v6]:port`, `name.domain:port`, `localhost:port`) replaced by
+/// `<internal>`: upstream messages reach clients only through this. The addresses go to the
+/// logs, with the request id, where the failure is seen.
+pub fn scrub_addresses(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut word = String::new();
+    let flush = |word: &mut String, out: &mut String| {
+        // Trailing punctuation of a sentence is not part of the address.
+        let core = word.trim_end_matches(['.', ',', ';', ')']);
+        let tail = &word[core.len()..];
+        if looks_like_address(core) {
+            out.push_str("<internal>");
+            out.push_str(tail);
+        } else {
+            out.push_str(word);
+        }
+        word.clear();
+    };
+    for c in msg.chars() {
+        if c.is_whitespace() || c == '"' || c == '\'' || c == '(' {
+            flush(&mut word, &mut out);
+            out.push(c);
+        } else {
+            word.push(c);
+        }
+    }
+    flush(&mut word, &mut out);
+    out
+}
+
+fn looks_like_address(w: &str) -> bool {
+    if w.contains("://") {
+        return true;
+    }
+    let ipv4 = |h: &str| h.split('.').count() == 4 && h.split('.').all(|p| p.parse::<u8>().is_ok());
+    if ipv4(w) || w.starts_with('[') && w.contains("]:") {
+        return true;
+    }
+    match w.rsplit_once(':') {
+        Some((host, port)) if !port.is_empty() && port.chars().all(|c| c.is_ascii_digit()) => {
+            ipv4(host)
+                || host == "localhost"
+                || (host.contains('.') && host.chars().any(|c| c.is_ascii_alphabetic()))
+        }
+        _ => false,
+    }
+}
+
+impl GatewayError {
+    /// The message a client sees: upstream failures scrubbed of internal addresses.
+    pub fn client_message(&self) -> String {
+        match self {
+            GatewayError::Unavailable(_)
+            | GatewayError::Internal(_)
+            | GatewayError::DeadlineExceeded(_)
+            | GatewayError::UpstreamInvalid(_) => scrub_addresses(&self.to_string()),
+            _ => self.to_string(),
+        }
+    }
+}
+
+/// The wait suggested to overloaded clients: the queue turns over in about this long.
+const RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl From<GatewayError> for tonic::Status {
     fn from(e: GatewayError) -> Self {
-        let msg = e.to_string();
+        use tonic_types::{ErrorDetails, StatusExt};
+        let msg = e.client_message();
+        if let Some(wait) = e.retry_after() {
+            return tonic::Status::with_error_details(
+                tonic::Code::ResourceExhausted,
+                msg,
+                ErrorDetails::with_retry_info(Some(wait)),
+            );
+        }
         match e {
             GatewayError::Validation(_)
             | GatewayError::InvalidParam { .. }
@@ -169,7 +255,14 @@ impl From<GatewayError> for tonic::Status {
 
 impl axum::response::IntoResponse for GatewayError {
     fn into_response(self) -> axum::response::Response {
-        (self.http_status(), axum::Json(self.openai_body())).into_response()
+        let mut r = (self.http_status(), axum::Json(self.openai_body())).into_response();
+        if let Some(wait) = self.retry_after() {
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(wait.as_secs().max(1)),
+            );
+        }
+        r
     }
 }
 
@@ -197,4 +290,45 @@ pub enum ServeError {
         path: String,
         source: std::io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_addresses_are_scrubbed_from_client_messages() {
+        let cases = [
+            (
+                "vision replica 10.1.2.3:50061 is unavailable",
+                "vision replica <internal> is unavailable",
+            ),
+            ("at http://127.0.0.1:4000/x.", "at <internal>."),
+            (
+                "dial \"vlm-vision-0.vlm-vision.ns.svc:50061\"",
+                "dial \"<internal>\"",
+            ),
+            (
+                "[::1]:80 and localhost:9 and 192.168.0.1",
+                "<internal> and <internal> and <internal>",
+            ),
+            // Not addresses: left as they are.
+            (
+                "image 0: truncated (max_seq_len: 4096)",
+                "image 0: truncated (max_seq_len: 4096)",
+            ),
+            (
+                "messages[0].role is \"x\"; ratio 1.5:1",
+                "messages[0].role is \"x\"; ratio 1.5:1",
+            ),
+        ];
+        for (msg, want) in cases {
+            assert_eq!(scrub_addresses(msg), want, "{msg}");
+        }
+        let e = GatewayError::Unavailable("vision replica 127.0.0.1:5 failed".into());
+        assert!(!tonic::Status::from(e.clone())
+            .message()
+            .contains("127.0.0.1"));
+        assert!(!e.openai_body().to_string().contains("127.0.0.1"));
+    }
 }

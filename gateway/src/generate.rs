@@ -3,7 +3,7 @@
 //! text deltas until the end, a stop string, or the caller going away (which drops the LM
 //! stream, so the LM frees the sequence's KV blocks).
 use crate::admission::{Admission, Permit};
-use crate::client::{lm_request, ClientError};
+use crate::client::{lm_request, ClientError, Part};
 use crate::error::GatewayError;
 use crate::logprobs::{show, ShownLogprob};
 use crate::metrics as m;
@@ -32,6 +32,51 @@ pub struct Delta {
     pub usage: Usage,
     /// The stream's last delta: every choice has finished.
     pub end: bool,
+}
+
+/// Counts one request in `vlm_gateway_requests_total` (and its duration) exactly once, from
+/// its arrival at an edge: refused with the error's label, handed to the stream pump (which
+/// counts how the stream ends), or, when dropped before either (the caller went away while
+/// it waited for admission, an image fetch or its first token), as `cancelled`.
+pub struct Tally {
+    arrived: Instant,
+    done: bool,
+}
+
+impl Tally {
+    pub fn start() -> Self {
+        Tally {
+            arrived: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// Counts the request as refused with `e`, and gives `e` back.
+    pub fn refuse(mut self, e: GatewayError) -> GatewayError {
+        self.finish(e.status_label());
+        e
+    }
+
+    fn finish(&mut self, label: &'static str) {
+        if !self.done {
+            self.done = true;
+            m::request_finished(label);
+            metrics::histogram!(m::REQUEST_DURATION_SECONDS)
+                .record(self.arrived.elapsed().as_secs_f64());
+        }
+    }
+
+    /// The stream's pump counts it from here.
+    fn hand_over(mut self) -> Instant {
+        self.done = true;
+        self.arrived
+    }
+}
+
+impl Drop for Tally {
+    fn drop(&mut self) {
+        self.finish("cancelled");
+    }
 }
 
 /// A started generation: the first LM event has arrived.
@@ -81,30 +126,32 @@ impl Core {
     /// Validates, admits, routes and waits for the first LM event. Errors before that are
     /// returned here (so an edge can answer them with a status); later ones come on the stream.
     /// `parent` carries the caller's trace context (extracted by the edge).
+    /// `tally` counts the request: here when it fails (or is dropped, cancelled, before its
+    /// first token), after that by the stream's pump.
     pub async fn start(
         &self,
         req: ChatRequest,
         parent: tracing::Span,
+        tally: Tally,
     ) -> Result<Generation, GatewayError> {
-        let arrived = Instant::now();
-        let result = self.start_inner(req, arrived, parent).await;
-        if let Err(e) = &result {
-            m::request_finished(e.status_label());
-            metrics::histogram!(m::REQUEST_DURATION_SECONDS)
-                .record(arrived.elapsed().as_secs_f64());
-        }
-        result
+        self.start_inner(req, parent, tally).await
     }
 
     async fn start_inner(
         &self,
         req: ChatRequest,
-        arrived: Instant,
         parent: tracing::Span,
+        tally: Tally,
     ) -> Result<Generation, GatewayError> {
         let i = &self.inner;
-        let valid = i.validator.validate(req)?;
-        let permit = i.admission.acquire(valid.kv_tokens()).await?;
+        let valid = match i.validator.validate(req) {
+            Ok(v) => v,
+            Err(e) => return Err(tally.refuse(e)),
+        };
+        let permit = match i.admission.acquire(valid.kv_tokens()).await {
+            Ok(p) => p,
+            Err(e) => return Err(tally.refuse(e)),
+        };
         let request_id = format!(
             "{}-{}",
             i.id_prefix,
@@ -120,10 +167,15 @@ impl Core {
                 block_len,
             )
         });
-        let (lm, stream, first) = self
+        let (lm, stream, first) = match self
             .open(&request_id, &valid, key.as_ref())
             .instrument_span(span.clone())
-            .await?;
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => return Err(tally.refuse(e)),
+        };
+        let arrived = tally.hand_over();
         tracing::debug!(lm = %lm.addr, "first event");
         let (tx, rx) = mpsc::channel(64);
         let n = valid.sampling.n.max(1) as usize;
@@ -183,21 +235,35 @@ impl Core {
             );
             metrics::counter!(m::LM_ROUTES_TOTAL, "route" => pick.route.label()).increment(1);
             let lm = pick.lease;
-            let vision = router.pick_vision()?;
-            let req = lm_request(request_id, valid, vision.endpoint());
+            // Only requests with images need a vision replica: text is served while vision
+            // is down.
+            let vision = if valid.images.is_empty() {
+                None
+            } else {
+                Some(router.pick_vision()?)
+            };
+            let replica = vision.as_ref().map(|v| v.addr.clone()).unwrap_or_default();
+            let req = lm_request(request_id, valid, replica);
             // The vision lease counts until the first token: the images are encoded by then.
             let first = first_event(&lm, req).await;
-            drop(vision);
+            let vision_addr = vision.map(|v| v.addr.clone());
             match first {
                 Ok((stream, first)) => return Ok((lm, stream, first)),
                 Err(e) => {
-                    tracing::warn!(lm = %lm.addr, error = %e, "LM failed before the first token");
-                    tried.push(lm.addr.clone());
+                    tracing::warn!(request_id, lm = %lm.addr, vision = vision_addr.as_deref().unwrap_or(""),
+                        part = ?e.part(), error = %e, "failed before the first token");
                     if !e.retryable() {
                         return Err(e.into());
                     }
-                    if e.replica_down() {
-                        router.mark_lm_failed(&lm.addr);
+                    // Blame the part that failed; the other stays in rotation.
+                    match (e.part(), &vision_addr) {
+                        (Part::Vision, Some(v)) => router.mark_vision_failed(v),
+                        _ => {
+                            tried.push(lm.addr.clone());
+                            if e.replica_down() {
+                                router.mark_lm_failed(&lm.addr);
+                            }
+                        }
                     }
                     last = Some(e);
                 }
@@ -229,6 +295,7 @@ async fn first_event(
             addr: lm.addr.clone(),
             message: "the stream ended before the first event".into(),
             code: tonic::Code::Unknown,
+            part: Part::Lm,
         }),
         Err(s) => Err(ClientError::from_status(&lm.addr, s)),
     }
@@ -280,11 +347,11 @@ impl Pump {
                             break "ok";
                         }
                         Err(s) => {
+                            tracing::warn!(lm = %lm.addr, code = ?s.code(), message = s.message(),
+                                "LM failed after the first token");
                             let e = GatewayError::Unavailable(format!(
-                                "LM replica {} failed after the first token: {:?}: {}",
-                                lm.addr,
-                                s.code(),
-                                s.message()
+                                "the LM service failed after the first token ({:?})",
+                                s.code()
                             ));
                             let label = e.status_label();
                             let _ = tx.send(Err(e)).await;

@@ -50,6 +50,8 @@ pub struct GatewayConfig {
     pub admission: AdmissionLimits,
     pub max_images: usize,
     pub max_body_bytes: usize,
+    /// Special tokens written in message content are control tokens (injectable); off: text.
+    pub control_tokens_in_content: bool,
     /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
@@ -72,12 +74,19 @@ pub struct Bound {
 pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
     let _ = vlm_service_kit::metrics_http::recorder();
     crate::metrics::describe();
-    let tokenizer = vlm_tokenizer::ChatTokenizer::from_dir(&cfg.model_dir).map_err(|e| {
-        ServeError::Tokenizer {
+    let tokenizer = vlm_tokenizer::ChatTokenizer::from_dir(&cfg.model_dir)
+        .map_err(|e| ServeError::Tokenizer {
             dir: cfg.model_dir.display().to_string(),
             message: e.to_string(),
-        }
-    })?;
+        })?
+        .with_control_tokens_in_content(cfg.control_tokens_in_content);
+    tracing::info!(
+        max_body_bytes = cfg.max_body_bytes,
+        max_images = cfg.max_images,
+        max_seq_len = cfg.deploy.max_seq_len,
+        control_tokens_in_content = cfg.control_tokens_in_content,
+        "gateway limits"
+    );
     let model_id = cfg
         .model_dir
         .canonicalize()

@@ -53,6 +53,11 @@ struct Args {
     /// Bytes of one request body.
     #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
+    /// Special tokens written in message content (`<|im_start|>`, ...) encode as control
+    /// tokens, as transformers' apply_chat_template does. Off by default: they are text, so a
+    /// user cannot close their turn and open a system one.
+    #[arg(long, env = "VLM_GATEWAY_CONTROL_TOKENS_IN_CONTENT")]
+    control_tokens_in_content: bool,
     /// Hosts http:// and https:// image URLs may be fetched from (repeatable or
     /// comma-separated); none by default.
     #[arg(
@@ -118,6 +123,7 @@ fn main() -> anyhow::Result<()> {
         },
         max_images: a.max_images,
         max_body_bytes: a.max_body_bytes,
+        control_tokens_in_content: a.control_tokens_in_content,
         image_fetch: FetchOptions {
             allow_hosts: a.allow_image_host,
             max_bytes: a.image_fetch_max_bytes.unwrap_or(a.max_body_bytes),

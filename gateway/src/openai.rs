@@ -6,7 +6,7 @@
 use crate::auth::ApiKeys;
 use crate::error::{openai_error_body, GatewayError};
 use crate::fetch::{ImageFetcher, Target};
-use crate::generate::{Core, Delta};
+use crate::generate::{Core, Delta, Tally};
 use crate::logprobs::{openai_content, ShownLogprob};
 use crate::openai_params::check_unread;
 use crate::openai_sampling::SamplingFields;
@@ -617,32 +617,33 @@ pub(crate) fn sse_response(
 
 async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response {
     let span = tracing::info_span!("POST /v1/chat/completions");
+    let tally = Tally::start();
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
     let (parsed, body_len): (ChatCompletionRequest, usize) =
         match read_json(&s, req, "chat completion request").await {
             Ok(p) => p,
-            Err(e) => return e.into_response(),
+            Err(e) => return tally.refuse(e).into_response(),
         };
     let (stream, include_usage) = (parsed.sampling.stream, parsed.sampling.include_usage());
     let want_logprobs = parsed.logprobs == Some(true);
     let chat_n = parsed.sampling.n.unwrap_or(1);
     let pending = match parse_chat_request(parsed, body_len, &s.images) {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return tally.refuse(e).into_response(),
     };
     // Refuse what validation would refuse anyway (too many images, bad roles) before fetching.
     if !pending.remote.is_empty() {
         if let Err(e) = s.core.validator().check_shape(&pending.chat) {
-            return e.into_response();
+            return tally.refuse(e).into_response();
         }
     }
     let tools = pending.tools.clone();
     let chat = match pending.fetch_images(&s.images).await {
         Ok(c) => c,
-        Err(e) => return e.into_response(),
+        Err(e) => return tally.refuse(e).into_response(),
     };
     let model = s.core.validator().model_id().to_string();
-    let gen = match s.core.start(chat, span).await {
+    let gen = match s.core.start(chat, span, tally).await {
         Ok(g) => g,
         Err(e) => return e.into_response(),
     };

@@ -2,6 +2,7 @@
 //! `logprobs: N` in the legacy shape; `echo`), and vLLM's `POST /tokenize` / `POST
 //! /detokenize`.
 use crate::error::GatewayError;
+use crate::generate::Tally;
 use crate::logprobs::ShownLogprob;
 use crate::openai::{
     finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
@@ -141,18 +142,19 @@ fn choice(index: usize, text: &str, logprobs: Option<Value>, finish: Option<Fini
 
 pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
     let span = tracing::info_span!("POST /v1/completions");
+    let tally = Tally::start();
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
     let (body, len): (CompletionRequest, usize) =
         match read_json(&s, req, "completion request").await {
             Ok(p) => p,
-            Err(e) => return e.into_response(),
+            Err(e) => return tally.refuse(e).into_response(),
         };
     let (stream, include_usage) = (body.sampling.stream, body.sampling.include_usage());
     let want_logprobs = body.logprobs.is_some();
     let n = body.sampling.n.unwrap_or(1);
     let (chat, echo) = match parse(body, len) {
         Ok(p) => p,
-        Err(e) => return e.into_response(),
+        Err(e) => return tally.refuse(e).into_response(),
     };
     let tok = s.core.validator().tokenizer().clone();
     let echoed = match (&chat.prompt, echo) {
@@ -161,7 +163,7 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
         _ => String::new(),
     };
     let model = s.core.validator().model_id().to_string();
-    let gen = match s.core.start(chat, span).await {
+    let gen = match s.core.start(chat, span, tally).await {
         Ok(g) => g,
         Err(e) => return e.into_response(),
     };
@@ -237,8 +239,12 @@ pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
             check_unread(&rest, "")
                 .and_then(|()| v.check_model(model.as_ref().and_then(Value::as_str).unwrap_or("")))
                 .and_then(|()| {
-                    v.tokenizer().encode(&p).map_err(|e| {
-                        GatewayError::validation(format!("cannot encode the prompt: {e}"))
+                    // Bounded as the generation routes bound it (no room left is still a count).
+                    let limit = v.limits().max_seq_len as usize;
+                    v.tokenizer().encode_within(&p, limit).map_err(|e| {
+                        GatewayError::validation(format!(
+                            "cannot encode the prompt: {e} (max_seq_len)"
+                        ))
                     })
                 })
         }

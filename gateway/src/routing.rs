@@ -21,68 +21,7 @@ use vlm_proto::v1::{
     lm_client::LmClient, vision_client::VisionClient, LoadRequest, VisionInfoRequest,
 };
 
-/// Where replicas come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ReplicaSource {
-    /// Fixed `host:port` list.
-    Static(Vec<String>),
-    /// `dns:///name:port`: every address the name resolves to, re-resolved periodically.
-    Dns { host: String, port: u16 },
-}
-
-impl ReplicaSource {
-    /// Parses `host:port,host:port` or `dns:///name:port`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let s = s.trim();
-        if let Some(rest) = s
-            .strip_prefix("dns:///")
-            .or_else(|| s.strip_prefix("dns://"))
-        {
-            let (host, port) = rest
-                .rsplit_once(':')
-                .ok_or_else(|| format!("{s:?}: expected dns:///name:port"))?;
-            let port = port
-                .parse()
-                .map_err(|_| format!("{s:?}: port {port:?} is not a number"))?;
-            return Ok(ReplicaSource::Dns {
-                host: host.to_string(),
-                port,
-            });
-        }
-        let list: Vec<String> = s
-            .split(',')
-            .map(|a| a.trim().trim_start_matches("http://").to_string())
-            .filter(|a| !a.is_empty())
-            .collect();
-        if list.is_empty() {
-            return Err("the replica list is empty".into());
-        }
-        if let Some(bad) = list.iter().find(|a| !a.contains(':')) {
-            return Err(format!("{bad:?}: expected host:port"));
-        }
-        Ok(ReplicaSource::Static(list))
-    }
-
-    async fn resolve(&self) -> Vec<String> {
-        match self {
-            ReplicaSource::Static(list) => list.clone(),
-            ReplicaSource::Dns { host, port } => {
-                match tokio::net::lookup_host((host.as_str(), *port)).await {
-                    Ok(addrs) => {
-                        let mut v: Vec<String> = addrs.map(|a| a.to_string()).collect();
-                        v.sort();
-                        v.dedup();
-                        v
-                    }
-                    Err(e) => {
-                        tracing::warn!(host, port, error = %e, "replica DNS lookup failed; keeping the last list");
-                        Vec::new()
-                    }
-                }
-            }
-        }
-    }
-}
+pub use vlm_service_kit::replicas::ReplicaSource;
 
 /// What routing knows about one LM replica.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -548,7 +487,8 @@ impl Router {
             .collect();
         let i = choose_vision(&loads).ok_or_else(|| {
             GatewayError::Unavailable(format!(
-                "no healthy vision replica to use ({} configured)",
+                "no healthy vision replica to encode this request's images ({} configured); \
+                 requests without images are still served",
                 loads.len()
             ))
         })?;
@@ -565,6 +505,16 @@ impl Router {
         let mut sets = self.sets.write().unwrap_or_else(|p| p.into_inner());
         if let Some(r) = sets.lm.iter_mut().find(|r| r.addr == addr) {
             log_change("lm", addr, r.load.healthy, false);
+            r.load.healthy = false;
+        }
+    }
+
+    /// Takes a vision replica out at once (the LM could not encode on it); the next good poll
+    /// puts it back.
+    pub fn mark_vision_failed(&self, addr: &str) {
+        let mut sets = self.sets.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = sets.vision.iter_mut().find(|r| r.addr == addr) {
+            log_change("vision", addr, r.load.healthy, false);
             r.load.healthy = false;
         }
     }
@@ -872,35 +822,6 @@ mod tests {
         assert_eq!(choose_vision(&[v(true, 3, 0), v(true, 1, 1)]), Some(1));
         assert_eq!(choose_vision(&[v(false, 0, 0), v(true, 9, 0)]), Some(1));
         assert_eq!(choose_vision(&[v(false, 0, 0)]), None);
-    }
-
-    #[test]
-    fn parses_sources() {
-        assert_eq!(
-            ReplicaSource::parse("a:1, http://b:2").unwrap(),
-            ReplicaSource::Static(vec!["a:1".into(), "b:2".into()])
-        );
-        assert_eq!(
-            ReplicaSource::parse("dns:///lm.ns.svc:50052").unwrap(),
-            ReplicaSource::Dns {
-                host: "lm.ns.svc".into(),
-                port: 50052
-            }
-        );
-        assert!(ReplicaSource::parse("").is_err());
-        assert!(ReplicaSource::parse("nohost").is_err());
-    }
-
-    #[tokio::test]
-    async fn dns_source_resolves_every_address() {
-        let addrs = ReplicaSource::parse("dns:///localhost:7")
-            .unwrap()
-            .resolve()
-            .await;
-        assert!(
-            addrs.iter().any(|a| a == "127.0.0.1:7" || a == "[::1]:7"),
-            "{addrs:?}"
-        );
     }
 
     #[tokio::test]

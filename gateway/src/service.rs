@@ -1,6 +1,7 @@
 //! The tonic `vlm.v1.Gateway` service: an adapter that decodes the proto, calls
 //! [`Core::start`], and maps deltas and errors back.
-use crate::generate::{Core, Delta};
+use crate::error::GatewayError;
+use crate::generate::{Core, Delta, Tally};
 use crate::logprobs::ShownLogprob;
 use crate::validation::{ChatRequest, InputMessage, InputPart, InputSampling};
 use futures::Stream;
@@ -20,40 +21,45 @@ impl GatewayService {
     }
 }
 
-/// Proto -> domain request.
-pub fn chat_request(req: pb::GenerateRequest) -> ChatRequest {
+/// Proto -> domain request; a content part with neither text nor image set is refused (it
+/// is a client bug, not an empty string).
+pub fn chat_request(req: pb::GenerateRequest) -> Result<ChatRequest, GatewayError> {
     let body_bytes = req.encoded_len();
-    let messages = req
-        .messages
-        .into_iter()
-        .map(|m| InputMessage {
+    let mut messages = Vec::with_capacity(req.messages.len());
+    for (mi, m) in req.messages.into_iter().enumerate() {
+        let mut content = Vec::with_capacity(m.content.len());
+        for (pi, p) in m.content.into_iter().enumerate() {
+            content.push(match p.part {
+                Some(pb::content_part::Part::Text(t)) => InputPart::Text(t),
+                Some(pb::content_part::Part::Image(i)) => InputPart::Image {
+                    data: i.data.into(),
+                    mime_type: i.mime_type,
+                    budget: vlm_config::PixelBudget {
+                        min_pixels: (i.min_pixels > 0).then_some(i.min_pixels),
+                        max_pixels: (i.max_pixels > 0).then_some(i.max_pixels),
+                    },
+                },
+                None => {
+                    return Err(GatewayError::validation(format!(
+                        "messages[{mi}].content[{pi}] sets neither text nor image"
+                    )))
+                }
+            });
+        }
+        messages.push(InputMessage {
             role: m.role,
-            content: m
-                .content
-                .into_iter()
-                .filter_map(|p| match p.part? {
-                    pb::content_part::Part::Text(t) => Some(InputPart::Text(t)),
-                    pb::content_part::Part::Image(i) => Some(InputPart::Image {
-                        data: i.data.into(),
-                        mime_type: i.mime_type,
-                        budget: vlm_config::PixelBudget {
-                            min_pixels: (i.min_pixels > 0).then_some(i.min_pixels),
-                            max_pixels: (i.max_pixels > 0).then_some(i.max_pixels),
-                        },
-                    }),
-                })
-                .collect(),
+            content,
             tool_calls: Vec::new(),
-        })
-        .collect();
-    ChatRequest {
+        });
+    }
+    Ok(ChatRequest {
         messages,
         sampling: InputSampling::from_wire(req.sampling.unwrap_or_default()),
         tools: Vec::new(),
         prompt: None,
         model: req.model,
         body_bytes,
-    }
+    })
 }
 
 fn response(request_id: &str, d: Delta) -> pb::GenerateResponse {
@@ -79,10 +85,12 @@ impl pb::gateway_server::Gateway for GatewayService {
     ) -> Result<Response<Self::GenerateStream>, Status> {
         let span = tracing::info_span!("Gateway/Generate");
         vlm_service_kit::telemetry::extract(request.metadata(), &span);
-        let gen = self
-            .core
-            .start(chat_request(request.into_inner()), span)
-            .await?;
+        let tally = Tally::start();
+        let chat = match chat_request(request.into_inner()) {
+            Ok(c) => c,
+            Err(e) => return Err(tally.refuse(e).into()),
+        };
+        let gen = self.core.start(chat, span, tally).await?;
         let id = gen.request_id;
         let mut rx = gen.rx;
         let out = async_stream::stream! {

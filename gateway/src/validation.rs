@@ -350,20 +350,19 @@ impl Validator {
             messages.push(msg);
         }
         let counts: Vec<usize> = images.iter().map(|i| i.tokens as usize).collect();
+        // The prompt must leave room for one generated token; encoding stops once past that
+        // (or never starts when the text's byte length proves it too long).
+        let limit = l.max_seq_len.saturating_sub(1) as usize;
         let input_ids = match req.prompt {
-            Some(p) => self.raw_prompt_ids(p)?,
+            Some(p) => self.raw_prompt_ids(p, limit)?,
             None => self
                 .tokenizer
-                .encode_prompt_with_tools(&messages, &req.tools, &counts)
-                .map_err(|e| GatewayError::validation(format!("cannot build the prompt: {e}")))?,
+                .encode_prompt_within(&messages, &req.tools, &counts, limit)
+                .map_err(|e| self.encode_error("cannot build the prompt", e))?,
         };
         let prompt = input_ids.len() as u32;
         if prompt >= l.max_seq_len {
-            return Err(GatewayError::validation(format!(
-                "prompt is {prompt} tokens (images included); the context limit is {} tokens (max_seq_len), \
-                 which leaves no room to generate",
-                l.max_seq_len
-            )));
+            return Err(self.too_long(prompt as usize, true));
         }
         let room = l.max_seq_len - prompt;
         let mut s = req.sampling;
@@ -399,13 +398,34 @@ impl Validator {
         })
     }
 
-    /// A raw prompt's ids; an image placeholder (which needs an image) is refused.
-    fn raw_prompt_ids(&self, p: RawPrompt) -> Result<Vec<u32>, GatewayError> {
+    /// The prompt leaves no room to generate; `exact`: `tokens` is its count, else a lower
+    /// bound (encoding stopped once past the limit).
+    fn too_long(&self, tokens: usize, exact: bool) -> GatewayError {
+        GatewayError::validation(format!(
+            "prompt is {}{tokens} tokens (images included); the context limit is {} tokens \
+             (max_seq_len), which leaves no room to generate",
+            if exact { "" } else { "at least " },
+            self.limits.max_seq_len
+        ))
+    }
+
+    fn encode_error(&self, what: &str, e: vlm_tokenizer::TokenizerError) -> GatewayError {
+        match e {
+            vlm_tokenizer::TokenizerError::TooLong { at_least, .. } => {
+                self.too_long(at_least, false)
+            }
+            e => GatewayError::validation(format!("{what}: {e}")),
+        }
+    }
+
+    /// A raw prompt's ids (text encoded up to `limit` tokens); an image placeholder (which
+    /// needs an image) is refused.
+    fn raw_prompt_ids(&self, p: RawPrompt, limit: usize) -> Result<Vec<u32>, GatewayError> {
         let ids = match p {
             RawPrompt::Text(t) => self
                 .tokenizer
-                .encode(&t)
-                .map_err(|e| GatewayError::validation(format!("cannot encode the prompt: {e}")))?,
+                .encode_within(&t, limit)
+                .map_err(|e| self.encode_error("cannot encode the prompt", e))?,
             RawPrompt::Ids(ids) => ids,
         };
         let t = &self.tokenizer;

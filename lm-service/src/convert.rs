@@ -22,7 +22,7 @@ pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> Ge
                 input: i.input,
             })
             .collect(),
-        vision_endpoint: r.vision_endpoint,
+        vision_replica: r.vision_replica,
         sampling: s,
         deadline,
     }

@@ -13,6 +13,10 @@ pub enum LmError {
     /// draining.
     #[error("{0}")]
     Unavailable(String),
+    /// The vision replica the request named failed or cannot be reached: the LM itself is
+    /// fine (the status carries `vlm-failed-part: vision`, so the caller blames vision).
+    #[error("{0}")]
+    VisionUnavailable(String),
     /// The engine is full.
     #[error("{0}")]
     Overloaded(String),
@@ -36,6 +40,7 @@ impl LmError {
         match self {
             LmError::Validation(_) => "validation",
             LmError::Unavailable(_) => "unavailable",
+            LmError::VisionUnavailable(_) => "vision_unavailable",
             LmError::Overloaded(_) => "overloaded",
             LmError::Cancelled(_) => "cancelled",
             LmError::Internal(_) => "internal",
@@ -52,16 +57,26 @@ impl From<vlm_compute::ComputeError> for LmError {
     }
 }
 
+/// Status metadata naming the part that failed when it is not the LM itself.
+pub const FAILED_PART: &str = "vlm-failed-part";
+
 impl From<LmError> for Status {
     fn from(e: LmError) -> Status {
         let code = match &e {
             LmError::Validation(_) => Code::InvalidArgument,
-            LmError::Unavailable(_) => Code::Unavailable,
+            LmError::Unavailable(_) | LmError::VisionUnavailable(_) => Code::Unavailable,
             LmError::Overloaded(_) => Code::ResourceExhausted,
             LmError::Cancelled(_) => Code::Cancelled,
             LmError::Internal(_) => Code::Internal,
         };
-        Status::new(code, e.to_string())
+        let mut status = Status::new(code, e.to_string());
+        if matches!(e, LmError::VisionUnavailable(_)) {
+            status.metadata_mut().insert(
+                FAILED_PART,
+                tonic::metadata::MetadataValue::from_static("vision"),
+            );
+        }
+        status
     }
 }
 

@@ -21,7 +21,7 @@ pub struct GenerateInput {
     pub request_id: String,
     pub input_ids: Vec<u32>,
     pub images: Vec<ImageIn>,
-    pub vision_endpoint: String,
+    pub vision_replica: String,
     /// Sampling as received (zero values = the documented defaults).
     pub sampling: vlm_proto::SamplingParams,
     pub deadline: Option<Instant>,
@@ -248,7 +248,7 @@ async fn embeddings(
         let hashes: Vec<Vec<u8>> = items.iter().map(|i| i.content_hash.clone()).collect();
         let got = ctx
             .vision
-            .encode(&input.vision_endpoint, &input.request_id, items, shape)
+            .encode(&input.vision_replica, &input.request_id, items, shape)
             .await?;
         {
             let mut cache = ctx

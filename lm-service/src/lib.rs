@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
 use vlm_config::DeployConfig;
+pub use vlm_service_kit::replicas::ReplicaSource;
 use vlm_service_kit::server::{self, GrpcServer};
 use vlm_service_kit::{affinity, metrics_http};
 
@@ -50,6 +51,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub embedding_cache_bytes: usize,
+    /// The vision replicas this LM may pull embeddings from (`None`: text and cached images
+    /// only).
+    pub vision: Option<ReplicaSource>,
 }
 
 /// Blocks in the KV pool: `kvcache_num_blocks`, or when 0 the memory planner's answer
@@ -228,6 +232,7 @@ pub async fn run(
             backend = info.backend.backend,
             device = %info.backend.device,
             kernels = %info.backend.kernels_line(),
+            vision = %cfg.vision.as_ref().map_or("none".to_string(), |v| v.to_string()),
             "LM engine ready: prefill path and decode graphs warmed, KV pool allocated"
         );
         let grammars = load_grammars(&cfg.model_dir, &info).await;
@@ -235,7 +240,7 @@ pub async fn run(
             engine: engine.clone(),
             grammars,
             cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
-            vision: vision_client::VisionClients::new(),
+            vision: vision_client::VisionClients::new(cfg.vision.clone()),
             draining: AtomicBool::new(false),
         }));
         tokio::spawn(watch_engine(engine.clone(), alive_tx));

@@ -3,7 +3,7 @@
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use vlm_lm_service::{ServeConfig, DEFAULT_EMBEDDING_CACHE_BYTES};
+use vlm_lm_service::{ReplicaSource, ServeConfig, DEFAULT_EMBEDDING_CACHE_BYTES};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,6 +29,11 @@ struct Args {
     /// Bytes of image embeddings kept by content hash.
     #[arg(long, env = "VLM_LM_EMBEDDING_CACHE_BYTES", default_value_t = DEFAULT_EMBEDDING_CACHE_BYTES)]
     embedding_cache_bytes: usize,
+    /// The vision replicas this LM may pull image embeddings from: `host:port,host:port` or
+    /// `dns:///name:port` (a headless Service). Requests name one of them; the LM dials no
+    /// other address. Without it, images missing from the embedding cache are refused.
+    #[arg(long, env = "VLM_LM_VISION")]
+    vision: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -47,6 +52,12 @@ fn main() -> anyhow::Result<()> {
         listen: args.listen,
         metrics_listen: args.metrics_listen,
         embedding_cache_bytes: args.embedding_cache_bytes,
+        vision: args
+            .vision
+            .as_deref()
+            .map(ReplicaSource::parse)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--vision: {e}"))?,
     };
     if !cfg.deploy.create_runtimes {
         println!("{}", vlm_lm_service::dry_run(&cfg)?);

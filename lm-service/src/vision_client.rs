@@ -1,15 +1,20 @@
 //! Pulls image embeddings from the vision replica named in the request (`Vision.Encode`) and
 //! reassembles the streamed chunks into [`ImageEmbeds`], checking every chunk against the grid
 //! the request declared and the model's widths.
+//!
+//! The request names a replica; it is dialled only when it is one of this LM's own vision
+//! replicas (`--vision`, a list or a DNS name), so a caller of the internal API cannot make
+//! the LM connect anywhere else (server-side request forgery).
 use crate::error::LmError;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use vlm_compute::{HostTensor, ImageEmbeds};
 use vlm_proto::vision_client::VisionClient;
 use vlm_proto::{DType as WireDType, EmbeddingChunk, EncodeRequest, ImageGrid, ImageInput};
+use vlm_service_kit::replicas::ReplicaSource;
 
 /// What the LM expects of every image's embeddings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,25 +41,60 @@ pub struct EncodeItem {
     pub grid: [usize; 3],
 }
 
-/// Clients to vision replicas, one channel per endpoint, created on first use.
+/// Clients to vision replicas, one channel per replica, created on first use.
 #[derive(Debug)]
 pub struct VisionClients {
     channels: Mutex<HashMap<String, Channel>>,
     connect_timeout: Duration,
+    /// The replicas this LM may dial (`None`: none, image requests missing the cache fail).
+    replicas: Option<ReplicaSource>,
+    /// A DNS source's last answer and when it was looked up.
+    resolved: tokio::sync::Mutex<(Option<Instant>, HashSet<String>)>,
 }
 
-impl Default for VisionClients {
-    fn default() -> Self {
-        Self::new()
-    }
-}
+/// A DNS source is looked up again for an unknown replica at most this often.
+const RESOLVE_EVERY: Duration = Duration::from_secs(1);
 
 impl VisionClients {
-    pub fn new() -> Self {
+    pub fn new(replicas: Option<ReplicaSource>) -> Self {
         VisionClients {
             channels: Mutex::new(HashMap::new()),
             connect_timeout: Duration::from_secs(5),
+            replicas,
+            resolved: tokio::sync::Mutex::new((None, HashSet::new())),
         }
+    }
+
+    /// `replica` (`host:port`, `http://` allowed) when it is one of this LM's vision replicas.
+    async fn check_replica(&self, replica: &str) -> Result<String, LmError> {
+        let id = replica.trim().trim_start_matches("http://").to_string();
+        let known =
+            match &self.replicas {
+                None => return Err(LmError::validation(
+                    "this LM has no vision replicas configured (--vision), so images missing from \
+                     its embedding cache cannot be encoded",
+                )),
+                Some(ReplicaSource::Static(list)) => list.contains(&id),
+                Some(source @ ReplicaSource::Dns { .. }) => {
+                    let mut r = self.resolved.lock().await;
+                    if !r.1.contains(&id) && r.0.is_none_or(|t| t.elapsed() >= RESOLVE_EVERY) {
+                        let now = source.resolve().await;
+                        // A failed lookup keeps the last answer.
+                        if !now.is_empty() {
+                            r.1 = now.into_iter().collect();
+                        }
+                        r.0 = Some(Instant::now());
+                    }
+                    r.1.contains(&id)
+                }
+            };
+        if !known {
+            return Err(LmError::validation(format!(
+                "vision replica {id:?} is not one of this LM's vision replicas (--vision); \
+                 the LM dials no other address"
+            )));
+        }
+        Ok(id)
     }
 
     async fn channel(&self, endpoint: &str) -> Result<Channel, LmError> {
@@ -74,7 +114,7 @@ impl VisionClients {
             })?
             .connect_timeout(self.connect_timeout);
         let channel = ep.connect().await.map_err(|e| {
-            LmError::Unavailable(format!("vision endpoint {endpoint} is unreachable: {e}"))
+            LmError::VisionUnavailable(format!("vision replica {endpoint} is unreachable: {e}"))
         })?;
         self.channels
             .lock()
@@ -102,10 +142,11 @@ impl VisionClients {
         }
         if endpoint.is_empty() {
             return Err(LmError::validation(format!(
-                "{} image(s) are not in the embedding cache and the request names no vision_endpoint",
+                "{} image(s) are not in the embedding cache and the request names no vision_replica",
                 items.len()
             )));
         }
+        let endpoint = &self.check_replica(endpoint).await?;
         let channel = self.channel(endpoint).await?;
         let mut client = VisionClient::new(channel).max_decoding_message_size(64 << 20);
         let mut asm = Assembler::new(endpoint, &items, shape);
@@ -154,14 +195,14 @@ fn poisoned<T>(_: T) -> LmError {
 }
 
 fn status_error(endpoint: &str, s: tonic::Status) -> LmError {
-    let msg = format!("vision endpoint {endpoint}: {}", s.message());
+    let msg = format!("vision replica {endpoint}: {}", s.message());
     match s.code() {
         Code::InvalidArgument | Code::OutOfRange | Code::FailedPrecondition => {
             LmError::Validation(msg)
         }
         Code::ResourceExhausted => LmError::Overloaded(msg),
-        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => LmError::Unavailable(
-            format!("vision endpoint {endpoint} is unavailable: {}", s.message()),
+        Code::Unavailable | Code::DeadlineExceeded | Code::Unknown => LmError::VisionUnavailable(
+            format!("vision replica {endpoint} is unavailable: {}", s.message()),
         ),
         Code::Cancelled => LmError::Cancelled(msg),
         _ => LmError::Internal(msg),
@@ -424,12 +465,37 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_endpoint_is_unavailable_and_named() {
-        let c = VisionClients::new();
+        let c = VisionClients::new(Some(ReplicaSource::parse("127.0.0.1:1").unwrap()));
         let e = c
             .encode("http://127.0.0.1:1", "r", vec![item([1, 4, 4])], SHAPE)
             .await
             .unwrap_err();
-        assert!(matches!(e, LmError::Unavailable(_)), "{e:?}");
+        assert!(matches!(e, LmError::VisionUnavailable(_)), "{e:?}");
         assert!(e.to_string().contains("127.0.0.1:1"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn only_configured_replicas_are_dialled() {
+        // A listener the request names but the LM's configuration does not: never connected to.
+        let outsider = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = outsider.local_addr().unwrap().to_string();
+        for replicas in [
+            None,
+            Some(ReplicaSource::parse("127.0.0.1:1").unwrap()),
+            Some(ReplicaSource::parse("dns:///localhost:1").unwrap()),
+        ] {
+            let c = VisionClients::new(replicas.clone());
+            let e = c
+                .encode(&addr, "r", vec![item([1, 4, 4])], SHAPE)
+                .await
+                .unwrap_err();
+            assert!(matches!(e, LmError::Validation(_)), "{e:?}");
+            assert!(e.to_string().contains("--vision"), "{e}");
+        }
+        let accepted = tokio::time::timeout(Duration::from_millis(200), outsider.accept()).await;
+        assert!(
+            accepted.is_err(),
+            "the LM connected to a caller-named address"
+        );
     }
 }

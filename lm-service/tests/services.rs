@@ -210,7 +210,8 @@ async fn cancelled_stream_and_deadline_free_their_blocks() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
-    let lm = start_lm(&batching_config());
+    // Its one vision replica has nothing listening.
+    let lm = start_lm_for(&batching_config(), "127.0.0.1:1");
     let mut client = lm_client(&lm).await;
     let info = client.info(LmInfoRequest {}).await.unwrap().into_inner();
     assert_eq!(info.max_seq_len, 512);
@@ -284,12 +285,35 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
     };
     let e = generate(
         &mut client,
-        request(ids, vec![img], "http://127.0.0.1:1", greedy(4)),
+        request(
+            ids.clone(),
+            vec![img.clone()],
+            "http://127.0.0.1:1",
+            greedy(4),
+        ),
     )
     .await
     .unwrap_err();
     assert_eq!(e.code(), tonic::Code::Unavailable);
     assert!(e.message().contains("127.0.0.1:1"), "{}", e.message());
+
+    // A replica outside the LM's --vision: refused, never dialled (a listener here sees no
+    // connection).
+    let outsider = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    outsider.set_nonblocking(true).unwrap();
+    let addr = outsider.local_addr().unwrap().to_string();
+    let e = generate(
+        &mut client,
+        request(ids.clone(), vec![img.clone()], &addr, greedy(4)),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("--vision"), "{}", e.message());
+    assert!(
+        outsider.accept().is_err(),
+        "the LM dialled a caller-named address"
+    );
 
     let (t, f) = generate(
         &mut client,
@@ -416,10 +440,13 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
 
     let vision = start_vision();
     wait_serving(&vision).await;
-    let lm = start_lm(&json!({
-        "max_seq_len": 1024, "kvcache_partition_len": block_len,
-        "batch_size": 4, "decoder_batch_sizes": [1, 2, 4], "prefill_chunk_size": chunk
-    }));
+    let lm = start_lm_for(
+        &json!({
+            "max_seq_len": 1024, "kvcache_partition_len": block_len,
+            "batch_size": 4, "decoder_batch_sizes": [1, 2, 4], "prefill_chunk_size": chunk
+        }),
+        &vision.grpc,
+    );
     wait_serving(&lm).await;
     let mut client = lm_client(&lm).await;
     let image = LmImage {
@@ -473,10 +500,13 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
     let (grid, ids, oracle) = image_oracle(&bytes, chunk, block_len, max_new);
 
     let vision = start_vision();
-    let lm = start_lm(&json!({
-        "max_seq_len": 512, "kvcache_partition_len": block_len,
-        "batch_size": 2, "decoder_batch_sizes": [1, 2], "prefill_chunk_size": chunk
-    }));
+    let lm = start_lm_for(
+        &json!({
+            "max_seq_len": 512, "kvcache_partition_len": block_len,
+            "batch_size": 2, "decoder_batch_sizes": [1, 2], "prefill_chunk_size": chunk
+        }),
+        &vision.grpc,
+    );
     wait_serving(&vision).await;
     wait_serving(&lm).await;
     let mut client = lm_client(&lm).await;
@@ -623,10 +653,13 @@ async fn preempted_image_prompts_recompute_to_identical_outputs() {
     let (image, tokens) = synthetic_image();
     let vision = start_vision();
     // 16 blocks of 16 tokens for four ~90-token image prompts generating up to 60 tokens each.
-    let lm = start_lm(&json!({
-        "max_seq_len": 256, "kvcache_partition_len": 16, "kvcache_num_blocks": 16,
-        "batch_size": 4, "decoder_batch_sizes": [1, 2, 4], "prefill_chunk_size": 64
-    }));
+    let lm = start_lm_for(
+        &json!({
+            "max_seq_len": 256, "kvcache_partition_len": 16, "kvcache_num_blocks": 16,
+            "batch_size": 4, "decoder_batch_sizes": [1, 2, 4], "prefill_chunk_size": 64
+        }),
+        &vision.grpc,
+    );
     wait_serving(&vision).await;
     wait_serving(&lm).await;
     let mut client = lm_client(&lm).await;
@@ -692,7 +725,10 @@ async fn a_second_turn_and_a_shared_image_read_their_prefix_from_the_cache() {
             "prefix_caching": caching
         })
     };
-    let (on, off) = (start_lm(&config(true)), start_lm(&config(false)));
+    let (on, off) = (
+        start_lm_for(&config(true), &vision.grpc),
+        start_lm_for(&config(false), &vision.grpc),
+    );
     wait_serving(&vision).await;
     wait_serving(&on).await;
     wait_serving(&off).await;

@@ -16,7 +16,8 @@ const SUPPORTED: &[ImageFormat] = &[
 ];
 const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF";
 
-/// A reader positioned on `bytes` whose format is one of [`SUPPORTED`].
+/// A reader positioned on `bytes` whose format is one of [`SUPPORTED`]; a JPEG must be whole
+/// (a truncated one would decode to a partly gray image).
 fn reader(bytes: &[u8]) -> Result<(ImageReader<Cursor<&[u8]>>, ImageFormat)> {
     if bytes.is_empty() {
         return Err(PreprocessError::invalid("image data is empty"));
@@ -25,6 +26,11 @@ fn reader(bytes: &[u8]) -> Result<(ImageReader<Cursor<&[u8]>>, ImageFormat)> {
         .with_guessed_format()
         .map_err(|e| PreprocessError::invalid(format!("cannot read the image: {e}")))?;
     match reader.format() {
+        Some(ImageFormat::Jpeg) => {
+            crate::jpeg_complete::check(bytes)
+                .map_err(|e| PreprocessError::invalid(format!("corrupt Jpeg image: {e}")))?;
+            Ok((reader, ImageFormat::Jpeg))
+        }
         Some(f) if SUPPORTED.contains(&f) => Ok((reader, f)),
         Some(f) => Err(PreprocessError::invalid(format!(
             "unsupported image format {f:?} (supported: {SUPPORTED_NAMES})"
@@ -152,5 +158,37 @@ mod tests {
         .map(|&(c, a)| over_white(c, a))
         .collect();
         assert_eq!(got, [127, 132, 227, 254, 250, 4, 100]);
+    }
+
+    #[test]
+    fn truncated_images_are_refused_in_every_format() {
+        let img =
+            image::RgbImage::from_fn(64, 48, |x, y| image::Rgb([x as u8 * 3, y as u8 * 5, 90]));
+        for format in SUPPORTED {
+            let mut out = Cursor::new(Vec::new());
+            img.write_to(&mut out, *format).unwrap();
+            let whole = out.into_inner();
+            decode_image(&whole, 1 << 20).unwrap();
+            // Pixel data cut short; for JPEG also a missing end-of-image marker (other
+            // formats' trailers after the pixel data, like PNG's IEND, are not needed).
+            let mut cuts = vec![whole.len() / 2, whole.len() * 6 / 10];
+            if *format == ImageFormat::Jpeg {
+                cuts.push(whole.len() - 1);
+            }
+            for keep in cuts {
+                let e = decode_image(&whole[..keep], 1 << 20);
+                assert!(
+                    e.is_err(),
+                    "{format:?} cut to {keep} of {} bytes decoded",
+                    whole.len()
+                );
+            }
+        }
+        // A JPEG is refused from its markers alone, before decoding, with the reason.
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, ImageFormat::Jpeg).unwrap();
+        let j = out.into_inner();
+        let e = read_image_size(&j[..j.len() / 2]).unwrap_err().to_string();
+        assert!(e.contains("truncated"), "{e}");
     }
 }

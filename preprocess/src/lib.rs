@@ -7,6 +7,7 @@
 //! PIL backend by up to 2/127.5 per value; this module matches the PIL backend.
 mod decode;
 mod error;
+mod jpeg_complete;
 mod patchify;
 mod resize;
 

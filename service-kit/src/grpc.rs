@@ -22,25 +22,35 @@ pub async fn set_serving(reporter: &HealthReporter, service_name: &str, serving:
     reporter.set_service_status(service_name, status).await;
 }
 
-/// Reflection (v1) over the vlm.v1 descriptors and the health service's, listing only
+/// Reflection over the vlm.v1 descriptors and the health service's, as v1 and as v1alpha
+/// (grpcio's reflection client and older grpcurl builds speak only v1alpha), listing only
 /// `services` (the ones this server serves, e.g. "vlm.v1.Vision" and "grpc.health.v1.Health")
 /// and reflection itself; every symbol of the descriptors still resolves.
+#[allow(clippy::type_complexity)]
 pub fn reflection(
     services: &[&str],
 ) -> Result<
-    tonic_reflection::server::v1::ServerReflectionServer<
-        impl tonic_reflection::server::v1::ServerReflection,
-    >,
+    (
+        tonic_reflection::server::v1::ServerReflectionServer<
+            impl tonic_reflection::server::v1::ServerReflection,
+        >,
+        tonic_reflection::server::v1alpha::ServerReflectionServer<
+            impl tonic_reflection::server::v1alpha::ServerReflection,
+        >,
+    ),
     tonic_reflection::server::Error,
 > {
-    let builder = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(vlm_proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .with_service_name(tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME);
-    services
-        .iter()
-        .fold(builder, |b, s| b.with_service_name(*s))
-        .build_v1()
+    let builder = || {
+        let b = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(vlm_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name(tonic_reflection::pb::v1::server_reflection_server::SERVICE_NAME)
+            .with_service_name(
+                tonic_reflection::pb::v1alpha::server_reflection_server::SERVICE_NAME,
+            );
+        services.iter().fold(b, |b, s| b.with_service_name(*s))
+    };
+    Ok((builder().build_v1()?, builder().build_v1alpha()?))
 }
 
 /// The caller's timeout from the `grpc-timeout` header (`<digits><unit>`, unit one of H M S m u

@@ -9,6 +9,7 @@ pub mod config;
 pub mod generation;
 pub mod grpc;
 pub mod metrics_http;
+pub mod replicas;
 pub mod sampling;
 pub mod server;
 pub mod shutdown;

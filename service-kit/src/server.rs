@@ -176,8 +176,12 @@ impl GrpcServer {
         let (reporter, health) = grpc::health();
         grpc::set_serving(&reporter, service_name, false).await;
         served_names.push(tonic_health::pb::health_server::SERVICE_NAME);
-        let reflection = grpc::reflection(&served_names).map_err(ServeError::Reflection)?;
-        let routes = routes.add_service(health).add_service(reflection);
+        let (reflection, reflection_alpha) =
+            grpc::reflection(&served_names).map_err(ServeError::Reflection)?;
+        let routes = routes
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(reflection_alpha);
         let grpc_addr = grpc.addr;
         let incoming = TcpIncoming::from(grpc.listener).with_nodelay(tcp_nodelay.then_some(true));
         let (stop_accepting, stop_rx) = oneshot::channel::<()>();

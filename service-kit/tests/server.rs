@@ -81,33 +81,54 @@ async fn wait_health(addr: SocketAddr, service: &str, want: ServingStatus) {
     }
 }
 
-/// The services reflection lists, sorted.
+/// `ListServices` through reflection version `$v` (`v1` or `v1alpha`), sorted.
+macro_rules! list_services {
+    ($v:ident, $addr:expr) => {{
+        use tonic_reflection::pb::$v::{
+            server_reflection_client::ServerReflectionClient, server_reflection_request,
+            server_reflection_response, ServerReflectionRequest,
+        };
+        let mut client = ServerReflectionClient::new(channel($addr).await.unwrap());
+        let req = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(server_reflection_request::MessageRequest::ListServices(
+                String::new(),
+            )),
+        };
+        let mut stream = client
+            .server_reflection_info(futures::stream::iter(vec![req]))
+            .await
+            .unwrap()
+            .into_inner();
+        let reply = stream.message().await.unwrap().unwrap();
+        let Some(server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+            reply.message_response
+        else {
+            panic!("not a service list: {reply:?}");
+        };
+        let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+        names.sort();
+        names
+    }};
+}
+
+/// The services reflection lists, sorted; the same through v1alpha.
 async fn listed(addr: SocketAddr) -> Vec<String> {
-    use tonic_reflection::pb::v1::{
-        server_reflection_client::ServerReflectionClient, server_reflection_request,
-        server_reflection_response, ServerReflectionRequest,
-    };
-    let mut client = ServerReflectionClient::new(channel(addr).await.unwrap());
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(server_reflection_request::MessageRequest::ListServices(
-            String::new(),
-        )),
-    };
-    let mut stream = client
-        .server_reflection_info(futures::stream::iter(vec![req]))
-        .await
-        .unwrap()
-        .into_inner();
-    let reply = stream.message().await.unwrap().unwrap();
-    let Some(server_reflection_response::MessageResponse::ListServicesResponse(list)) =
-        reply.message_response
-    else {
-        panic!("not a service list: {reply:?}");
-    };
-    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    names.sort();
-    names
+    let v1 = listed_v1(addr).await;
+    assert_eq!(
+        listed_v1alpha(addr).await,
+        v1,
+        "v1alpha lists what v1 lists"
+    );
+    v1
+}
+
+async fn listed_v1alpha(addr: SocketAddr) -> Vec<String> {
+    list_services!(v1alpha, addr)
+}
+
+async fn listed_v1(addr: SocketAddr) -> Vec<String> {
+    list_services!(v1, addr)
 }
 
 /// `GET /metrics` over plain HTTP/1.1; None when the port refuses.
@@ -160,6 +181,7 @@ async fn loads_serves_and_drains_in_order() {
         [
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
             "vlm.v1.Gateway"
         ]
     );

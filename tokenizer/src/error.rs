@@ -16,6 +16,10 @@ pub enum TokenizerError {
     /// The tokenizer or the chat template failed.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// The text encodes to more than `limit` tokens (`at_least`: a lower bound on its count,
+    /// from its byte length or the tokens counted before encoding stopped).
+    #[error("prompt is at least {at_least} tokens, over the limit of {limit}")]
+    TooLong { at_least: usize, limit: usize },
     /// The caller's input is invalid (the message names the limit and the value).
     #[error("invalid input: {0}")]
     InvalidInput(String),
@@ -26,6 +30,16 @@ pub type Result<T> = std::result::Result<T, TokenizerError>;
 impl TokenizerError {
     pub fn invalid(msg: impl Into<String>) -> Self {
         TokenizerError::InvalidInput(msg.into())
+    }
+    /// A `TooLong` with `extra` tokens (counted elsewhere, e.g. images) added to both sides.
+    pub(crate) fn plus(self, extra: usize) -> Self {
+        match self {
+            TokenizerError::TooLong { at_least, limit } => TokenizerError::TooLong {
+                at_least: at_least.saturating_add(extra),
+                limit: limit.saturating_add(extra),
+            },
+            e => e,
+        }
     }
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         TokenizerError::Io {

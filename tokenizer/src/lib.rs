@@ -8,8 +8,10 @@
 //! prompt into ids with each image's single `<|image_pad|>` expanded to that image's token
 //! count. [`IncrementalDecoder`] turns a stream of generated ids into text without ever
 //! splitting a character.
+mod bounded;
 mod byte_level;
 mod error;
+mod literal;
 
 pub use byte_level::byte_alphabet;
 pub use error::{Result, TokenizerError};
@@ -18,7 +20,7 @@ use minijinja::{Environment, ErrorKind};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::Tokenizer;
 
@@ -79,6 +81,21 @@ impl ChatMessage {
             .filter(|p| matches!(p, ChatPart::Image))
             .count()
     }
+    /// The text this message's content and tool calls carry.
+    fn texts(&self) -> impl Iterator<Item = &str> {
+        let parts = self.content.iter().filter_map(|p| match p {
+            ChatPart::Text(t) => Some(t.as_str()),
+            ChatPart::Image => None,
+        });
+        let calls = self
+            .tool_calls
+            .iter()
+            .flat_map(|c| [c.name.as_str(), c.arguments.as_str()]);
+        parts.chain(calls)
+    }
+    fn text_bytes(&self) -> usize {
+        self.texts().map(str::len).sum()
+    }
     fn to_json(&self) -> Value {
         let parts: Vec<Value> = self
             .content
@@ -104,6 +121,9 @@ impl ChatMessage {
 #[derive(Clone)]
 pub struct ChatTokenizer {
     inner: Arc<Inner>,
+    /// Special tokens written in message content encode as control tokens (the old,
+    /// injectable behaviour); off by default: they are text.
+    control_tokens_in_content: bool,
 }
 
 struct Inner {
@@ -124,6 +144,15 @@ struct Inner {
     special_ids: HashSet<u32>,
     /// Byte-level symbol -> byte, when the decoder is ByteLevel (Qwen's); `None` otherwise.
     byte_decoder: Option<HashMap<char, u8>>,
+    /// The text of each special added token (to find it in message content).
+    special_texts: Vec<String>,
+    /// The most bytes one token stands for: `n` bytes of text are at least
+    /// `n / max_token_bytes` tokens.
+    max_token_bytes: usize,
+    /// Long text may be encoded in pieces (see `bounded`).
+    chunkable: bool,
+    /// The tokenizer with special-token matching off, made on first use.
+    literal: OnceLock<Tokenizer>,
 }
 
 impl std::fmt::Debug for ChatTokenizer {
@@ -134,6 +163,16 @@ impl std::fmt::Debug for ChatTokenizer {
             .field("eos_ids", &self.inner.eos_ids)
             .field("has_template", &self.inner.has_template)
             .finish()
+    }
+}
+
+/// Whether any string inside `v` satisfies `f`.
+fn json_holds(v: &Value, f: &impl Fn(&str) -> bool) -> bool {
+    match v {
+        Value::String(s) => f(s),
+        Value::Array(items) => items.iter().any(|i| json_holds(i, f)),
+        Value::Object(map) => map.values().any(|i| json_holds(i, f)),
+        _ => false,
     }
 }
 
@@ -351,7 +390,25 @@ impl ChatTokenizer {
         }
         Ok(ChatTokenizer {
             inner: Arc::new(inner),
+            control_tokens_in_content: false,
         })
+    }
+
+    /// With `on`, special tokens written in message content encode as control tokens, as
+    /// transformers' `apply_chat_template` does (injectable: a user can close their turn and
+    /// open a system one). Off (the default), they are text.
+    pub fn with_control_tokens_in_content(mut self, on: bool) -> Self {
+        self.control_tokens_in_content = on;
+        self
+    }
+    pub fn control_tokens_in_content(&self) -> bool {
+        self.control_tokens_in_content
+    }
+
+    /// The fewest tokens `bytes` bytes of text can encode to (every token stands for at most
+    /// `max_token_bytes` bytes): lets a caller refuse text too long before encoding it.
+    pub fn min_tokens(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.inner.max_token_bytes)
     }
 
     /// The underlying HF tokenizer.
@@ -398,12 +455,26 @@ impl ChatTokenizer {
     /// Encodes text as is: added tokens written in the text (`<|im_start|>`, ...) become their
     /// ids; nothing is prepended or appended.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .tokenizer
-            .encode(text, false)
-            .map_err(|e| tok_err("encode", e))?;
-        Ok(enc.get_ids().to_vec())
+        self.encode_within(text, usize::MAX)
+    }
+
+    /// [`Self::encode`], refused with [`TokenizerError::TooLong`] once over `limit` tokens:
+    /// before encoding when the byte length alone proves it, else as soon as the count
+    /// passes it (long text is encoded in pieces, keeping only ids).
+    pub fn encode_within(&self, text: &str, limit: usize) -> Result<Vec<u32>> {
+        self.check_bytes(text.len(), limit)?;
+        let mut ids = Vec::new();
+        let i = &self.inner;
+        bounded::encode_within(&i.tokenizer, text, limit, i.chunkable, &mut ids)?;
+        Ok(ids)
+    }
+
+    fn check_bytes(&self, bytes: usize, limit: usize) -> Result<()> {
+        let at_least = self.min_tokens(bytes);
+        if at_least > limit {
+            return Err(TokenizerError::TooLong { at_least, limit });
+        }
+        Ok(())
     }
 
     /// Renders `messages` with the generation prompt, encodes, and expands the k-th image's
@@ -423,6 +494,25 @@ impl ChatTokenizer {
         tools: &[Value],
         image_token_counts: &[usize],
     ) -> Result<Vec<u32>> {
+        self.encode_prompt_within(messages, tools, image_token_counts, usize::MAX)
+    }
+
+    /// [`Self::encode_prompt_with_tools`], refused with [`TokenizerError::TooLong`] once the
+    /// prompt (images expanded) is over `limit` tokens; text too long is refused before the
+    /// template runs. Special tokens written in message content or tool definitions are
+    /// text unless [`Self::with_control_tokens_in_content`] is on.
+    pub fn encode_prompt_within(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        image_token_counts: &[usize],
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        let image_tokens: usize = image_token_counts.iter().sum();
+        let room = limit.saturating_sub(image_tokens);
+        let text_bytes: usize = messages.iter().map(ChatMessage::text_bytes).sum();
+        self.check_bytes(text_bytes, room)
+            .map_err(|e| e.plus(image_tokens))?;
         let images: usize = messages.iter().map(ChatMessage::image_count).sum();
         if images != image_token_counts.len() {
             return Err(TokenizerError::invalid(format!(
@@ -430,9 +520,77 @@ impl ChatTokenizer {
                 image_token_counts.len()
             )));
         }
-        let text = self.render_with_tools(messages, tools, true)?;
-        let ids = self.encode(&text)?;
+        let i = &self.inner;
+        let (messages, tools, wrapped) = self.wrap_content(messages, tools)?;
+        let text = self.render_with_tools(&messages, &tools, true)?;
+        let mut ids = Vec::new();
+        if wrapped {
+            for (span, literal) in literal::spans(&text)? {
+                let tok = if literal {
+                    self.literal()
+                } else {
+                    &i.tokenizer
+                };
+                bounded::encode_within(tok, span, room, i.chunkable, &mut ids)
+                    .map_err(|e| e.plus(image_tokens))?;
+            }
+        } else {
+            bounded::encode_within(&i.tokenizer, &text, room, i.chunkable, &mut ids)
+                .map_err(|e| e.plus(image_tokens))?;
+        }
         self.expand_image_pads(&ids, image_token_counts)
+    }
+
+    /// The messages and tools with content holding special-token text wrapped for literal
+    /// encoding (borrowed as they are when nothing needs it), and whether any was.
+    fn wrap_content<'a>(
+        &self,
+        messages: &'a [ChatMessage],
+        tools: &'a [Value],
+    ) -> Result<(
+        std::borrow::Cow<'a, [ChatMessage]>,
+        std::borrow::Cow<'a, [Value]>,
+        bool,
+    )> {
+        use std::borrow::Cow;
+        let specials = &self.inner.special_texts;
+        let in_text = |t: &str| literal::holds_special(t, specials);
+        let needed = !self.control_tokens_in_content
+            && (messages.iter().any(|m| m.texts().any(in_text))
+                || tools.iter().any(|t| json_holds(t, &in_text)));
+        if !needed {
+            return Ok((Cow::Borrowed(messages), Cow::Borrowed(tools), false));
+        }
+        let mut msgs = messages.to_vec();
+        for m in &mut msgs {
+            for part in &mut m.content {
+                if let ChatPart::Text(t) = part {
+                    if let Some(w) = literal::wrap(t, specials)? {
+                        *t = w;
+                    }
+                }
+            }
+            for c in &mut m.tool_calls {
+                for t in [&mut c.name, &mut c.arguments] {
+                    if let Some(w) = literal::wrap(t, specials)? {
+                        *t = w;
+                    }
+                }
+            }
+        }
+        let mut tools = tools.to_vec();
+        for t in &mut tools {
+            literal::wrap_json(t, specials)?;
+        }
+        Ok((Cow::Owned(msgs), Cow::Owned(tools), true))
+    }
+
+    fn literal(&self) -> &Tokenizer {
+        self.inner.literal.get_or_init(|| {
+            let mut t = self.inner.tokenizer.clone();
+            t.set_encode_special_tokens(true);
+            t
+        })
     }
 
     /// Replaces the k-th `<|image_pad|>` of `ids` with `counts[k]` copies of it.
@@ -580,7 +738,19 @@ impl Inner {
             _ => None,
         };
         let has_template = template.is_some();
+        let special_texts = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special)
+            .map(|t| t.content)
+            .collect();
+        let chunkable = bounded::cuts_are_safe(&tokenizer);
+        let max_token_bytes = max_token_bytes(&tokenizer, byte_decoder.as_ref());
         Ok(Inner {
+            special_texts,
+            max_token_bytes,
+            chunkable,
+            literal: OnceLock::new(),
             env: template_env(template)?,
             tokenizer,
             has_template,
@@ -639,6 +809,16 @@ impl Inner {
         let mapped: Option<Vec<u8>> = token.chars().map(|c| table.get(&c).copied()).collect();
         Some(mapped.unwrap_or_else(|| token.into_bytes()))
     }
+}
+
+/// The most bytes of text one token of `tok` stands for (at least 1).
+fn max_token_bytes(tok: &Tokenizer, byte_decoder: Option<&HashMap<char, u8>>) -> usize {
+    let vocab = tok.get_vocab(true);
+    let len = |t: &str| match byte_decoder {
+        Some(table) if t.chars().all(|c| table.contains_key(&c)) => t.chars().count(),
+        _ => t.len(),
+    };
+    vocab.keys().map(|t| len(t)).max().unwrap_or(1).max(1)
 }
 
 /// Streams generated ids into text. `push` returns only complete UTF-8 text: bytes of a

@@ -373,6 +373,8 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             la.extend(["--device".into(), join(l)]);
         }
         services.push(spawn_service("vision", &bins[0], &va, timeout)?);
+        // The LM dials only the vision replicas it is given.
+        la.extend(["--vision".into(), services[0].grpc.clone()]);
         services.push(spawn_service("lm", &bins[1], &la, timeout)?);
         let mut ga = vec![
             "--model".to_string(),

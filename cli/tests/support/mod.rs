@@ -376,6 +376,13 @@ pub fn service_args_with(config: &Path, listen_metrics: bool) -> Vec<String> {
 }
 
 /// One vision service, `lms` LM replicas and a gateway in front of them.
+/// `args` plus the LM's `--vision` naming `vision` (the only replica it may dial).
+pub fn lm_args(args: &[String], vision: &Proc) -> Vec<String> {
+    let mut a = args.to_vec();
+    a.extend(["--vision".into(), vision.addr("grpc")]);
+    a
+}
+
 pub struct Cluster {
     pub gateway: Proc,
     pub lms: Vec<Proc>,
@@ -401,8 +408,9 @@ impl Cluster {
     ) -> Cluster {
         let args = service_args_with(config, true);
         let vision = Proc::spawn_env("vision", &bin("vision-service"), &args, env);
+        let lm_args = lm_args(&args, &vision);
         let lms: Vec<Proc> = (0..lms)
-            .map(|i| Proc::spawn_env(&format!("lm{i}"), &bin("lm-service"), &args, env))
+            .map(|i| Proc::spawn_env(&format!("lm{i}"), &bin("lm-service"), &lm_args, env))
             .collect();
         wait_serving(&vision.addr("grpc")).await;
         for lm in &lms {
@@ -621,6 +629,18 @@ pub fn http_with(
     body: &[u8],
     extra_headers: &str,
 ) -> (u16, String) {
+    let (status, _, body) = http_full(addr, method, path, body, extra_headers);
+    (status, body)
+}
+
+/// [`http_with`] with the response head (status line and headers) too: (status, head, body).
+pub fn http_full(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    extra_headers: &str,
+) -> (u16, String, String) {
     let mut s = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
     s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     write!(
@@ -656,7 +676,7 @@ pub fn http_with(
         }
         body = out;
     }
-    (status, String::from_utf8(body).unwrap())
+    (status, head, String::from_utf8(body).unwrap())
 }
 
 /// `GET /metrics` from `addr`, parsed.
@@ -710,6 +730,15 @@ impl Metrics {
         self.samples
             .get(name)
             .map(|v| v.iter().map(|(_, x)| x).sum())
+    }
+
+    /// The value of the sample `name` with exactly `labels` (`{k="v"}`, as exposed).
+    pub fn get(&self, name: &str, labels: &str) -> Option<f64> {
+        self.samples
+            .get(name)?
+            .iter()
+            .find(|(l, _)| l == labels)
+            .map(|(_, v)| *v)
     }
 
     /// The label sets a sample name has.

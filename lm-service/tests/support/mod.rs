@@ -147,8 +147,18 @@ fn spawn(bin: &Path, args: &[&str], dir: Option<tempfile::TempDir>) -> Proc {
     }
 }
 
-/// `lm-service` on the tiny checkpoint with `config` (a deployment config JSON).
+/// `lm-service` on the tiny checkpoint with `config` (a deployment config JSON), with no
+/// vision replica.
 pub fn start_lm(config: &serde_json::Value) -> Proc {
+    start_lm_with(config, &[])
+}
+
+/// [`start_lm`] allowed to dial the vision replica `vision` (`--vision`).
+pub fn start_lm_for(config: &serde_json::Value, vision: &str) -> Proc {
+    start_lm_with(config, &["--vision", vision])
+}
+
+fn start_lm_with(config: &serde_json::Value, extra: &[&str]) -> Proc {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("deploy.json");
     std::fs::write(&cfg, config.to_string()).unwrap();
@@ -164,7 +174,10 @@ pub fn start_lm(config: &serde_json::Value) -> Proc {
             "127.0.0.1:0",
             "--metrics-listen",
             "127.0.0.1:0",
-        ],
+        ]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect::<Vec<_>>(),
         Some(dir),
     )
 }
@@ -226,7 +239,7 @@ pub fn request(
         request_id: "test".into(),
         input_ids: ids,
         images,
-        vision_endpoint: endpoint.into(),
+        vision_replica: endpoint.into(),
         sampling: Some(sampling),
     }
 }
