@@ -66,13 +66,25 @@ def logs(name: str) -> str:
 
 
 def remove_leftovers() -> None:
-    """Containers and networks of an earlier run that could not clean up (killed)."""
-    ids = podman("ps", "-aq", "--filter", f"label={LABEL}").stdout.split()
-    if ids:
-        podman("rm", "-f", "-t", "0", *ids, check=False)
-    nets = podman("network", "ls", "-q", "--filter", f"label={LABEL}").stdout.split()
-    if nets:
-        podman("network", "rm", "-f", *nets, check=False)
+    """Containers and networks of an earlier run that was killed before it could clean up (its
+    names end with its pid, and that process is gone); a run going on beside this one keeps its own."""
+
+    def dead(name: str) -> bool:
+        pid = int(name.rsplit("-", 1)[1])
+        try:
+            os.kill(pid, 0)
+            return pid == os.getpid()
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+
+    ids = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout.split()
+    if stale := [n for n in ids if dead(n)]:
+        podman("rm", "-f", "-t", "0", *stale, check=False)
+    nets = podman("network", "ls", "--filter", f"label={LABEL}", "--format", "{{.Name}}").stdout.split()
+    if stale := [n for n in nets if dead(n)]:
+        podman("network", "rm", "-f", *stale, check=False)
 
 
 def ulimits() -> list[str]:

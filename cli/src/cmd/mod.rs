@@ -5,4 +5,5 @@ pub mod generate;
 pub mod inspect;
 pub mod make_model;
 pub mod plan;
+pub mod supervise;
 pub mod up;

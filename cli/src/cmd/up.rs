@@ -1,6 +1,7 @@
 //! `vlm up`: the whole system on this machine. Starts vision-service, lm-service and gateway as
 //! child processes on loopback, waits until all three report SERVING,
-//! prints the addresses, and on Ctrl-C (or SIGTERM) drains them (SIGTERM to each child).
+//! prints the addresses (and pids), restarts a child that dies (see [`super::supervise`]), and
+//! on Ctrl-C (or SIGTERM) drains them (SIGTERM to each child).
 //!
 //! Without `--model` it uses the tiny random checkpoint, made once and cached under
 //! `$XDG_CACHE_HOME/vlm/tiny-s0` (or `~/.cache/vlm/tiny-s0`). Without `--config` it runs the
@@ -11,6 +12,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
+use super::supervise::Supervised;
 
 /// The embedded default deployment config.
 pub const LOCAL_CONFIG: &str = include_str!("../../../config/examples/local.yaml");
@@ -35,6 +37,10 @@ pub struct UpArgs {
     /// Extra arguments for the gateway (e.g. "--max-in-flight=4"), repeatable.
     #[arg(long = "gateway-arg", allow_hyphen_values = true)]
     pub gateway_args: Vec<String>,
+    /// Stop everything when a service exits, instead of restarting it (with backoff: 1 s,
+    /// doubling to 30 s) while the others keep serving.
+    #[arg(long)]
+    pub no_restart: bool,
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -188,11 +194,26 @@ pub fn spawn_service(
     args: &[String],
     timeout: Duration,
 ) -> anyhow::Result<Service> {
-    let mut child = Command::new(bin)
-        .args(args)
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::inherit());
+    // A child outlives no `vlm up`, even one killed with SIGKILL: the kernel sends it SIGTERM
+    // (its drain) when the thread that started it exits. `vlm up` starts every child on its
+    // main thread (the runtime's `block_on`), which lives as long as the process.
+    #[cfg(target_os = "linux")]
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", bin.display()))?;
     let stdout = child.stdout.take().context("child stdout")?;
@@ -365,6 +386,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         ]
     };
     let mut services: Vec<Service> = Vec::new();
+    let mut launch: Vec<(PathBuf, Vec<String>)> = Vec::new();
     let result: anyhow::Result<()> = async {
         let mut va = common("127.0.0.1:0");
         let mut la = common("127.0.0.1:0");
@@ -373,9 +395,11 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             la.extend(["--device".into(), join(l)]);
         }
         services.push(spawn_service("vision", &bins[0], &va, timeout)?);
+        launch.push((bins[0].clone(), va));
         // The LM dials only the vision replicas it is given.
         la.extend(["--vision".into(), services[0].grpc.clone()]);
         services.push(spawn_service("lm", &bins[1], &la, timeout)?);
+        launch.push((bins[1].clone(), la));
         let mut ga = vec![
             "--model".to_string(),
             model.display().to_string(),
@@ -392,6 +416,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         ];
         ga.extend(args.gateway_args.iter().cloned());
         services.push(spawn_service("gateway", &bins[2], &ga, timeout)?);
+        launch.push((bins[2].clone(), ga));
         for s in &services {
             wait_serving(s.name, &s.grpc, timeout).await?;
         }
@@ -404,11 +429,14 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
         return Err(e);
     }
-    println!("vision  grpc={}", services[0].grpc);
-    println!("lm      grpc={}", services[1].grpc);
+    let pid = |i: usize| services[i].child.id();
+    println!("vision  grpc={} pid={}", services[0].grpc, pid(0));
+    println!("lm      grpc={} pid={}", services[1].grpc, pid(1));
     println!(
-        "gateway grpc={} http={}",
-        services[2].grpc, services[2].http
+        "gateway grpc={} http={} pid={}",
+        services[2].grpc,
+        services[2].http,
+        pid(2)
     );
     println!("model   {}", model.display());
     println!(
@@ -418,26 +446,45 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     use std::io::Write;
     let _ = std::io::stdout().flush();
 
-    // Wait for Ctrl-C / SIGTERM, or a child dying.
+    // Until Ctrl-C / SIGTERM: a child that dies is restarted where it was (or, with
+    // --no-restart, everything stops).
+    let mut children: Vec<Supervised> = services
+        .into_iter()
+        .zip(launch)
+        .map(|(s, (bin, args))| Supervised::new(s, bin, &args))
+        .collect();
+    let mut signal = std::pin::pin!(shutdown_signal());
     let exited = loop {
         tokio::select! {
-            _ = shutdown_signal() => break None,
-            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            _ = &mut signal => break None,
+            _ = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
-        if let Some(s) = services
-            .iter_mut()
-            .find_map(|s| matches!(s.child.try_wait(), Ok(Some(_))).then_some(s.name))
-        {
-            break Some(s);
+        if args.no_restart {
+            if let Some(i) = children
+                .iter_mut()
+                .position(|c| matches!(c.service.child.try_wait(), Ok(Some(_))))
+            {
+                break Some(children[i].service.name);
+            }
+            continue;
+        }
+        for c in &mut children {
+            // A restart waits for the child's address line (blocking this loop), as the
+            // first start did.
+            if let Some(event) = tokio::task::block_in_place(|| c.tick(timeout)) {
+                println!("{event}");
+                use std::io::Write;
+                let _ = std::io::stdout().flush();
+            }
         }
     };
     eprintln!("draining: SIGTERM to gateway, lm, vision");
-    for s in services.iter_mut().rev() {
-        stop_child(&mut s.child, Duration::from_secs(30));
+    for c in children.iter_mut().rev() {
+        stop_child(&mut c.service.child, Duration::from_secs(30));
     }
     match exited {
         Some(name) => {
-            eprintln!("error: {name} exited; stopped the others");
+            eprintln!("error: {name} exited; stopped the others (--no-restart)");
             Ok(ExitCode::FAILURE)
         }
         None => Ok(ExitCode::SUCCESS),

@@ -659,24 +659,31 @@ pub fn http_full(
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let mut body = raw[split + 4..].to_vec();
     let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        let mut out = Vec::new();
-        let mut rest = &body[..];
-        while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
-            let size = usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16)
-                .unwrap_or(0);
-            if size == 0 {
-                break;
-            }
-            out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
-            rest = &rest[eol + 2 + size + 2..];
-        }
-        body = out;
+    if is_chunked(&head) {
+        body = dechunk(&body);
     }
     (status, head, String::from_utf8(body).unwrap())
+}
+
+fn is_chunked(head: &str) -> bool {
+    head.to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+}
+
+/// A chunked HTTP/1.1 body's payload (up to the last whole chunk).
+fn dechunk(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut rest = body;
+    while let Some(eol) = rest.windows(2).position(|w| w == b"\r\n") {
+        let size =
+            usize::from_str_radix(String::from_utf8_lossy(&rest[..eol]).trim(), 16).unwrap_or(0);
+        if size == 0 || rest.len() < eol + 2 + size {
+            break;
+        }
+        out.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+        rest = &rest[(eol + 4 + size).min(rest.len())..];
+    }
+    out
 }
 
 /// `GET /metrics` from `addr`, parsed.
@@ -748,4 +755,51 @@ impl Metrics {
             .map(|v| v.iter().map(|(l, _)| l.clone()).collect())
             .unwrap_or_default()
     }
+}
+
+/// One HTTP/1.1 request that reports failure instead of panicking (connection refused or
+/// reset, a read past `timeout`): Ok((status, body)) when a response head arrived.
+pub fn try_http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let sock: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(5))
+        .map_err(|e| format!("connect {addr}: {e}"))?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .map_err(|e| format!("write: {e}"))?;
+    s.write_all(body).map_err(|e| format!("write: {e}"))?;
+    let mut raw = Vec::new();
+    if let Err(e) = s.read_to_end(&mut raw) {
+        if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut
+        {
+            return Err(format!("no answer within {timeout:?}"));
+        }
+        if raw.is_empty() {
+            return Err(format!("read: {e}"));
+        }
+    }
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| format!("the connection closed after {} bytes, before the head", raw.len()))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line: {head}"))?;
+    let mut body = raw[split + 4..].to_vec();
+    if is_chunked(&head) {
+        body = dechunk(&body);
+    }
+    Ok((status, String::from_utf8_lossy(&body).to_string()))
 }
