@@ -8,8 +8,8 @@
 mod support;
 
 use std::collections::HashMap;
-use std::path::Path;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -82,11 +82,7 @@ impl Up {
         let http = rx
             .recv_timeout(Duration::from_secs(300))
             .expect("vlm up printed the gateway's addresses");
-        let up = Up {
-            child,
-            parts,
-            http,
-        };
+        let up = Up { child, parts, http };
         for name in ["vision", "lm", "gateway"] {
             assert!(up.part(name).is_some(), "vlm up printed no {name} line");
         }
@@ -149,7 +145,13 @@ async fn one(kind: Kind, grpc: &str, http: &str, seed: u8) -> Outcome {
     let http_call = |body: String| {
         let http = http.to_string();
         tokio::task::spawn_blocking(move || {
-            try_http(&http, "POST", "/v1/chat/completions", body.as_bytes(), DEADLINE)
+            try_http(
+                &http,
+                "POST",
+                "/v1/chat/completions",
+                body.as_bytes(),
+                DEADLINE,
+            )
         })
     };
     let grpc_call = |req: pb::GenerateRequest| {
@@ -227,7 +229,11 @@ fn status_outcome(s: tonic::Status) -> Outcome {
 }
 
 /// Three clients cycling through every kind until `stop`.
-fn load(grpc: String, http: String, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<Vec<(Kind, Outcome)>> {
+fn load(
+    grpc: String,
+    http: String,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<(Kind, Outcome)>> {
     tokio::spawn(async move {
         let workers: Vec<_> = (0..3u8)
             .map(|w| {
@@ -264,7 +270,10 @@ fn rss(pid: u32) -> u64 {
 
 async fn lm_load(addr: &str) -> Option<pb::LoadReport> {
     let mut c = pb::lm_client::LmClient::new(channel(addr).await);
-    c.load(pb::LoadRequest {}).await.ok().map(|r| r.into_inner())
+    c.load(pb::LoadRequest {})
+        .await
+        .ok()
+        .map(|r| r.into_inner())
 }
 
 /// Waits until a text and an image request both succeed again.
@@ -308,7 +317,10 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         while up.pid(victim) == old {
-            assert!(Instant::now() < deadline, "{victim} was not restarted within 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "{victim} was not restarted within 60 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         until_served(&up, &format!("killing {victim}")).await;
@@ -320,7 +332,9 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
         let mut counts: HashMap<&str, usize> = HashMap::new();
         for (kind, o) in &outcomes {
             match o {
-                Outcome::Hung => panic!("a {kind:?} request hung past {DEADLINE:?} ({victim} killed)"),
+                Outcome::Hung => {
+                    panic!("a {kind:?} request hung past {DEADLINE:?} ({victim} killed)")
+                }
                 Outcome::Ok => {
                     assert_ne!(*kind, Kind::InvalidHttp, "an invalid request was served");
                     *counts.entry("ok").or_default() += 1;
@@ -340,12 +354,19 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
                             .contains(&code.as_str()),
                     };
                     assert!(expected, "{kind:?} got {code}: {msg}");
-                    let label = if *kind == Kind::InvalidHttp { "refused (invalid)" } else { "unavailable" };
+                    let label = if *kind == Kind::InvalidHttp {
+                        "refused (invalid)"
+                    } else {
+                        "unavailable"
+                    };
                     *counts.entry(label).or_default() += 1;
                 }
             }
         }
-        assert!(counts.get("ok").copied().unwrap_or(0) > 0, "{victim}: nothing served");
+        assert!(
+            counts.get("ok").copied().unwrap_or(0) > 0,
+            "{victim}: nothing served"
+        );
 
         // Idle again: no sequence, queue entry or KV block left behind.
         let lm = up.grpc("lm");
@@ -375,7 +396,11 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
         // The parts that were not killed are back near their memory.
         let mut mem = Vec::new();
         for (name, pid, before) in &survivors {
-            assert_eq!(up.pid(name), *pid, "{name} restarted though only {victim} was killed");
+            assert_eq!(
+                up.pid(name),
+                *pid,
+                "{name} restarted though only {victim} was killed"
+            );
             let after = rss(*pid);
             assert!(
                 after < before + 64 * MIB,
@@ -401,7 +426,10 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
     let deadline = Instant::now() + Duration::from_secs(40);
     let alive = |pid: &u32| std::path::Path::new(&format!("/proc/{pid}")).exists() && !zombie(*pid);
     while pids.iter().any(alive) {
-        assert!(Instant::now() < deadline, "children of a killed vlm up still run: {pids:?}");
+        assert!(
+            Instant::now() < deadline,
+            "children of a killed vlm up still run: {pids:?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -409,6 +437,12 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
 /// Whether `pid` has exited and waits to be reaped.
 fn zombie(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map(|s| s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        .map(|s| {
+            s.rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
         .unwrap_or(true)
 }

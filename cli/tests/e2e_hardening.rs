@@ -223,9 +223,12 @@ async fn empty_parts_and_truncated_images_are_refused() {
         out.into_inner()
     };
     let half = jpeg[..jpeg.len() / 2].to_vec();
-    let e = generate(&c.grpc(), grpc_request(&[half.clone()], "what is it?", 2))
-        .await
-        .unwrap_err();
+    let e = generate(
+        &c.grpc(),
+        grpc_request(std::slice::from_ref(&half), "what is it?", 2),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(e.message().contains("truncated"), "{e:?}");
     let body = serde_json::json!({"max_tokens": 2, "messages": [{"role": "user", "content": [
@@ -283,4 +286,61 @@ async fn requests_cancelled_before_their_first_token_are_counted() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(cancelled(), before + 9.0);
+}
+
+/// With `--internal-token-file` (here through VLM_INTERNAL_TOKEN_FILE, for all three): the
+/// internal APIs refuse callers without the token, health stays open for probes, the stack
+/// serves through the gateway, and a rotated token is picked up without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_apis_need_the_shared_token() {
+    use vlm_proto::v1 as pb;
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "first-token\n").unwrap();
+    let env = [(
+        "VLM_INTERNAL_TOKEN_FILE".to_string(),
+        file.display().to_string(),
+    )];
+    let c = Cluster::start_env(1, &["--poll-ms", "200"], &env).await;
+    let served = |seed: u8| {
+        let addr = c.grpc();
+        async move {
+            generate(&addr, grpc_request(&[png(32, 32, seed)], "what is it?", 2))
+                .await
+                .map(|o| o.tokens.len())
+        }
+    };
+    assert_eq!(served(1).await.unwrap(), 2);
+
+    let lm = c.lms[0].addr("grpc");
+    let vision = c.vision.addr("grpc");
+    let with = |token: Option<&str>| {
+        let mut r = tonic::Request::new(pb::LoadRequest {});
+        if let Some(t) = token {
+            r.metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        r
+    };
+    let mut lm_client = pb::lm_client::LmClient::new(channel(&lm).await);
+    for token in [None, Some("wrong")] {
+        let e = lm_client.load(with(token)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{token:?}: {e:?}");
+        let mut v = pb::vision_client::VisionClient::new(channel(&vision).await);
+        let e = v.info(pb::VisionInfoRequest {}).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{e:?}");
+    }
+    assert!(lm_client.load(with(Some("first-token"))).await.is_ok());
+    // Probes need no token.
+    wait_serving(&lm).await;
+    wait_serving(&vision).await;
+
+    // Rotation: every part reads the new token; the old one keeps working for its grace.
+    std::fs::write(&file, "second-token\n").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert_eq!(served(2).await.unwrap(), 2);
+    assert!(lm_client.load(with(Some("second-token"))).await.is_ok());
+    assert!(lm_client.load(with(Some("first-token"))).await.is_ok());
+    assert!(lm_client.load(with(Some("third"))).await.is_err());
 }

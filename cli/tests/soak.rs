@@ -17,7 +17,9 @@ const WARM_UP: Duration = Duration::from_secs(10);
 
 fn percentile(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    v.get(((v.len() as f64 - 1.0) * p).round() as usize).copied().unwrap_or(f64::NAN)
+    v.get(((v.len() as f64 - 1.0) * p).round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -88,10 +90,19 @@ async fn twice_the_admission_limit_for_a_minute() {
         end.0 / MIB,
         start.1 / MIB,
         end.1 / MIB,
-        samples.iter().map(|(g, l)| (g / MIB, l / MIB)).collect::<Vec<_>>()
+        samples
+            .iter()
+            .map(|(g, l)| (g / MIB, l / MIB))
+            .collect::<Vec<_>>()
     );
-    assert!(!served.is_empty() && !refused.is_empty(), "the load was not at twice the limit");
-    assert!(end.0 < start.0 + 32 * MIB, "gateway memory grew: {samples:?}");
+    assert!(
+        !served.is_empty() && !refused.is_empty(),
+        "the load was not at twice the limit"
+    );
+    assert!(
+        end.0 < start.0 + 32 * MIB,
+        "gateway memory grew: {samples:?}"
+    );
     assert!(end.1 < start.1 + 32 * MIB, "LM memory grew: {samples:?}");
     // Nothing is left admitted or queued.
     let m = scrape(&c.http());

@@ -245,7 +245,7 @@ impl Core {
             let replica = vision.as_ref().map(|v| v.addr.clone()).unwrap_or_default();
             let req = lm_request(request_id, valid, replica);
             // The vision lease counts until the first token: the images are encoded by then.
-            let first = first_event(&lm, req).await;
+            let first = first_event(&lm, req, router.internal_token()).await;
             let vision_addr = vision.map(|v| v.addr.clone());
             match first {
                 Ok((stream, first)) => return Ok((lm, stream, first)),
@@ -278,12 +278,14 @@ impl Core {
 async fn first_event(
     lm: &Lease,
     req: vlm_proto::v1::LmGenerateRequest,
+    token: Option<&vlm_service_kit::internal_auth::InternalToken>,
 ) -> Result<(tonic::Streaming<TokenEvent>, TokenEvent), ClientError> {
     let mut client = LmClient::new(lm.channel.clone())
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(256 << 20);
     let mut req = tonic::Request::new(req);
     vlm_service_kit::telemetry::inject(req.metadata_mut());
+    vlm_service_kit::internal_auth::attach(token, &mut req);
     let mut stream = client
         .generate(req)
         .await

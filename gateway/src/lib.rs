@@ -52,6 +52,8 @@ pub struct GatewayConfig {
     pub max_body_bytes: usize,
     /// Special tokens written in message content are control tokens (injectable); off: text.
     pub control_tokens_in_content: bool,
+    /// The internal APIs' shared token, sent to the LM and vision replicas.
+    pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
     /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
@@ -98,11 +100,13 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
     let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id);
     // Prefix routing only pays when the LMs cache prefixes; their blocks are
     // `kvcache_partition_len` tokens (the gateway reads the same deployment config).
-    let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing).with_prefix_routing(
-        cfg.deploy
-            .prefix_caching
-            .then_some(cfg.deploy.kvcache_partition_len),
-    );
+    let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing)
+        .with_prefix_routing(
+            cfg.deploy
+                .prefix_caching
+                .then_some(cfg.deploy.kvcache_partition_len),
+        )
+        .with_internal_token(cfg.internal_token.clone());
     let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
     let grpc = server::bind_grpc(cfg.listen)
         .await

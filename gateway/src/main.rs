@@ -58,6 +58,10 @@ struct Args {
     /// user cannot close their turn and open a system one.
     #[arg(long, env = "VLM_GATEWAY_CONTROL_TOKENS_IN_CONTENT")]
     control_tokens_in_content: bool,
+    /// File holding the shared token the LM and vision replicas require (a mounted Secret;
+    /// re-read when it changes).
+    #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
+    internal_token_file: Option<PathBuf>,
     /// Hosts http:// and https:// image URLs may be fetched from (repeatable or
     /// comma-separated); none by default.
     #[arg(
@@ -124,6 +128,11 @@ fn main() -> anyhow::Result<()> {
         max_images: a.max_images,
         max_body_bytes: a.max_body_bytes,
         control_tokens_in_content: a.control_tokens_in_content,
+        internal_token: a
+            .internal_token_file
+            .as_deref()
+            .map(vlm_service_kit::internal_auth::InternalToken::from_file)
+            .transpose()?,
         image_fetch: FetchOptions {
             allow_hosts: a.allow_image_host,
             max_bytes: a.image_fetch_max_bytes.unwrap_or(a.max_body_bytes),

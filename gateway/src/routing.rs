@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use vlm_proto::v1::{
     lm_client::LmClient, vision_client::VisionClient, LoadRequest, VisionInfoRequest,
 };
+use vlm_service_kit::internal_auth::{attach, InternalToken};
 
 pub use vlm_service_kit::replicas::ReplicaSource;
 
@@ -297,6 +298,8 @@ pub struct Router {
     opts: RoutingOptions,
     /// Tokens per LM KV block when the LMs cache prefixes; None = route by load only.
     prefix_block_len: Option<u32>,
+    /// The internal APIs' shared token, sent on every call to a replica.
+    token: Option<Arc<InternalToken>>,
     ready_tx: Arc<watch::Sender<bool>>,
 }
 
@@ -309,6 +312,7 @@ impl Router {
             vision_source: Arc::new(vision),
             opts,
             prefix_block_len: None,
+            token: None,
             ready_tx: Arc::new(ready_tx),
         }
     }
@@ -318,6 +322,16 @@ impl Router {
     pub fn with_prefix_routing(mut self, block_len: Option<u32>) -> Self {
         self.prefix_block_len = block_len.filter(|&b| b > 0);
         self
+    }
+
+    /// Sends `token` (the internal APIs' shared token) on every call to a replica.
+    pub fn with_internal_token(mut self, token: Option<Arc<InternalToken>>) -> Self {
+        self.token = token;
+        self
+    }
+
+    pub fn internal_token(&self) -> Option<&InternalToken> {
+        self.token.as_deref()
     }
 
     /// The block length prefix keys are computed over; None when routing by load only.
@@ -378,14 +392,18 @@ impl Router {
             )
         };
         let t = self.opts.poll_timeout;
+        let token = &self.token;
         let lm_res = futures::future::join_all(lm.into_iter().map(|(addr, ch)| async move {
-            let r = tokio::time::timeout(t, LmClient::new(ch).load(LoadRequest {})).await;
+            let mut req = tonic::Request::new(LoadRequest {});
+            attach(token.as_deref(), &mut req);
+            let r = tokio::time::timeout(t, LmClient::new(ch).load(req)).await;
             (addr, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
         }));
         let vision_res =
             futures::future::join_all(vision.into_iter().map(|(addr, ch)| async move {
-                let r =
-                    tokio::time::timeout(t, VisionClient::new(ch).info(VisionInfoRequest {})).await;
+                let mut req = tonic::Request::new(VisionInfoRequest {});
+                attach(token.as_deref(), &mut req);
+                let r = tokio::time::timeout(t, VisionClient::new(ch).info(req)).await;
                 (addr, r.ok().and_then(|r| r.ok()).map(|r| r.into_inner()))
             }));
         let (lm_res, vision_res) = futures::join!(lm_res, vision_res);

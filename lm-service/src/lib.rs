@@ -54,6 +54,9 @@ pub struct ServeConfig {
     /// The vision replicas this LM may pull embeddings from (`None`: text and cached images
     /// only).
     pub vision: Option<ReplicaSource>,
+    /// The shared token of the internal APIs (`--internal-token-file`): required of callers
+    /// of `vlm.v1.Lm`, sent to the vision replicas. `None`: neither.
+    pub internal_token: Option<Arc<vlm_service_kit::internal_auth::InternalToken>>,
 }
 
 /// Blocks in the KV pool: `kvcache_num_blocks`, or when 0 the memory planner's answer
@@ -201,8 +204,11 @@ pub async fn run(
 
     // The server runs from now on; `Lm` answers UNAVAILABLE until the context is set.
     let cell: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
-    let lm = vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone()))
-        .max_decoding_message_size(256 << 20);
+    let lm = tonic::service::interceptor::InterceptedService::new(
+        vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone()))
+            .max_decoding_message_size(256 << 20),
+        vlm_service_kit::internal_auth::interceptor(cfg.internal_token.clone()),
+    );
     // Health follows the engine thread: if it ever dies, stop advertising this replica.
     let (alive_tx, alive_rx) = watch::channel(true);
     let load = async {
@@ -240,7 +246,8 @@ pub async fn run(
             engine: engine.clone(),
             grammars,
             cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
-            vision: vision_client::VisionClients::new(cfg.vision.clone()),
+            vision: vision_client::VisionClients::new(cfg.vision.clone())
+                .with_token(cfg.internal_token.clone()),
             draining: AtomicBool::new(false),
         }));
         tokio::spawn(watch_engine(engine.clone(), alive_tx));

@@ -34,6 +34,10 @@ struct Args {
     /// other address. Without it, images missing from the embedding cache are refused.
     #[arg(long, env = "VLM_LM_VISION")]
     vision: Option<String>,
+    /// File holding the shared token of the internal APIs (a mounted Secret; re-read when it
+    /// changes): callers of vlm.v1.Lm must send it, and the LM sends it to vision.
+    #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
+    internal_token_file: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -58,6 +62,11 @@ fn main() -> anyhow::Result<()> {
             .map(ReplicaSource::parse)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--vision: {e}"))?,
+        internal_token: args
+            .internal_token_file
+            .as_deref()
+            .map(vlm_service_kit::internal_auth::InternalToken::from_file)
+            .transpose()?,
     };
     if !cfg.deploy.create_runtimes {
         println!("{}", vlm_lm_service::dry_run(&cfg)?);

@@ -7,13 +7,14 @@
 //! the LM connect anywhere else (server-side request forgery).
 use crate::error::LmError;
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use vlm_compute::{HostTensor, ImageEmbeds};
 use vlm_proto::vision_client::VisionClient;
 use vlm_proto::{DType as WireDType, EmbeddingChunk, EncodeRequest, ImageGrid, ImageInput};
+use vlm_service_kit::internal_auth::InternalToken;
 use vlm_service_kit::replicas::ReplicaSource;
 
 /// What the LM expects of every image's embeddings.
@@ -50,6 +51,8 @@ pub struct VisionClients {
     replicas: Option<ReplicaSource>,
     /// A DNS source's last answer and when it was looked up.
     resolved: tokio::sync::Mutex<(Option<Instant>, HashSet<String>)>,
+    /// Sent on every call when the internal APIs need it.
+    token: Option<Arc<InternalToken>>,
 }
 
 /// A DNS source is looked up again for an unknown replica at most this often.
@@ -62,7 +65,14 @@ impl VisionClients {
             connect_timeout: Duration::from_secs(5),
             replicas,
             resolved: tokio::sync::Mutex::new((None, HashSet::new())),
+            token: None,
         }
+    }
+
+    /// Sends `token` (the internal APIs' shared token) on every call.
+    pub fn with_token(mut self, token: Option<Arc<InternalToken>>) -> Self {
+        self.token = token;
+        self
     }
 
     /// `replica` (`host:port`, `http://` allowed) when it is one of this LM's vision replicas.
@@ -170,6 +180,7 @@ impl VisionClients {
         };
         let mut request = tonic::Request::new(req);
         vlm_service_kit::telemetry::inject(request.metadata_mut());
+        vlm_service_kit::internal_auth::attach(self.token.as_deref(), &mut request);
         let mut stream = match client.encode(request).await {
             Ok(r) => r.into_inner(),
             Err(s) => {

@@ -8,6 +8,7 @@ pub mod backend_info;
 pub mod config;
 pub mod generation;
 pub mod grpc;
+pub mod internal_auth;
 pub mod metrics_http;
 pub mod replicas;
 pub mod sampling;

@@ -166,6 +166,14 @@ impl std::fmt::Debug for ChatTokenizer {
     }
 }
 
+/// Messages and tools as [`ChatTokenizer::wrap_content`] gives them, and whether any content
+/// was wrapped.
+type Wrapped<'a> = (
+    std::borrow::Cow<'a, [ChatMessage]>,
+    std::borrow::Cow<'a, [Value]>,
+    bool,
+);
+
 /// Whether any string inside `v` satisfies `f`.
 fn json_holds(v: &Value, f: &impl Fn(&str) -> bool) -> bool {
     match v {
@@ -547,11 +555,7 @@ impl ChatTokenizer {
         &self,
         messages: &'a [ChatMessage],
         tools: &'a [Value],
-    ) -> Result<(
-        std::borrow::Cow<'a, [ChatMessage]>,
-        std::borrow::Cow<'a, [Value]>,
-        bool,
-    )> {
+    ) -> Result<Wrapped<'a>> {
         use std::borrow::Cow;
         let specials = &self.inner.special_texts;
         let in_text = |t: &str| literal::holds_special(t, specials);

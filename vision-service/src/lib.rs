@@ -47,6 +47,9 @@ pub struct Options {
     /// Run an image that is alone in the pool on all of the pool's cores (CPU pools of several
     /// cores); false: every image on one device.
     pub spread_lone_images: bool,
+    /// The shared token callers of `vlm.v1.Vision` must send (`--internal-token-file`);
+    /// `None`: no check.
+    pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
 }
 
 impl Options {
@@ -63,6 +66,7 @@ impl Options {
             max_request_bytes: 64 << 20,
             drain_delay: std::time::Duration::ZERO,
             spread_lone_images: true,
+            internal_token: None,
         }
     }
 
@@ -174,10 +178,12 @@ impl Bound {
             ..
         } = self;
         let slot: EncoderSlot = Arc::new(std::sync::OnceLock::new());
-        let vision =
+        let vision = tonic::service::interceptor::InterceptedService::new(
             vlm_proto::v1::vision_server::VisionServer::new(VisionService::new(Arc::clone(&slot)))
                 .max_decoding_message_size(opts.max_request_bytes)
-                .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10));
+                .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10)),
+            vlm_service_kit::internal_auth::interceptor(opts.internal_token.clone()),
+        );
         let load = async {
             let devices = prepare(&opts, &cores).await?;
             let cfg = EncoderConfig {

@@ -52,6 +52,10 @@ struct Args {
     /// one device, several images side by side).
     #[arg(long, env = "VLM_VISION_SPREAD_LONE_IMAGES", default_value_t = true, action = clap::ArgAction::Set)]
     spread_lone_images: bool,
+    /// File holding the shared token callers of vlm.v1.Vision must send (a mounted Secret;
+    /// re-read when it changes). Health and reflection stay open.
+    #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
+    internal_token_file: Option<PathBuf>,
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
@@ -74,6 +78,11 @@ fn options(args: Args) -> anyhow::Result<Options> {
         max_request_bytes: args.max_request_bytes,
         drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
         spread_lone_images: args.spread_lone_images,
+        internal_token: args
+            .internal_token_file
+            .as_deref()
+            .map(vlm_service_kit::internal_auth::InternalToken::from_file)
+            .transpose()?,
     };
     opts.validate()?;
     Ok(opts)

@@ -97,7 +97,10 @@ fn backoff(failures: u32) -> Duration {
 /// reported (port 0 becomes the port it bound).
 fn pin_ports(args: &[String], service: &Service) -> Vec<String> {
     let mut out = args.to_vec();
-    for (flag, addr) in [("--listen", &service.grpc), ("--http-listen", &service.http)] {
+    for (flag, addr) in [
+        ("--listen", &service.grpc),
+        ("--http-listen", &service.http),
+    ] {
         if addr.is_empty() {
             continue;
         }

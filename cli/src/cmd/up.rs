@@ -7,12 +7,12 @@
 //! `$XDG_CACHE_HOME/vlm/tiny-s0` (or `~/.cache/vlm/tiny-s0`). Without `--config` it runs the
 //! embedded `config/examples/local.yaml` on [`default_layout`]'s cores (shared by vision and LM
 //! on a small machine, disjoint halves from four cores on), and says which at start.
+use super::supervise::Supervised;
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
-use super::supervise::Supervised;
 
 /// The embedded default deployment config.
 pub const LOCAL_CONFIG: &str = include_str!("../../../config/examples/local.yaml");

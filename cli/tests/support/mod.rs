@@ -769,7 +769,8 @@ pub fn try_http(
     let sock: std::net::SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
     let mut s = TcpStream::connect_timeout(&sock, Duration::from_secs(5))
         .map_err(|e| format!("connect {addr}: {e}"))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
     write!(
         s,
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -779,8 +780,7 @@ pub fn try_http(
     s.write_all(body).map_err(|e| format!("write: {e}"))?;
     let mut raw = Vec::new();
     if let Err(e) = s.read_to_end(&mut raw) {
-        if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut
-        {
+        if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut {
             return Err(format!("no answer within {timeout:?}"));
         }
         if raw.is_empty() {
@@ -790,7 +790,12 @@ pub fn try_http(
     let split = raw
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| format!("the connection closed after {} bytes, before the head", raw.len()))?;
+        .ok_or_else(|| {
+            format!(
+                "the connection closed after {} bytes, before the head",
+                raw.len()
+            )
+        })?;
     let head = String::from_utf8_lossy(&raw[..split]).to_string();
     let status: u16 = head
         .split_whitespace()
