@@ -410,7 +410,7 @@ async fn one_direct(
             ..Default::default()
         })
         .unwrap();
-    let req = vlm_gateway::client::lm_request("bench", &valid, format!("http://{vision}"));
+    let req = vlm_gateway::client::lm_request("bench", &valid, vision.to_string());
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{lm}"))
         .unwrap()
         .connect()
@@ -457,7 +457,7 @@ impl Split {
         );
         let lm = spawn(
             &bins.join("lm-service"),
-            &common(&["--metrics-listen", "127.0.0.1:0"]),
+            &common(&["--metrics-listen", "127.0.0.1:0", "--vision", &vision.1]),
         );
         wait_serving(&vision.1).await;
         wait_serving(&lm.1).await;

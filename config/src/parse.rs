@@ -7,6 +7,9 @@ use crate::keys::{canonical, suggest, LM_KEYS, VISUAL_KEYS};
 use crate::types::{DeployConfig, Dtype, Oversize, VisualConfig};
 use serde_json::{Map, Value};
 
+/// Devices one part (LM or ViT) may list: more than any node holds, few enough to list.
+pub const MAX_DEVICES: u32 = 4096;
+
 mod kernels;
 
 pub use kernels::MIN_ATTENTION_TILE;
@@ -158,6 +161,14 @@ impl<'a> Section<'a> {
             None => None,
             Some(_) => Some(self.u32("num_devices", 1, 1)?),
         };
+        // The count becomes a list of ids: bound it before it is made.
+        if let Some(n) = n.filter(|&n| n > MAX_DEVICES) {
+            return Err(ConfigError::invalid(
+                &self.path("num_devices"),
+                n,
+                format!("must be at most {MAX_DEVICES} devices per part"),
+            ));
+        }
         let list = self.u32_list("device")?;
         match (n, list) {
             (None, None) => Ok((1, vec![0])),
@@ -290,7 +301,7 @@ fn as_uint(v: &Value) -> Option<u64> {
 fn short(v: &Value) -> String {
     let s = v.to_string();
     if s.len() > 60 {
-        format!("{}...", &s[..60])
+        format!("{}...", s.chars().take(60).collect::<String>())
     } else {
         s
     }

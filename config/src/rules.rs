@@ -16,8 +16,9 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
 
     // max_seq_len is a multiple of kvcache_partition_len, and at least two partitions.
     if !cfg.max_seq_len.is_multiple_of(cfg.kvcache_partition_len) {
-        let lower = cfg.max_seq_len / cfg.kvcache_partition_len * cfg.kvcache_partition_len;
-        let upper = lower + cfg.kvcache_partition_len;
+        let lower =
+            (cfg.max_seq_len / cfg.kvcache_partition_len * cfg.kvcache_partition_len) as u64;
+        let upper = lower + cfg.kvcache_partition_len as u64;
         return Err(ConfigError::invalid(
             "max_seq_len",
             cfg.max_seq_len,
@@ -103,11 +104,11 @@ pub(crate) fn apply(cfg: &mut DeployConfig) -> Result<Vec<String>, ConfigError> 
                 ),
             ));
         }
-        if cfg.kvcache_num_blocks < per_seq * bs {
+        if (cfg.kvcache_num_blocks as u64) < per_seq as u64 * bs as u64 {
             warnings.push(format!(
                 "kvcache_num_blocks {} holds fewer than batch_size ({bs}) full-length sequences ({} blocks); long requests will queue or be preempted",
                 cfg.kvcache_num_blocks,
-                per_seq * bs
+                per_seq as u64 * bs as u64
             ));
         }
     }

@@ -567,7 +567,15 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
             ))
         })?;
     let parsed = serde_json::from_slice(&body).map_err(|e| {
-        GatewayError::validation(format!("request body is not a valid {what}: {e}"))
+        // A value of the wrong type: name its field (serde's message cannot, past a flatten).
+        let named = e
+            .is_data()
+            .then(|| serde_json::from_slice::<Value>(&body).ok())
+            .flatten()
+            .and_then(|v| crate::openai_sampling::mistyped_field(&v));
+        named.unwrap_or_else(|| {
+            GatewayError::validation(format!("request body is not a valid {what}: {e}"))
+        })
     })?;
     Ok((parsed, body.len()))
 }

@@ -55,6 +55,82 @@ pub struct SamplingFields {
     pub stop_token_ids: Option<Vec<u32>>,
 }
 
+/// The typed fields of both routes' bodies and whether a value has the type: a body serde
+/// refuses is checked against them, so that the refusal names the field (serde's flatten loses
+/// the path: "invalid value: integer `-1`, expected u32").
+/// (field, the values it takes in words, whether a value is one).
+type TypedField = (&'static str, &'static str, fn(&Value) -> bool);
+
+const TYPED_FIELDS: &[TypedField] = &[
+    (
+        "max_tokens",
+        "a whole number from 0 to 4294967295",
+        is::<u32>,
+    ),
+    (
+        "max_completion_tokens",
+        "a whole number from 0 to 4294967295",
+        is::<u32>,
+    ),
+    ("temperature", "a number", is::<f32>),
+    ("top_p", "a number", is::<f32>),
+    ("top_k", "a whole number", is::<i64>),
+    ("min_p", "a number", is::<f32>),
+    (
+        "seed",
+        "a whole number from 0 to 18446744073709551615",
+        is::<u64>,
+    ),
+    ("stop", "a string or a list of strings", is::<Stop>),
+    ("stream", "true or false", is::<bool>),
+    ("stream_options", "an object", is::<StreamOptions>),
+    ("ignore_eos", "true or false", is::<bool>),
+    ("n", "a whole number from 0 to 4294967295", is::<u32>),
+    ("presence_penalty", "a number", is::<f32>),
+    ("frequency_penalty", "a number", is::<f32>),
+    ("repetition_penalty", "a number", is::<f32>),
+    (
+        "logit_bias",
+        "an object of token ids to numbers",
+        is::<BTreeMap<String, f32>>,
+    ),
+    (
+        "min_tokens",
+        "a whole number from 0 to 4294967295",
+        is::<u32>,
+    ),
+    ("stop_token_ids", "a list of token ids", is::<Vec<u32>>),
+    (
+        "top_logprobs",
+        "a whole number from 0 to 4294967295",
+        is::<u32>,
+    ),
+    ("echo", "true or false", is::<bool>),
+    // A flag on the chat route, a count on the completions route.
+    (
+        "logprobs",
+        "true or false (chat), a count (completions)",
+        |v| is::<bool>(v) || is::<u32>(v),
+    ),
+];
+
+fn is<T: serde::de::DeserializeOwned>(v: &Value) -> bool {
+    v.is_null() || T::deserialize(v).is_ok()
+}
+
+/// The field of `body` (a JSON object) whose value has the wrong type, as a refusal naming
+/// it; `None` when no known field is at fault.
+pub fn mistyped_field(body: &Value) -> Option<GatewayError> {
+    let obj = body.as_object()?;
+    TYPED_FIELDS.iter().find_map(|(name, want, ok)| {
+        let v = obj.get(*name)?;
+        (!ok(v)).then(|| {
+            let shown: String = v.to_string().chars().take(60).collect();
+            GatewayError::param(name, format!("{name} is {shown}; it must be {want}"))
+        })
+    })
+}
+
 impl SamplingFields {
     /// Whether a streamed answer ends with `usage` (`stream_options.include_usage`, default
     /// true).
@@ -157,6 +233,7 @@ impl SamplingFields {
             top_logprobs: logprobs.1,
             structured,
             n: self.n.unwrap_or(1),
+            max_tokens_param: max_param,
         })
     }
 }

@@ -55,6 +55,9 @@ pub struct InputSampling {
     pub structured: Option<vlm_proto::StructuredOutput>,
     /// Choices (0 or 1 = one).
     pub n: u32,
+    /// The request field `max_tokens` came from (`max_tokens`, or OpenAI's
+    /// `max_completion_tokens`), named by refusals.
+    pub max_tokens_param: &'static str,
 }
 
 impl InputSampling {
@@ -105,6 +108,7 @@ impl InputSampling {
             top_logprobs: s.top_logprobs,
             structured: s.structured,
             n: s.n,
+            max_tokens_param: "max_tokens",
         }
     }
 }
@@ -369,12 +373,19 @@ impl Validator {
         let max_tokens = match s.max_tokens {
             0 => room,
             n if n > room => {
-                return Err(GatewayError::validation(format!(
-                    "prompt ({prompt} tokens) + max_tokens ({n}) = {} tokens, over the context limit of {} tokens \
-                     (max_seq_len)",
-                    prompt as u64 + n as u64,
-                    l.max_seq_len
-                )))
+                let param = match s.max_tokens_param {
+                    "" => "max_tokens",
+                    p => p,
+                };
+                return Err(GatewayError::param(
+                    param,
+                    format!(
+                        "prompt ({prompt} tokens) + {param} ({n}) = {} tokens, over the context \
+                         limit of {} tokens (max_seq_len)",
+                        prompt as u64 + n as u64,
+                        l.max_seq_len
+                    ),
+                ));
             }
             n => n,
         };
@@ -547,6 +558,7 @@ pub(crate) mod tests {
     fn err(v: &Validator, r: ChatRequest) -> String {
         match v.validate(r) {
             Err(GatewayError::Validation(m)) => m,
+            Err(GatewayError::InvalidParam { message, .. }) => message,
             Err(e) => panic!("expected a validation error, got {e:?}"),
             Ok(r) => panic!(
                 "expected a validation error, got a prompt of {} tokens",

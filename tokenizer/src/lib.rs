@@ -516,7 +516,8 @@ impl ChatTokenizer {
         image_token_counts: &[usize],
         limit: usize,
     ) -> Result<Vec<u32>> {
-        let image_tokens: usize = image_token_counts.iter().sum();
+        // Tokens the expansion adds: each image's placeholder is already one token of the text.
+        let image_tokens: usize = image_token_counts.iter().map(|c| c.saturating_sub(1)).sum();
         let room = limit.saturating_sub(image_tokens);
         let text_bytes: usize = messages.iter().map(ChatMessage::text_bytes).sum();
         self.check_bytes(text_bytes, room)
@@ -559,19 +560,25 @@ impl ChatTokenizer {
         use std::borrow::Cow;
         let specials = &self.inner.special_texts;
         let in_text = |t: &str| literal::holds_special(t, specials);
+        // The template pastes a message's adjacent text parts together, so a special token's
+        // text split over two parts (`"<|im_"`, `"start|>"`) counts: every text part of such
+        // a message is encoded literally.
+        let holds = |m: &ChatMessage| {
+            literal::joined_runs(&m.content).any(|run| in_text(&run))
+                || m.tool_calls
+                    .iter()
+                    .any(|c| in_text(&c.name) || in_text(&c.arguments))
+        };
         let needed = !self.control_tokens_in_content
-            && (messages.iter().any(|m| m.texts().any(in_text))
-                || tools.iter().any(|t| json_holds(t, &in_text)));
+            && (messages.iter().any(holds) || tools.iter().any(|t| json_holds(t, &in_text)));
         if !needed {
             return Ok((Cow::Borrowed(messages), Cow::Borrowed(tools), false));
         }
         let mut msgs = messages.to_vec();
-        for m in &mut msgs {
+        for m in msgs.iter_mut().filter(|m| holds(m)) {
             for part in &mut m.content {
                 if let ChatPart::Text(t) = part {
-                    if let Some(w) = literal::wrap(t, specials)? {
-                        *t = w;
-                    }
+                    *t = literal::wrap_always(t)?;
                 }
             }
             for c in &mut m.tool_calls {

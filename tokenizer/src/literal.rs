@@ -27,13 +27,33 @@ pub(crate) fn wrap(text: &str, specials: &[String]) -> Result<Option<String>> {
     if !holds_special(text, specials) {
         return Ok(None);
     }
+    wrap_always(text).map(Some)
+}
+
+/// `text` wrapped; refuses text holding the markers.
+pub(crate) fn wrap_always(text: &str) -> Result<String> {
     if text.contains([OPEN, CLOSE]) {
         return Err(TokenizerError::invalid(
             "message content holds a special token's text and the noncharacter U+FDD0 or U+FDD1; \
              remove the noncharacter",
         ));
     }
-    Ok(Some(format!("{OPEN}{text}{CLOSE}")))
+    Ok(format!("{OPEN}{text}{CLOSE}"))
+}
+
+/// The texts the template writes without anything between them: each run of adjacent text
+/// parts, joined (an image part's own tokens separate runs).
+pub(crate) fn joined_runs(parts: &[crate::ChatPart]) -> impl Iterator<Item = String> + '_ {
+    parts
+        .split(|p| matches!(p, crate::ChatPart::Image))
+        .map(|run| {
+            run.iter()
+                .filter_map(|p| match p {
+                    crate::ChatPart::Text(t) => Some(t.as_str()),
+                    crate::ChatPart::Image => None,
+                })
+                .collect::<String>()
+        })
 }
 
 /// Every string inside `v` (tool definitions) wrapped as [`wrap`] does.

@@ -12,9 +12,9 @@ use vlm_gateway::openai::{router, HttpState};
 use vlm_gateway::routing::{ReplicaSource, Router, RoutingOptions};
 use vlm_gateway::validation::{Limits, Validator};
 
-/// Serves the HTTP route on loopback over a tiny tokenizer (2 images per request at most, no
-/// LM or vision replica: a valid request ends in 503); keep the directory alive.
-pub async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDir) {
+/// The route's validator: the tiny tokenizer (its files in the directory returned), the default
+/// config with ViT buckets up to 4096, 2 images and 1 MiB bodies at most, model "tiny".
+pub fn tiny_validator() -> (Validator, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
     opts.weights = false;
@@ -23,7 +23,13 @@ pub async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDi
     let mut cfg = vlm_config::DeployConfig::default_config();
     cfg.visual.max_seq_len = vec![1024, 4096];
     let limits = Limits::from_config(&cfg, 2, 1 << 20);
-    let validator = Validator::new(tok, cfg.visual, limits, "tiny".into());
+    (Validator::new(tok, cfg.visual, limits, "tiny".into()), dir)
+}
+
+/// Serves the HTTP route on loopback over a tiny tokenizer (2 images per request at most, no
+/// LM or vision replica: a valid request ends in 503); keep the directory alive.
+pub async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDir) {
+    let (validator, dir) = tiny_validator();
     let admission = Admission::new(AdmissionLimits {
         max_in_flight: 4,
         max_queue: 4,
