@@ -264,10 +264,6 @@ fn load(
     })
 }
 
-fn rss(pid: u32) -> u64 {
-    vm_rss(pid)
-}
-
 async fn lm_load(addr: &str) -> Option<pb::LoadReport> {
     let mut c = pb::lm_client::LmClient::new(channel(addr).await);
     c.load(pb::LoadRequest {})
@@ -306,7 +302,7 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
         let survivors: Vec<(&str, u32, u64)> = ["vision", "lm", "gateway"]
             .into_iter()
             .filter(|p| *p != victim)
-            .map(|p| (p, up.pid(p), rss(up.pid(p))))
+            .map(|p| (p, up.pid(p), vm_rss(up.pid(p))))
             .collect();
         let stop = Arc::new(AtomicBool::new(false));
         let running = load(up.grpc("gateway"), up.http.clone(), stop.clone());
@@ -401,7 +397,7 @@ async fn killing_each_part_in_turn_loses_no_request_and_leaks_nothing() {
                 *pid,
                 "{name} restarted though only {victim} was killed"
             );
-            let after = rss(*pid);
+            let after = vm_rss(*pid);
             assert!(
                 after < before + 64 * MIB,
                 "{name} grew from {} to {} MiB while {victim} was killed",

@@ -6,18 +6,6 @@ mod support;
 
 use support::*;
 
-/// `VmHWM` (peak resident set) of `pid` in bytes.
-fn vm_hwm(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
-    line.split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse::<u64>()
-        .unwrap()
-        * 1024
-}
-
 const MIB: u64 = 1 << 20;
 
 /// A 30 MB prompt (under the 32 MiB body limit) is refused from its byte length, before the

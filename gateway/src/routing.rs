@@ -240,10 +240,6 @@ impl Lease {
             local,
         }
     }
-    /// `http://host:port`.
-    pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
-    }
 }
 
 impl Drop for Lease {

@@ -70,10 +70,6 @@ impl InternalToken {
         }))
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// The state, the file re-read at most every second (a failed read keeps the last token).
     fn fresh(&self) -> std::sync::MutexGuard<'_, State> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());

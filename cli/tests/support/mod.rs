@@ -167,13 +167,23 @@ pub async fn start_service(name: &str, bin: &Path, model: &Path, config: &Path) 
     p
 }
 
-/// `VmRSS` of `pid` in bytes.
+/// `VmRSS` (resident set) of `pid` in bytes.
 pub fn vm_rss(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmRSS:")
+}
+
+/// `VmHWM` (peak resident set) of `pid` in bytes.
+pub fn vm_hwm(pid: u32) -> u64 {
+    proc_status_bytes(pid, "VmHWM:")
+}
+
+/// A `kB` line of `/proc/PID/status`, in bytes.
+fn proc_status_bytes(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status
         .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .expect("VmRSS in /proc/PID/status");
+        .find(|l| l.starts_with(key))
+        .unwrap_or_else(|| panic!("{key} in /proc/{pid}/status"));
     let kb: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
     kb * 1024
 }
