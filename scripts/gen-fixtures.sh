@@ -76,5 +76,11 @@ golden tiny_untied_ds1 long_prompt "$CFG_UNTIED" --prefix-len 200 --suffix-len 1
 "$REF_PY" "$TOOLS" assemble "$RUNS" "$FIX" \
   tiny/synth_100x75 tiny/jpeg_400x176 tiny/two_images \
   tiny_untied_ds1/rgba_256x256 tiny_untied_ds1/long_prompt
+# ---- video cases: gen_video.py loads the tiny/ checkpoint (not rebuilt), writes tiny/video_*/ and the README's
+#      "Video cases" section (generated with transformers 5.19: /work/vllm-venv/bin/python model/tests/fixtures/gen_video.py;
+#      video_mp4 needs PyAV with libx264 in $REF_PY, else it is skipped) ----
+echo "== tiny/video_*"
+"$REF_PY" "$FIX/gen_video.py" --threads "$THREADS" 2>&1 | grep -v -e 'it/s\]' -e '^Loading weights' || true
+[ -f "$FIX/tiny/video_downscaled/golden.safetensors" ] || { echo "gen_video.py failed" >&2; exit 1; }
 chmod -R u+rwX,go+rX "$FIX"
 du -sh "$FIX"

@@ -410,7 +410,7 @@ async fn one_direct(
             ..Default::default()
         })
         .unwrap();
-    let req = vlm_gateway::client::lm_request("bench", &valid, vision.to_string());
+    let req = vlm_gateway::client::lm_request("bench", &valid, &[], vision.to_string());
     let ch = tonic::transport::Endpoint::from_shared(format!("http://{lm}"))
         .unwrap()
         .connect()

@@ -221,8 +221,16 @@ async fn one(kind: Kind, grpc: &str, http: &str, seed: u8) -> Outcome {
 
 fn status_outcome(s: tonic::Status) -> Outcome {
     // tonic reports a connection the gateway dropped as UNKNOWN / UNAVAILABLE with a
-    // transport message; the gateway's own statuses carry its messages.
-    if s.message().contains("transport error") || s.message().contains("h2 protocol error") {
+    // transport message, or as CANCELLED with hyper's "operation was canceled" when the
+    // socket closes mid-call; the gateway's own statuses carry its messages.
+    if [
+        "transport error",
+        "h2 protocol error",
+        "operation was canceled",
+    ]
+    .iter()
+    .any(|t| s.message().contains(t))
+    {
         return Outcome::Transport(s.message().to_string());
     }
     Outcome::Error(format!("{:?}", s.code()), s.message().to_string())

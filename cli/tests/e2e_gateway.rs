@@ -49,12 +49,7 @@ async fn two_images_greedy_matches_in_process_and_http() {
     let max_tokens = 12;
 
     // In-process oracle.
-    let dir = tiny_model();
-    let tok = vlm_tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
-    let kernels = vlm_backend_cpu::CpuKernels::new(vlm_backend_cpu::CpuOptions::detect());
-    let pipeline = vlm_model::oracle::Oracle::load(&kernels, &dir, vlm_model::DType::F32)
-        .unwrap()
-        .with_block_len(256);
+    let (tok, pipeline) = tiny_oracle();
     let pre = vlm_preprocess::PreprocessConfig::default();
     let pixels: Vec<_> = images
         .iter()

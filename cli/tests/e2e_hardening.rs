@@ -200,7 +200,7 @@ async fn empty_parts_and_truncated_images_are_refused() {
     assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
     assert!(
         e.message()
-            .contains("messages[0].content[1] sets neither text nor image"),
+            .contains("messages[0].content[1] sets neither text, image nor video"),
         "{e:?}"
     );
 

@@ -4,7 +4,7 @@ use crate::embeds::ImageEmbeds;
 use crate::error::{ComputeError, Result};
 use crate::lm::{ImageRows, PrefillChunk};
 use crate::model_config::Qwen3VlConfig;
-use crate::rope_index::{get_rope_index, Position3};
+use crate::rope_index::{get_rope_index_runs, Position3};
 use std::ops::Range;
 
 /// A tokenized multimodal prompt: its 3-D positions, `rope_delta`, and the token range of each
@@ -20,9 +20,52 @@ pub struct PromptLayout {
 impl PromptLayout {
     /// Validates the prompt against the image grids (raw patches) and computes its layout.
     pub fn new(ids: &[u32], grids: &[[usize; 3]], cfg: &Qwen3VlConfig) -> Result<Self> {
-        let (positions, rope_delta) = get_rope_index(
+        Self::with_videos(ids, grids, &vec![false; grids.len()], cfg)
+    }
+
+    /// [`Self::with_videos`] with each vision run's kind read from the prompt: the k-th run of
+    /// `<|video_pad|>` or `<|image_pad|>` tokens is vision input k.
+    pub fn infer(ids: &[u32], grids: &[[usize; 3]], cfg: &Qwen3VlConfig) -> Result<Self> {
+        let mut video = Vec::with_capacity(grids.len());
+        let mut prev = None;
+        for &t in ids {
+            let pad = t == cfg.image_token_id || t == cfg.video_token_id;
+            if pad && prev != Some(t) {
+                video.push(t == cfg.video_token_id);
+            }
+            prev = Some(t);
+        }
+        // Extra runs or a missing kind: with_videos names the mismatch.
+        video.resize(grids.len(), false);
+        Self::with_videos(ids, grids, &video, cfg)
+    }
+
+    /// [`Self::new`] for a prompt whose vision runs `k` with `video[k]` are video temporal
+    /// groups (`<|video_pad|>` runs of grid `[1, h, w]`), the others images.
+    pub fn with_videos(
+        ids: &[u32],
+        grids: &[[usize; 3]],
+        video: &[bool],
+        cfg: &Qwen3VlConfig,
+    ) -> Result<Self> {
+        if video.len() != grids.len() {
+            return Err(ComputeError::invalid(format!(
+                "{} vision kinds given for {} grids",
+                video.len(),
+                grids.len()
+            )));
+        }
+        let pads: Vec<u32> = video
+            .iter()
+            .map(|&v| match v {
+                true => cfg.video_token_id,
+                false => cfg.image_token_id,
+            })
+            .collect();
+        let (positions, rope_delta) = get_rope_index_runs(
             ids,
-            cfg.image_token_id,
+            &pads,
+            &[cfg.image_token_id, cfg.video_token_id],
             cfg.vision_start_token_id,
             grids,
             cfg.vision.spatial_merge_size,
@@ -31,9 +74,9 @@ impl PromptLayout {
         let m = cfg.vision.spatial_merge_size.max(1);
         let mut image_spans = Vec::with_capacity(grids.len());
         let mut i = 0;
-        for g in grids {
+        for (g, &pad) in grids.iter().zip(&pads) {
             let n = g[0] * (g[1] / m) * (g[2] / m);
-            while i < ids.len() && ids[i] != cfg.image_token_id {
+            while i < ids.len() && ids[i] != pad {
                 i += 1;
             }
             image_spans.push(i..i + n);

@@ -28,7 +28,7 @@ pub use layout::{build_chunk, PromptLayout};
 pub use lm::{check_table, DecodeRow, ImageRows, LmBackend, PrefillChunk};
 pub use memory::{BucketMemory, LmMemory, VisionMemory};
 pub use model_config::{Qwen3VlConfig, TextConfig, VisionConfig};
-pub use rope_index::{decode_position, get_rope_index, Position3};
+pub use rope_index::{decode_position, get_rope_index, get_rope_index_runs, Position3};
 pub use tensor::{HostDtype, HostTensor};
 pub use vision::{VisionBackend, VisionRun};
 pub use vlm_preprocess::PixelValues;

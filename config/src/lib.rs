@@ -20,6 +20,7 @@ mod parse;
 pub mod plan;
 mod rules;
 pub mod types;
+pub mod video;
 
 pub use bucket::{ImagePlanError, PixelBudget, PlannedImage};
 pub use error::{BucketError, ConfigError};

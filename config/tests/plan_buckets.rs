@@ -220,3 +220,16 @@ fn traffic_formats() {
     assert!(err.contains("height"), "{err}");
     assert!(buckets::choose(&[], 3, None, &vit(), &any).is_err());
 }
+
+#[test]
+fn video_traffic_counts_each_temporal_group_as_a_vit_run() {
+    use vlm_config::plan::buckets::{parse_video_traffic, video_samples};
+    let text =
+        "{\"videos\": [{\"width\": 96, \"height\": 64, \"frames\": 30, \"fps\": 10}]}\n512x512\n";
+    let v = parse_video_traffic(text).unwrap();
+    assert_eq!(v, [(96, 64, 30, Some(10.0))]);
+    // 6 frames sampled at 2 fps -> 3 groups of 4 x 6 = 24 patches.
+    let s = video_samples(&v, &vlm_config::video::VideoProcessorConfig::default()).unwrap();
+    assert_eq!(s, [(24, 3.0)]);
+    assert!(parse_video_traffic("{\"videos\": [{\"width\": 5}]}").is_err());
+}

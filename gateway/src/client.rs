@@ -1,6 +1,6 @@
 //! Typed calls to the LM service; their errors say whether another replica may be tried.
 use crate::error::GatewayError;
-use crate::validation::ValidRequest;
+use crate::validation::{ValidRequest, VisionRef};
 use vlm_proto::v1 as pb;
 
 /// Which part of the stack a failure is blamed on.
@@ -111,40 +111,75 @@ impl From<ClientError> for GatewayError {
     }
 }
 
-/// The `Lm.Generate` request for a validated request.
+/// The `Lm.Generate` request for a validated request; `videos[k]` are video k's temporal
+/// groups, decoded and resized ([`crate::video::decode_groups`]).
 pub fn lm_request(
     request_id: &str,
     req: &ValidRequest,
+    videos: &[Vec<crate::video::Group>],
     vision_replica: String,
 ) -> pb::LmGenerateRequest {
+    let image = |i: &crate::validation::ValidImage| {
+        let grid = pb::ImageGrid {
+            t: i.grid[0],
+            h: i.grid[1],
+            w: i.grid[2],
+        };
+        pb::LmImage {
+            content_hash: i.content_hash.to_vec(),
+            grid: Some(grid),
+            input: Some(pb::ImageInput {
+                source: Some(pb::image_input::Source::Encoded(pb::EncodedImage {
+                    data: i.data.to_vec(),
+                    mime_type: i.mime_type.clone(),
+                })),
+                content_hash: i.content_hash.to_vec(),
+                expected_grid: Some(grid),
+                min_pixels: i.budget.min_pixels.unwrap_or(0),
+                max_pixels: i.budget.max_pixels.unwrap_or(0),
+            }),
+            video: false,
+        }
+    };
+    let mut images = Vec::with_capacity(req.order.len());
+    for r in &req.order {
+        match *r {
+            VisionRef::Image(k) => images.push(image(&req.images[k])),
+            VisionRef::Video(k) => {
+                let v = &req.videos[k];
+                let g = v.geometry.group_grid();
+                let grid = pb::ImageGrid {
+                    t: g[0],
+                    h: g[1],
+                    w: g[2],
+                };
+                for (gi, (a, b)) in videos[k].iter().enumerate() {
+                    let hash = v.group_hash(gi);
+                    images.push(pb::LmImage {
+                        content_hash: hash.clone(),
+                        grid: Some(grid),
+                        input: Some(pb::ImageInput {
+                            source: Some(pb::image_input::Source::Pixels(pb::ResizedPixels {
+                                width: a.width(),
+                                height: a.height(),
+                                rgb8: a.as_raw().clone(),
+                                second_frame: b.as_raw().clone(),
+                            })),
+                            content_hash: hash,
+                            expected_grid: Some(grid),
+                            min_pixels: 0,
+                            max_pixels: 0,
+                        }),
+                        video: true,
+                    });
+                }
+            }
+        }
+    }
     pb::LmGenerateRequest {
         request_id: request_id.to_string(),
         input_ids: req.input_ids.clone(),
-        images: req
-            .images
-            .iter()
-            .map(|i| {
-                let grid = pb::ImageGrid {
-                    t: i.grid[0],
-                    h: i.grid[1],
-                    w: i.grid[2],
-                };
-                pb::LmImage {
-                    content_hash: i.content_hash.to_vec(),
-                    grid: Some(grid),
-                    input: Some(pb::ImageInput {
-                        source: Some(pb::image_input::Source::Encoded(pb::EncodedImage {
-                            data: i.data.to_vec(),
-                            mime_type: i.mime_type.clone(),
-                        })),
-                        content_hash: i.content_hash.to_vec(),
-                        expected_grid: Some(grid),
-                        min_pixels: i.budget.min_pixels.unwrap_or(0),
-                        max_pixels: i.budget.max_pixels.unwrap_or(0),
-                    }),
-                }
-            })
-            .collect(),
+        images,
         vision_replica,
         sampling: Some(pb::SamplingParams {
             // Stop strings are the gateway's job.

@@ -158,17 +158,32 @@ impl Core {
             i.next_id.fetch_add(1, Ordering::Relaxed)
         );
         metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(valid.prompt_tokens() as u64);
+        metrics::counter!(m::VISION_TOKENS_TOTAL, "kind" => "image")
+            .increment(valid.image_tokens as u64);
+        metrics::counter!(m::VISION_TOKENS_TOTAL, "kind" => "video")
+            .increment(valid.video_tokens as u64);
+        // Videos are decoded once admitted (their cost was bounded from the header).
+        let videos = match decode_videos(&valid, i.validator.limits().video.max_frame_pixels).await
+        {
+            Ok(v) => v,
+            Err(e) => return Err(tally.refuse(e)),
+        };
         let span = tracing::info_span!(parent: &parent, "generate", request_id = %request_id);
-        let key = i.router.prefix_block_len().and_then(|block_len| {
-            PrefixKey::first_block(
-                &valid.input_ids,
-                i.validator.tokenizer().image_pad_id(),
-                valid.images.iter().map(|im| (&im.content_hash, im.tokens)),
-                block_len,
-            )
-        });
+        // Prefix routing keys on images only; a prompt with a video goes by load.
+        let key = i
+            .router
+            .prefix_block_len()
+            .filter(|_| valid.videos.is_empty())
+            .and_then(|block_len| {
+                PrefixKey::first_block(
+                    &valid.input_ids,
+                    i.validator.tokenizer().image_pad_id(),
+                    valid.images.iter().map(|im| (&im.content_hash, im.tokens)),
+                    block_len,
+                )
+            });
         let (lm, stream, first) = match self
-            .open(&request_id, &valid, key.as_ref())
+            .open(&request_id, &valid, &videos, key.as_ref())
             .instrument_span(span.clone())
             .await
         {
@@ -197,6 +212,7 @@ impl Core {
                 image_tokens: valid.image_tokens,
                 completion_tokens: 0,
                 cached_tokens: 0,
+                video_tokens: valid.video_tokens,
             },
             max_tokens: valid.sampling.max_tokens,
             arrived,
@@ -215,6 +231,7 @@ impl Core {
         &self,
         request_id: &str,
         valid: &ValidRequest,
+        videos: &[Vec<crate::video::Group>],
         key: Option<&PrefixKey>,
     ) -> Result<(Lease, tonic::Streaming<TokenEvent>, TokenEvent), GatewayError> {
         let router = &self.inner.router;
@@ -237,13 +254,13 @@ impl Core {
             let lm = pick.lease;
             // Only requests with images need a vision replica: text is served while vision
             // is down.
-            let vision = if valid.images.is_empty() {
+            let vision = if valid.order.is_empty() {
                 None
             } else {
                 Some(router.pick_vision()?)
             };
             let replica = vision.as_ref().map(|v| v.addr.clone()).unwrap_or_default();
-            let req = lm_request(request_id, valid, replica);
+            let req = lm_request(request_id, valid, videos, replica);
             // The vision lease counts until the first token: the images are encoded by then.
             let first = first_event(&lm, req, router.internal_token()).await;
             let vision_addr = vision.map(|v| v.addr.clone());
@@ -273,6 +290,26 @@ impl Core {
             .map(GatewayError::from)
             .unwrap_or_else(|| GatewayError::Unavailable("no LM replica".into())))
     }
+}
+
+/// Every video of the request decoded into its temporal groups, on the blocking pool.
+async fn decode_videos(
+    valid: &ValidRequest,
+    max_frame_pixels: u64,
+) -> Result<Vec<Vec<crate::video::Group>>, GatewayError> {
+    if valid.videos.is_empty() {
+        return Ok(Vec::new());
+    }
+    let videos = valid.videos.clone();
+    tokio::task::spawn_blocking(move || {
+        videos
+            .iter()
+            .enumerate()
+            .map(|(k, v)| crate::video::decode_groups(k, v, max_frame_pixels))
+            .collect()
+    })
+    .await
+    .map_err(|e| GatewayError::Internal(format!("video decoding stopped: {e}")))?
 }
 
 async fn first_event(
@@ -508,6 +545,7 @@ mod tests {
                 image_tokens: 0,
                 completion_tokens: 0,
                 cached_tokens: 0,
+                video_tokens: 0,
             },
             max_tokens: 10,
             arrived: Instant::now(),
@@ -524,6 +562,7 @@ mod tests {
                 image_tokens: 0,
                 completion_tokens: 1,
                 cached_tokens,
+                video_tokens: 0,
             }),
             logprobs: Vec::new(),
             index: 0,

@@ -16,12 +16,14 @@ pub mod openai;
 pub mod openai_completions;
 pub mod openai_params;
 pub mod openai_sampling;
+pub mod openai_video;
 pub mod response_format;
 pub mod routing;
 pub mod service;
 pub mod stream;
 pub mod tool_calls;
 pub mod validation;
+pub mod video;
 
 pub use error::{GatewayError, ServeError};
 
@@ -50,6 +52,10 @@ pub struct GatewayConfig {
     pub admission: AdmissionLimits,
     pub max_images: usize,
     pub max_body_bytes: usize,
+    /// Ceilings on videos (per request, frames, decode work).
+    pub max_videos: usize,
+    pub max_video_frames: u32,
+    pub max_video_source_frames: u32,
     /// Special tokens written in message content are control tokens (injectable); off: text.
     pub control_tokens_in_content: bool,
     /// The internal APIs' shared token, sent to the LM and vision replicas.
@@ -57,6 +63,19 @@ pub struct GatewayConfig {
     /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
+}
+
+/// The checkpoint's `video_preprocessor_config.json` over Qwen3-VL's video defaults (absent:
+/// the defaults).
+fn read_video_processor(
+    dir: &std::path::Path,
+) -> Result<vlm_config::video::VideoProcessorConfig, ServeError> {
+    let path = dir.join("video_preprocessor_config.json");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => vlm_config::video::VideoProcessorConfig::from_json(&text)
+            .map_err(|m| ServeError::Config(format!("{}: {m}", path.display()))),
+        Err(_) => Ok(Default::default()),
+    }
 }
 
 /// gRPC service name for health.
@@ -87,8 +106,13 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_images = cfg.max_images,
         max_seq_len = cfg.deploy.max_seq_len,
         control_tokens_in_content = cfg.control_tokens_in_content,
+        max_videos = cfg.max_videos,
+        max_video_frames = cfg.max_video_frames,
+        max_video_source_frames = cfg.max_video_source_frames,
         "gateway limits"
     );
+    let video_processor = read_video_processor(&cfg.model_dir)?;
+    tracing::info!(?video_processor, "video processor");
     let model_id = cfg
         .model_dir
         .canonicalize()
@@ -96,8 +120,15 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".into());
-    let limits = Limits::from_config(&cfg.deploy, cfg.max_images, cfg.max_body_bytes);
-    let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id);
+    let mut limits = Limits::from_config(&cfg.deploy, cfg.max_images, cfg.max_body_bytes);
+    limits.video = video::VideoLimits {
+        max_videos: cfg.max_videos,
+        max_frames: cfg.max_video_frames,
+        max_source_frames: cfg.max_video_source_frames,
+        ..video::VideoLimits::from_processor(&video_processor)
+    };
+    let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id)
+        .with_video_processor(video_processor);
     // Prefix routing only pays when the LMs cache prefixes; their blocks are
     // `kvcache_partition_len` tokens (the gateway reads the same deployment config).
     let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing)

@@ -50,6 +50,20 @@ struct Args {
     /// Images per request.
     #[arg(long, env = "VLM_GATEWAY_MAX_IMAGES", default_value_t = 8)]
     max_images: usize,
+    /// Videos per request (0 refuses videos).
+    #[arg(long, env = "VLM_GATEWAY_MAX_VIDEOS", default_value_t = 2)]
+    max_videos: usize,
+    /// Frames sampled from one video, whatever its fps or num_frames asks.
+    #[arg(long, env = "VLM_GATEWAY_MAX_VIDEO_FRAMES", default_value_t = 128)]
+    max_video_frames: u32,
+    /// Frames of an MP4 the gateway decodes to reach the sampled ones (the decode work of one
+    /// video): 18000 is 10 minutes at 30 fps.
+    #[arg(
+        long,
+        env = "VLM_GATEWAY_MAX_VIDEO_SOURCE_FRAMES",
+        default_value_t = 18_000
+    )]
+    max_video_source_frames: u32,
     /// Bytes of one request body.
     #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
@@ -127,6 +141,9 @@ fn main() -> anyhow::Result<()> {
         },
         max_images: a.max_images,
         max_body_bytes: a.max_body_bytes,
+        max_videos: a.max_videos,
+        max_video_frames: a.max_video_frames,
+        max_video_source_frames: a.max_video_source_frames,
         control_tokens_in_content: a.control_tokens_in_content,
         internal_token: a
             .internal_token_file

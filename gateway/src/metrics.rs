@@ -6,6 +6,8 @@ pub const ADMISSION_REFUSALS_TOTAL: &str = "vlm_gateway_admission_refusals_total
 pub const TIME_TO_FIRST_TOKEN_SECONDS: &str = "vlm_gateway_time_to_first_token_seconds";
 pub const REQUEST_DURATION_SECONDS: &str = "vlm_gateway_request_duration_seconds";
 pub const PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_prompt_tokens_total";
+/// Prompt tokens of images and videos, labelled `kind` = image | video.
+pub const VISION_TOKENS_TOTAL: &str = "vlm_gateway_vision_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "vlm_gateway_completion_tokens_total";
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_cached_prompt_tokens_total";
 pub const LM_ROUTES_TOTAL: &str = "vlm_gateway_lm_routes_total";
@@ -46,6 +48,13 @@ pub fn describe() {
     metrics::counter!(PROMPT_TOKENS_TOTAL).increment(0);
     metrics::counter!(COMPLETION_TOKENS_TOTAL).increment(0);
     metrics::counter!(CACHED_PROMPT_TOKENS_TOTAL).increment(0);
+    metrics::describe_counter!(
+        VISION_TOKENS_TOTAL,
+        "Prompt tokens of images and videos of admitted requests, by kind"
+    );
+    for kind in ["image", "video"] {
+        metrics::counter!(VISION_TOKENS_TOTAL, "kind" => kind).increment(0);
+    }
     for route in ["prefix", "prefix_busy", "load"] {
         metrics::counter!(LM_ROUTES_TOTAL, "route" => route).increment(0);
     }

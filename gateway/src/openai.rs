@@ -172,8 +172,21 @@ pub enum OaContent {
 #[derive(Debug, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OaPart {
-    Text { text: String },
-    ImageUrl { image_url: OaImageUrl },
+    Text {
+        text: String,
+    },
+    ImageUrl {
+        image_url: OaImageUrl,
+    },
+    /// vLLM's video part: an MP4 in a data: URL.
+    VideoUrl {
+        video_url: OaImageUrl,
+    },
+    /// Pre-sampled frames (qwen-vl-utils' form): image data: URLs, taken at `fps`.
+    Video {
+        video: Vec<Value>,
+        fps: Option<f64>,
+    },
 }
 
 #[derive(Debug, Deserialize)]
@@ -205,12 +218,16 @@ impl OaImageUrl {
 /// OpenAI's `detail: "low"`: at most a 512x512 image (256 image tokens on Qwen3-VL).
 pub const LOW_DETAIL_PIXELS: u64 = 512 * 512;
 
-/// vLLM's `mm_processor_kwargs`: `min_pixels` and `max_pixels` for every image of the request.
-fn mm_pixel_budget(kw: Option<&Map<String, Value>>) -> Result<PixelBudget, GatewayError> {
+/// vLLM's `mm_processor_kwargs`: `min_pixels` and `max_pixels` for every image of the request,
+/// `fps` or `num_frames` for every video.
+fn mm_processor_kwargs(
+    kw: Option<&Map<String, Value>>,
+) -> Result<(PixelBudget, vlm_config::video::Sampling), GatewayError> {
     let Some(kw) = kw else {
-        return Ok(PixelBudget::default());
+        return Ok(Default::default());
     };
     let mut rest = kw.clone();
+    let sampling = crate::openai_video::take_video_kwargs(&mut rest)?;
     let mut take = |k: &str| -> Result<Option<u64>, GatewayError> {
         match rest.remove(k) {
             None | Some(Value::Null) => Ok(None),
@@ -227,7 +244,7 @@ fn mm_pixel_budget(kw: Option<&Map<String, Value>>) -> Result<PixelBudget, Gatew
         max_pixels: take("max_pixels")?,
     };
     check_unread(&rest, "mm_processor_kwargs.")?;
-    Ok(b)
+    Ok((b, sampling))
 }
 
 /// An image part's budget: the request's, with OpenAI's `detail` (`low`: at most
@@ -359,7 +376,7 @@ impl ParsedChat {
             let slot = &mut chat.messages[m].content[p];
             let budget = match slot {
                 InputPart::Image { budget, .. } => *budget,
-                InputPart::Text(_) => PixelBudget::default(),
+                InputPart::Text(_) | InputPart::Video(_) => PixelBudget::default(),
             };
             *slot = with_budget(part, budget);
         }
@@ -385,7 +402,7 @@ pub fn parse_chat_request(
     fetcher: &ImageFetcher,
 ) -> Result<ParsedChat, GatewayError> {
     check_unread(&body.extra, "")?;
-    let pixels = mm_pixel_budget(body.mm_processor_kwargs.as_ref())?;
+    let (pixels, video_sampling) = mm_processor_kwargs(body.mm_processor_kwargs.as_ref())?;
     let mut messages = Vec::with_capacity(body.messages.len());
     let mut remote = Vec::new();
     for (mi, m) in body.messages.into_iter().enumerate() {
@@ -398,6 +415,21 @@ pub fn parse_chat_request(
                 for (pi, p) in parts.into_iter().enumerate() {
                     content.push(match p {
                         OaPart::Text { text } => InputPart::Text(text),
+                        OaPart::VideoUrl { video_url } => {
+                            InputPart::Video(crate::openai_video::video_url_part(
+                                video_url.url(),
+                                video_sampling,
+                                &format!("messages[{mi}].content[{pi}].video_url"),
+                            )?)
+                        }
+                        OaPart::Video { video, fps } => {
+                            InputPart::Video(crate::openai_video::frames_part(
+                                &video,
+                                fps,
+                                video_sampling,
+                                &format!("messages[{mi}].content[{pi}]"),
+                            )?)
+                        }
                         OaPart::ImageUrl { image_url } => {
                             let param = format!("messages[{mi}].content[{pi}].image_url.detail");
                             let budget = detail_budget(image_url.detail(), pixels, &param)?;
@@ -835,6 +867,7 @@ mod tests {
             image_tokens: 4,
             completion_tokens: 3,
             cached_tokens: 8,
+            video_tokens: 0,
         };
         let last = Delta {
             index: 0,
@@ -863,6 +896,7 @@ mod tests {
             image_tokens: 0,
             completion_tokens: 5,
             cached_tokens,
+            video_tokens: 0,
         };
         let v = completion_json(
             "c2",
@@ -925,12 +959,13 @@ mod tests {
 
     #[test]
     fn detail_and_mm_processor_kwargs_set_the_pixel_budget() {
-        let req = mm_pixel_budget(Some(
-            json!({"min_pixels": 1000, "max_pixels": 900000})
+        let (req, sampling) = mm_processor_kwargs(Some(
+            json!({"min_pixels": 1000, "max_pixels": 900000, "fps": 1})
                 .as_object()
                 .unwrap(),
         ))
         .unwrap();
+        assert_eq!(sampling, vlm_config::video::Sampling::Fps(1.0));
         assert_eq!(detail_budget(Some("auto"), req, "d").unwrap(), req);
         let low = detail_budget(Some("low"), req, "d").unwrap();
         assert_eq!(

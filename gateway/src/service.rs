@@ -21,6 +21,66 @@ impl GatewayService {
     }
 }
 
+/// A `VideoPart` in domain terms: exactly one of `data` / `frames`, fps and num_frames
+/// exclusive.
+fn video_input(v: pb::VideoPart, param: &str) -> Result<crate::video::VideoInput, GatewayError> {
+    use crate::video::VideoSource;
+    use vlm_config::video::Sampling;
+    let source = match (v.data.is_empty(), v.frames.is_empty()) {
+        (false, true) => VideoSource::Mp4(v.data.into()),
+        (true, false) => VideoSource::Frames(v.frames.into_iter().map(Into::into).collect()),
+        (false, false) => {
+            return Err(GatewayError::validation(format!(
+                "{param}: set data (an MP4) or frames, not both"
+            )))
+        }
+        (true, true) => {
+            return Err(GatewayError::validation(format!(
+                "{param}: set data (an MP4) or frames (image files)"
+            )))
+        }
+    };
+    if !v.mime_type.is_empty() && v.mime_type != "video/mp4" {
+        return Err(GatewayError::validation(format!(
+            "{param}.mime_type {:?}: video/mp4 (H.264) is supported",
+            v.mime_type
+        )));
+    }
+    let positive = |x: f64, what: &str| {
+        if x.is_finite() && x >= 0.0 {
+            Ok(x)
+        } else {
+            Err(GatewayError::param(
+                &format!("{param}.{what}"),
+                format!("{param}.{what} is {x}; it must be a positive number or 0 (unset)"),
+            ))
+        }
+    };
+    let fps = positive(v.fps, "fps")?;
+    let frames_fps = positive(v.frames_fps, "frames_fps")?;
+    let sampling = match (fps > 0.0, v.num_frames > 0) {
+        (true, true) => {
+            return Err(GatewayError::param(
+                &format!("{param}.fps"),
+                format!("{param}: fps and num_frames are exclusive; set one"),
+            ))
+        }
+        (true, false) => Sampling::Fps(fps),
+        (false, true) => Sampling::NumFrames(v.num_frames),
+        (false, false) => match &source {
+            // Frames given as such are all used unless the request asks for sampling.
+            VideoSource::Frames(f) => Sampling::NumFrames(f.len() as u32),
+            VideoSource::Mp4(_) => Sampling::Default,
+        },
+    };
+    Ok(crate::video::VideoInput {
+        source,
+        frames_fps: (frames_fps > 0.0).then_some(frames_fps),
+        sampling,
+        max_pixels: (v.max_pixels > 0).then_some(v.max_pixels),
+    })
+}
+
 /// Proto -> domain request; a content part with neither text nor image set is refused (it
 /// is a client bug, not an empty string).
 pub fn chat_request(req: pb::GenerateRequest) -> Result<ChatRequest, GatewayError> {
@@ -39,9 +99,13 @@ pub fn chat_request(req: pb::GenerateRequest) -> Result<ChatRequest, GatewayErro
                         max_pixels: (i.max_pixels > 0).then_some(i.max_pixels),
                     },
                 },
+                Some(pb::content_part::Part::Video(v)) => InputPart::Video(video_input(
+                    v,
+                    &format!("messages[{mi}].content[{pi}].video"),
+                )?),
                 None => {
                     return Err(GatewayError::validation(format!(
-                        "messages[{mi}].content[{pi}] sets neither text nor image"
+                        "messages[{mi}].content[{pi}] sets neither text, image nor video"
                     )))
                 }
             });
@@ -121,6 +185,7 @@ mod tests {
                 image_tokens: 16,
                 completion_tokens: 2,
                 cached_tokens: 64,
+                video_tokens: 0,
             },
         };
         let r = response("req-1", d);
@@ -133,6 +198,7 @@ mod tests {
                 image_tokens: 16,
                 completion_tokens: 2,
                 cached_tokens: 64,
+                video_tokens: 0,
             })
         );
     }

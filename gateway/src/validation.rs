@@ -3,10 +3,12 @@
 //! and every limit checked. Every refusal is a [`GatewayError::Validation`] naming the limit
 //! and the value.
 use crate::error::GatewayError;
+use crate::video::{plan_video, ValidVideo, VideoInput, VideoLimits};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use vlm_config::video::VideoProcessorConfig;
 use vlm_config::{DeployConfig, PixelBudget, VisualConfig};
-use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
+use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer, VisionTokens};
 
 /// One part of a message as the edges (gRPC, HTTP) decode it.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,6 +20,7 @@ pub enum InputPart {
         /// This image's pixel budget (OpenAI's `detail`, vLLM's `mm_processor_kwargs`).
         budget: PixelBudget,
     },
+    Video(VideoInput),
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -156,6 +159,13 @@ pub struct ValidImage {
     pub budget: PixelBudget,
 }
 
+/// One image or video of a prompt, in prompt order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionRef {
+    Image(usize),
+    Video(usize),
+}
+
 /// A request that passed every check; the rest of the gateway accepts only this.
 #[derive(Debug, Clone)]
 pub struct ValidRequest {
@@ -163,6 +173,10 @@ pub struct ValidRequest {
     pub input_ids: Vec<u32>,
     pub images: Vec<ValidImage>,
     pub image_tokens: u32,
+    pub videos: Vec<ValidVideo>,
+    pub video_tokens: u32,
+    /// The images and videos in prompt order.
+    pub order: Vec<VisionRef>,
     /// `max_tokens` resolved.
     pub sampling: InputSampling,
 }
@@ -191,6 +205,7 @@ pub struct Limits {
     /// Stop strings per request, and bytes of each.
     pub max_stop: usize,
     pub max_stop_len: usize,
+    pub video: VideoLimits,
 }
 
 impl Limits {
@@ -202,6 +217,7 @@ impl Limits {
             max_image_bytes: max_body_bytes,
             max_stop: 8,
             max_stop_len: 256,
+            video: VideoLimits::from_processor(&VideoProcessorConfig::default()),
         }
     }
 }
@@ -213,6 +229,8 @@ pub struct Validator {
     visual: VisualConfig,
     limits: Limits,
     model_id: String,
+    /// The checkpoint's `video_preprocessor_config.json` (or Qwen3-VL's defaults).
+    video: VideoProcessorConfig,
 }
 
 const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
@@ -229,7 +247,17 @@ impl Validator {
             visual,
             limits,
             model_id,
+            video: VideoProcessorConfig::default(),
         }
+    }
+
+    /// The video processor settings (the checkpoint's `video_preprocessor_config.json`).
+    pub fn with_video_processor(mut self, video: VideoProcessorConfig) -> Self {
+        self.video = video;
+        self
+    }
+    pub fn video_processor(&self) -> &VideoProcessorConfig {
+        &self.video
     }
 
     pub fn tokenizer(&self) -> &ChatTokenizer {
@@ -289,6 +317,26 @@ impl Validator {
                     m.role
                 )));
             }
+            // What Qwen3-VL's chat template would silently drop is refused instead.
+            if m.role == "system" && i > 0 {
+                return Err(GatewayError::validation(format!(
+                    "messages[{i}] is a system message; the chat template shows a system message \
+                     only as the first message (a later one would be dropped)"
+                )));
+            }
+            if matches!(m.role.as_str(), "system" | "assistant") {
+                if let Some(j) = m
+                    .content
+                    .iter()
+                    .position(|p| !matches!(p, InputPart::Text(_)))
+                {
+                    return Err(GatewayError::validation(format!(
+                        "messages[{i}].content[{j}] is an image or video in this {} message; the \
+                         chat template shows images and videos only in user and tool messages",
+                        m.role
+                    )));
+                }
+            }
         }
         let images = req
             .messages
@@ -300,6 +348,18 @@ impl Validator {
             return Err(GatewayError::validation(format!(
                 "request has {images} images, over the limit of {} images per request (--max-images)",
                 l.max_images
+            )));
+        }
+        let videos = req
+            .messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter(|p| matches!(p, InputPart::Video(_)))
+            .count();
+        if videos > l.video.max_videos {
+            return Err(GatewayError::validation(format!(
+                "request has {videos} videos, over the limit of {} videos per request (--max-videos)",
+                l.video.max_videos
             )));
         }
         let s = &req.sampling;
@@ -332,6 +392,9 @@ impl Validator {
         self.check_shape(&req)?;
         let l = &self.limits;
         let mut images = Vec::new();
+        let mut videos: Vec<ValidVideo> = Vec::new();
+        let mut order = Vec::new();
+        let mut vision = Vec::new();
         let mut messages = Vec::with_capacity(req.messages.len());
         for (mi, m) in req.messages.into_iter().enumerate() {
             let mut parts = Vec::with_capacity(m.content.len());
@@ -344,8 +407,22 @@ impl Validator {
                         budget,
                     } => {
                         let index = images.len();
-                        images.push(self.plan_image(index, mi, data, mime_type, budget, l)?);
+                        let image = self.plan_image(index, mi, data, mime_type, budget, l)?;
+                        vision.push(VisionTokens::Image(image.tokens as usize));
+                        images.push(image);
+                        order.push(VisionRef::Image(index));
                         parts.push(ChatPart::Image);
+                    }
+                    InputPart::Video(v) => {
+                        let index = videos.len();
+                        let video = plan_video(index, v, &self.video, &self.visual, &l.video)?;
+                        vision.push(VisionTokens::Video {
+                            tokens_per_group: video.geometry.group_tokens() as usize,
+                            timestamps: video.geometry.timestamps.clone(),
+                        });
+                        videos.push(video);
+                        order.push(VisionRef::Video(index));
+                        parts.push(ChatPart::Video);
                     }
                 }
             }
@@ -353,7 +430,6 @@ impl Validator {
             msg.tool_calls = m.tool_calls;
             messages.push(msg);
         }
-        let counts: Vec<usize> = images.iter().map(|i| i.tokens as usize).collect();
         // The prompt must leave room for one generated token; encoding stops once past that
         // (or never starts when the text's byte length proves it too long).
         let limit = l.max_seq_len.saturating_sub(1) as usize;
@@ -361,7 +437,7 @@ impl Validator {
             Some(p) => self.raw_prompt_ids(p, limit)?,
             None => self
                 .tokenizer
-                .encode_prompt_within(&messages, &req.tools, &counts, limit)
+                .encode_prompt_vision(&messages, &req.tools, &vision, limit)
                 .map_err(|e| self.encode_error("cannot build the prompt", e))?,
         };
         let prompt = input_ids.len() as u32;
@@ -401,10 +477,14 @@ impl Validator {
         }
         s.max_tokens = max_tokens;
         let image_tokens = images.iter().map(|i| i.tokens).sum();
+        let video_tokens = videos.iter().map(|v| v.tokens()).sum();
         Ok(ValidRequest {
             input_ids,
             images,
             image_tokens,
+            videos,
+            video_tokens,
+            order,
             sampling: s,
         })
     }
@@ -664,5 +744,28 @@ pub(crate) mod tests {
         assert!(err(&v, r).contains("role"));
 
         assert!(err(&v, ChatRequest::default()).contains("messages is empty"));
+
+        // What the template would drop: a later system message, an image outside user/tool.
+        let mut r = req(vec![InputPart::Text("hi".into())]);
+        r.messages.push(InputMessage {
+            role: "system".into(),
+            content: vec![InputPart::Text("be brief".into())],
+            ..Default::default()
+        });
+        assert!(err(&v, r).contains("messages[1] is a system message"));
+        let mut r = req(vec![InputPart::Text("hi".into())]);
+        r.messages.push(InputMessage {
+            role: "assistant".into(),
+            content: vec![InputPart::Image {
+                data: png(64, 64),
+                mime_type: String::new(),
+                budget: Default::default(),
+            }],
+            ..Default::default()
+        });
+        assert!(
+            err(&v, r).contains("messages[1].content[0] is an image or video in this assistant"),
+            "template-dropped image"
+        );
     }
 }

@@ -158,6 +158,7 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
                     image_hashes: Vec::new(),
                     layout,
                     image_tokens: 0,
+                    video_tokens: 0,
                     sampling: SamplingConfig::greedy(),
                     guide: None,
                     n: 1,

@@ -65,6 +65,7 @@ mod tests {
                 image_tokens: 0,
                 completion_tokens: t,
                 cached_tokens: 0,
+                video_tokens: 0,
             },
         })
     }

@@ -20,6 +20,7 @@ pub fn generate_input(r: pb::LmGenerateRequest, deadline: Option<Instant>) -> Ge
                 content_hash: i.content_hash,
                 grid: i.grid.map(|g| [g.t as usize, g.h as usize, g.w as usize]),
                 input: i.input,
+                video: i.video,
             })
             .collect(),
         vision_replica: r.vision_replica,

@@ -82,6 +82,7 @@ pub struct SeqRequest {
     pub image_hashes: Vec<Vec<u8>>,
     pub layout: PromptLayout,
     pub image_tokens: u32,
+    pub video_tokens: u32,
     pub sampling: SamplingConfig,
     /// The structured-output constraint (moved into the sampler at admission).
     pub guide: Option<Guide>,
@@ -323,6 +324,7 @@ impl SeqState {
             image_tokens: self.req.image_tokens,
             completion_tokens: self.generated.len() as u32,
             cached_tokens: self.cached_tokens,
+            video_tokens: self.req.video_tokens,
         }
     }
 }
@@ -437,6 +439,7 @@ impl Engine {
                 image_hashes: r.image_hashes.clone(),
                 layout: r.layout.clone(),
                 image_tokens: r.image_tokens,
+                video_tokens: r.video_tokens,
                 sampling: SamplingConfig {
                     seed: r.sampling.seed.wrapping_add(i as u64),
                     ..r.sampling.clone()

@@ -33,6 +33,8 @@ pub struct ImageIn {
     pub grid: Option<[usize; 3]>,
     /// The image, forwarded to the vision service on a cache miss.
     pub input: Option<ImageInput>,
+    /// A video temporal group (`<|video_pad|>` placeholders), not an image.
+    pub video: bool,
 }
 
 /// What the handlers share.
@@ -157,7 +159,8 @@ pub async fn generate(
             .ok_or_else(|| LmError::validation(format!("image {k} has no grid")))?;
         grids.push(g);
     }
-    let layout = PromptLayout::new(&input.input_ids, &grids, &info.model)?;
+    let video: Vec<bool> = input.images.iter().map(|i| i.video).collect();
+    let layout = PromptLayout::with_videos(&input.input_ids, &grids, &video, &info.model)?;
 
     // Embeddings.
     let shape = EmbedShape {
@@ -166,7 +169,15 @@ pub async fn generate(
         spatial_merge_size: info.model.vision.spatial_merge_size,
     };
     let images = embeddings(ctx, &input, &grids, shape).await?;
-    let image_tokens = grids.iter().map(|&g| shape.rows_for(g) as u32).sum();
+    let tokens_where = |want: bool| {
+        grids
+            .iter()
+            .zip(&video)
+            .filter(|(_, v)| **v == want)
+            .map(|(&g, _)| shape.rows_for(g) as u32)
+            .sum::<u32>()
+    };
+    let (image_tokens, video_tokens) = (tokens_where(false), tokens_where(true));
 
     let (tx, rx) = unbounded_channel();
     let image_hashes = input
@@ -181,6 +192,7 @@ pub async fn generate(
         image_hashes,
         layout,
         image_tokens,
+        video_tokens,
         sampling,
         guide,
         n: s.n.max(1) as usize,

@@ -262,6 +262,7 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
         content_hash: vec![1; 32],
         grid: Some(ImageGrid { t: 1, h: 4, w: 4 }),
         input: None,
+        video: false,
     };
     let e = generate(
         &mut client,
@@ -282,6 +283,7 @@ async fn bad_requests_get_clear_statuses_and_the_service_keeps_serving() {
             expected_grid: None,
             ..Default::default()
         }),
+        video: false,
     };
     let e = generate(
         &mut client,
@@ -465,6 +467,7 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
             expected_grid: None,
             ..Default::default()
         }),
+        video: false,
     };
     let req = request(
         ids.clone(),
@@ -526,6 +529,7 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
             expected_grid: None,
             ..Default::default()
         }),
+        video: false,
     };
     let req = request(ids, vec![image], &vision.endpoint(), greedy(max_new as u32));
     let (served, _) = generate(&mut client, req).await.unwrap();
@@ -644,6 +648,7 @@ fn synthetic_image() -> (LmImage, usize) {
             expected_grid: None,
             ..Default::default()
         }),
+        video: false,
     };
     (image, tokens)
 }

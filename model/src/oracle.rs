@@ -275,7 +275,7 @@ impl<K: Kernels> Oracle<K> {
             return Err(ModelError::invalid("the prompt is empty"));
         }
         let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
-        Ok(PromptLayout::new(input_ids, &grids, &self.config)?)
+        Ok(PromptLayout::infer(input_ids, &grids, &self.config)?)
     }
 
     /// A cache with room for sequences of the given lengths, blocks split evenly.

@@ -10,13 +10,15 @@ mod error;
 mod jpeg_complete;
 mod patchify;
 mod resize;
+mod video_file;
 
 pub use decode::{decode_image, over_white, read_image_size, to_rgb_on_white};
 pub use error::{PreprocessError, Result};
-pub use patchify::{normalize_u8, patchify};
+pub use patchify::{normalize_u8, patchify, patchify_frames};
 pub use resize::resize_bicubic;
+pub use video_file::*;
 
-use image::RgbImage;
+pub use image::RgbImage;
 use vlm_config::geometry::{self, smart_resize};
 
 /// Processor settings. Defaults are Qwen3-VL's.
@@ -182,6 +184,40 @@ pub fn preprocess_resized(img: &RgbImage, cfg: &PreprocessConfig) -> Result<Pixe
     let (values, rows, cols) =
         patchify(img, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size);
     debug_assert_eq!(values.len(), rows * cols);
+    Ok(PixelValues {
+        values,
+        grid_thw: [1, h as usize / cfg.patch_size, w as usize / cfg.patch_size],
+    })
+}
+
+/// Normalize + patchify of one temporal group of a video: `temporal_patch_size` frames the
+/// caller already resized, all the same size (`Qwen3VLVideoProcessor.patchify` for one group;
+/// the grid is `[1, h, w]`, as `get_rope_index` splits a video into its groups).
+pub fn preprocess_video_group(frames: &[&RgbImage], cfg: &PreprocessConfig) -> Result<PixelValues> {
+    cfg.validate()?;
+    if frames.len() != cfg.temporal_patch_size {
+        return Err(PreprocessError::invalid(format!(
+            "a temporal group has {} frames; it takes {} (temporal_patch_size)",
+            frames.len(),
+            cfg.temporal_patch_size
+        )));
+    }
+    let (w, h) = frames[0].dimensions();
+    if let Some(f) = frames.iter().find(|f| f.dimensions() != (w, h)) {
+        return Err(PreprocessError::invalid(format!(
+            "the frames of a temporal group differ in size: {w}x{h} and {}x{}",
+            f.width(),
+            f.height()
+        )));
+    }
+    let f = cfg.factor();
+    if w == 0 || h == 0 || w % f != 0 || h % f != 0 {
+        return Err(PreprocessError::invalid(format!(
+            "resized frames are {w}x{h}; both sides must be positive multiples of {f} (patch {} x merge {})",
+            cfg.patch_size, cfg.merge_size
+        )));
+    }
+    let (values, _, _) = patchify_frames(frames, cfg.patch_size, cfg.merge_size);
     Ok(PixelValues {
         values,
         grid_thw: [1, h as usize / cfg.patch_size, w as usize / cfg.patch_size],

@@ -19,9 +19,7 @@ fn lut() -> [f32; 256] {
 }
 
 /// Patch rows of a `(grid_h*patch) x (grid_w*patch)` RGB image, in merge-block order with the
-/// single frame repeated `temporal` times:
-/// row `((bh*(gw/m)+bw)*m+ih)*m+iw` holds patch (row `m*bh+ih`, col `m*bw+iw`), and its column
-/// `c*T*P*P + t*P*P + py*P + px` holds channel c of pixel (py, px) of that patch.
+/// single frame repeated `temporal` times (an image: the reference stacks it `temporal` times).
 /// Returns (values, rows, columns). The caller checks the sides are multiples of patch*merge.
 pub fn patchify(
     img: &RgbImage,
@@ -29,13 +27,29 @@ pub fn patchify(
     merge: usize,
     temporal: usize,
 ) -> (Vec<f32>, usize, usize) {
+    patchify_frames(&vec![img; temporal], patch, merge)
+}
+
+/// Patch rows of one temporal patch made of `frames` (all the same size; a video's temporal
+/// group, `Qwen3VLVideoProcessor.patchify`), in merge-block order:
+/// row `((bh*(gw/m)+bw)*m+ih)*m+iw` holds patch (row `m*bh+ih`, col `m*bw+iw`), and its column
+/// `c*T*P*P + t*P*P + py*P + px` holds channel c of pixel (py, px) of that patch in frame t.
+/// Returns (values, rows, columns).
+pub fn patchify_frames(
+    frames: &[&RgbImage],
+    patch: usize,
+    merge: usize,
+) -> (Vec<f32>, usize, usize) {
     let lut = lut();
-    let (w, h) = (img.width() as usize, img.height() as usize);
+    let temporal = frames.len();
+    let Some(first) = frames.first() else {
+        return (Vec::new(), 0, 0);
+    };
+    let (w, h) = (first.width() as usize, first.height() as usize);
     let (gh, gw) = (h / patch, w / patch);
     let pp = patch * patch;
     let cols = 3 * temporal * pp;
     let rows = gh * gw;
-    let raw = img.as_raw();
     let mut out = vec![0f32; rows * cols];
     let mut row = 0;
     for bh in 0..gh / merge {
@@ -44,14 +58,16 @@ pub fn patchify(
                 for iw in 0..merge {
                     let (pr, pc) = (bh * merge + ih, bw * merge + iw);
                     let dst = &mut out[row * cols..(row + 1) * cols];
-                    for py in 0..patch {
-                        let y = pr * patch + py;
-                        let line = &raw[(y * w + pc * patch) * 3..(y * w + pc * patch + patch) * 3];
-                        for (px, rgb) in line.chunks_exact(3).enumerate() {
-                            for (c, &u) in rgb.iter().enumerate() {
-                                let v = lut[u as usize];
-                                for t in 0..temporal {
-                                    dst[c * temporal * pp + t * pp + py * patch + px] = v;
+                    for (t, frame) in frames.iter().enumerate() {
+                        let raw = frame.as_raw();
+                        for py in 0..patch {
+                            let y = pr * patch + py;
+                            let start = (y * w + pc * patch) * 3;
+                            let line = &raw[start..start + patch * 3];
+                            for (px, rgb) in line.chunks_exact(3).enumerate() {
+                                for (c, &u) in rgb.iter().enumerate() {
+                                    dst[c * temporal * pp + t * pp + py * patch + px] =
+                                        lut[u as usize];
                                 }
                             }
                         }
@@ -89,5 +105,15 @@ mod tests {
         // temporal duplicate and channel-major columns: [r, r, g, g, b, b]
         assert_eq!(v[0], v[1]);
         assert_eq!(&v[2..6], &[-1.0, -1.0, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn two_frames_fill_the_temporal_columns_in_order() {
+        let a = RgbImage::from_fn(2, 2, |_, _| image::Rgb([0, 0, 0]));
+        let b = RgbImage::from_fn(2, 2, |_, _| image::Rgb([255, 255, 255]));
+        let (v, rows, cols) = patchify_frames(&[&a, &b], 1, 2);
+        assert_eq!((rows, cols), (4, 6));
+        // [r(t0), r(t1), g(t0), g(t1), b(t0), b(t1)]
+        assert_eq!(&v[..6], &[-1.0, 1.0, -1.0, 1.0, -1.0, 1.0]);
     }
 }

@@ -188,10 +188,13 @@ fn encoded_image() -> impl Strategy<Value = pb::EncodedImage> {
 }
 
 fn resized_pixels() -> impl Strategy<Value = pb::ResizedPixels> {
-    (uint(), uint(), blob()).prop_map(|(width, height, rgb8)| pb::ResizedPixels {
-        width,
-        height,
-        rgb8,
+    (uint(), uint(), blob(), blob()).prop_map(|(width, height, rgb8, second_frame)| {
+        pb::ResizedPixels {
+            width,
+            height,
+            rgb8,
+            second_frame,
+        }
     })
 }
 
@@ -222,11 +225,13 @@ fn lm_image() -> impl Strategy<Value = pb::LmImage> {
         blob(),
         prop::option::of(grid()),
         prop::option::of(image_input()),
+        any::<bool>(),
     )
-        .prop_map(|(content_hash, grid, input)| pb::LmImage {
+        .prop_map(|(content_hash, grid, input, video)| pb::LmImage {
             content_hash,
             grid,
             input,
+            video,
         })
 }
 

@@ -21,6 +21,8 @@ pub struct Usage {
     pub completion_tokens: u32,
     /// Of `prompt_tokens`, those read from the LM's prefix cache instead of computed.
     pub cached_tokens: u32,
+    /// Of `prompt_tokens`, the video tokens (not in `image_tokens`).
+    pub video_tokens: u32,
 }
 
 /// The log-probability of one generated token and the most likely alternatives at its
@@ -115,6 +117,7 @@ impl From<Usage> for pb::Usage {
             image_tokens: u.image_tokens,
             completion_tokens: u.completion_tokens,
             cached_tokens: u.cached_tokens,
+            video_tokens: u.video_tokens,
         }
     }
 }
@@ -126,6 +129,7 @@ impl From<pb::Usage> for Usage {
             image_tokens: u.image_tokens,
             completion_tokens: u.completion_tokens,
             cached_tokens: u.cached_tokens,
+            video_tokens: u.video_tokens,
         }
     }
 }
@@ -174,6 +178,7 @@ mod tests {
             image_tokens: 3,
             completion_tokens: 11,
             cached_tokens: 5,
+            video_tokens: 0,
         };
         let wire = pb::Usage::from(u);
         assert_eq!(

@@ -35,6 +35,29 @@ pub enum ChatPart {
     Text(String),
     /// An image; the template renders `<|vision_start|><|image_pad|><|vision_end|>`.
     Image,
+    /// A video; the template renders `<|vision_start|><|video_pad|><|vision_end|>`, whose pad
+    /// the encoder expands into the video's temporal groups ([`VisionTokens::Video`]).
+    Video,
+}
+
+/// The prompt text before a video temporal group at `seconds` (`replace_video_token`'s
+/// `f"<{t:.1f} seconds>"`; Python and Rust both round the exact binary value, ties to even).
+pub fn timestamp_text(seconds: f64) -> String {
+    format!("<{seconds:.1} seconds>")
+}
+
+/// What one image or video placeholder of a prompt expands to, in prompt order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VisionTokens {
+    /// An image: this many `<|image_pad|>`.
+    Image(usize),
+    /// A video: per temporal group, `<{t:.1f} seconds>` (as text) + `<|vision_start|>` +
+    /// `tokens_per_group` x `<|video_pad|>` + `<|vision_end|>`
+    /// (`Qwen3VLProcessor.replace_video_token`), one group per timestamp.
+    Video {
+        tokens_per_group: usize,
+        timestamps: Vec<f64>,
+    },
 }
 
 /// One conversation turn. Rendered as `{"role": ..., "content": [{"type": "text", "text":
@@ -81,11 +104,17 @@ impl ChatMessage {
             .filter(|p| matches!(p, ChatPart::Image))
             .count()
     }
+    pub fn video_count(&self) -> usize {
+        self.content
+            .iter()
+            .filter(|p| matches!(p, ChatPart::Video))
+            .count()
+    }
     /// The text this message's content and tool calls carry.
     fn texts(&self) -> impl Iterator<Item = &str> {
         let parts = self.content.iter().filter_map(|p| match p {
             ChatPart::Text(t) => Some(t.as_str()),
-            ChatPart::Image => None,
+            ChatPart::Image | ChatPart::Video => None,
         });
         let calls = self
             .tool_calls
@@ -103,6 +132,7 @@ impl ChatMessage {
             .map(|p| match p {
                 ChatPart::Text(t) => json!({"type": "text", "text": t}),
                 ChatPart::Image => json!({"type": "image"}),
+                ChatPart::Video => json!({"type": "video"}),
             })
             .collect();
         let mut m = json!({"role": self.role, "content": parts});
@@ -516,19 +546,29 @@ impl ChatTokenizer {
         image_token_counts: &[usize],
         limit: usize,
     ) -> Result<Vec<u32>> {
-        // Tokens the expansion adds: each image's placeholder is already one token of the text.
-        let image_tokens: usize = image_token_counts.iter().map(|c| c.saturating_sub(1)).sum();
+        let vision: Vec<VisionTokens> = image_token_counts
+            .iter()
+            .map(|&n| VisionTokens::Image(n))
+            .collect();
+        self.encode_prompt_vision(messages, tools, &vision, limit)
+    }
+
+    /// [`Self::encode_prompt_within`] for prompts with images and videos: `vision[k]` is the
+    /// k-th image or video part of the messages, in order.
+    pub fn encode_prompt_vision(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        vision: &[VisionTokens],
+        limit: usize,
+    ) -> Result<Vec<u32>> {
+        let expansions = self.vision_expansions(messages, vision)?;
+        // Tokens the expansion adds: each placeholder is already one token of the text.
+        let image_tokens: usize = expansions.iter().map(|e| e.len().saturating_sub(1)).sum();
         let room = limit.saturating_sub(image_tokens);
         let text_bytes: usize = messages.iter().map(ChatMessage::text_bytes).sum();
         self.check_bytes(text_bytes, room)
             .map_err(|e| e.plus(image_tokens))?;
-        let images: usize = messages.iter().map(ChatMessage::image_count).sum();
-        if images != image_token_counts.len() {
-            return Err(TokenizerError::invalid(format!(
-                "the messages hold {images} images but {} image token counts were given",
-                image_token_counts.len()
-            )));
-        }
         let i = &self.inner;
         let (messages, tools, wrapped) = self.wrap_content(messages, tools)?;
         let text = self.render_with_tools(&messages, &tools, true)?;
@@ -547,7 +587,128 @@ impl ChatTokenizer {
             bounded::encode_within(&i.tokenizer, &text, room, i.chunkable, &mut ids)
                 .map_err(|e| e.plus(image_tokens))?;
         }
-        self.expand_image_pads(&ids, image_token_counts)
+        self.expand_vision_pads(&ids, &expansions)
+    }
+
+    /// The ids each vision placeholder becomes, checked against the messages' parts.
+    fn vision_expansions(
+        &self,
+        messages: &[ChatMessage],
+        vision: &[VisionTokens],
+    ) -> Result<Vec<Vec<u32>>> {
+        let parts: Vec<&ChatPart> = messages
+            .iter()
+            .flat_map(|m| &m.content)
+            .filter(|p| !matches!(p, ChatPart::Text(_)))
+            .collect();
+        let (images, videos) = (
+            parts
+                .iter()
+                .filter(|p| matches!(p, ChatPart::Image))
+                .count(),
+            parts
+                .iter()
+                .filter(|p| matches!(p, ChatPart::Video))
+                .count(),
+        );
+        let given = |want_video: bool| {
+            vision
+                .iter()
+                .filter(|v| matches!(v, VisionTokens::Video { .. }) == want_video)
+                .count()
+        };
+        if images != given(false) || videos != given(true) {
+            return Err(TokenizerError::invalid(format!(
+                "the messages hold {images} images and {videos} videos but {} image and {} \
+                 video token counts were given",
+                given(false),
+                given(true)
+            )));
+        }
+        let i = &self.inner;
+        let mut out = Vec::with_capacity(vision.len());
+        for (k, (part, v)) in parts.iter().zip(vision).enumerate() {
+            match (part, v) {
+                (ChatPart::Image, VisionTokens::Image(0)) => {
+                    return Err(TokenizerError::invalid(format!(
+                        "image {k} has 0 tokens; every image has at least 1"
+                    )))
+                }
+                (ChatPart::Image, VisionTokens::Image(n)) => out.push(vec![i.image_pad_id; *n]),
+                (
+                    ChatPart::Video,
+                    VisionTokens::Video {
+                        tokens_per_group,
+                        timestamps,
+                    },
+                ) => {
+                    let pad = i.video_pad_id.ok_or_else(|| {
+                        TokenizerError::invalid(format!(
+                            "this tokenizer has no {VIDEO_PAD} token: videos cannot be served"
+                        ))
+                    })?;
+                    if *tokens_per_group == 0 || timestamps.is_empty() {
+                        return Err(TokenizerError::invalid(format!(
+                            "video part {k} has {} groups of {tokens_per_group} tokens; a video \
+                             has at least one group of at least 1 token",
+                            timestamps.len()
+                        )));
+                    }
+                    let mut ids = Vec::new();
+                    for &t in timestamps {
+                        let text = timestamp_text(t);
+                        ids.extend(self.encode(&text)?);
+                        ids.push(i.vision_start_id);
+                        ids.extend(std::iter::repeat_n(pad, *tokens_per_group));
+                        ids.push(i.vision_end_id);
+                    }
+                    out.push(ids);
+                }
+                _ => {
+                    return Err(TokenizerError::invalid(format!(
+                        "vision part {k} of the messages and its token count disagree on image \
+                         or video"
+                    )))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Replaces the k-th image or video placeholder of `ids` (`<|image_pad|>` /
+    /// `<|video_pad|>`, in prompt order) with `expansions[k]`.
+    fn expand_vision_pads(&self, ids: &[u32], expansions: &[Vec<u32>]) -> Result<Vec<u32>> {
+        let i = &self.inner;
+        let is_pad = |t: u32| t == i.image_pad_id || Some(t) == i.video_pad_id;
+        let found = ids.iter().filter(|&&t| is_pad(t)).count();
+        if found != expansions.len() {
+            return Err(TokenizerError::invalid(format!(
+                "the prompt holds {found} {IMAGE_PAD}/{VIDEO_PAD} placeholders but {} images and \
+                 videos were given (text must not contain the placeholder itself)",
+                expansions.len()
+            )));
+        }
+        let mut out =
+            Vec::with_capacity(ids.len() + expansions.iter().map(Vec::len).sum::<usize>());
+        let mut next = expansions.iter();
+        for &t in ids {
+            if is_pad(t) {
+                let e = next.next().map(Vec::as_slice).unwrap_or(&[]);
+                // The template's pad and the expansion agree on the kind.
+                let kind_ok = e.is_empty()
+                    || (t == i.image_pad_id) == (e.iter().any(|&x| x == i.image_pad_id));
+                if !kind_ok {
+                    return Err(TokenizerError::invalid(
+                        "the template placed an image placeholder where a video was expected, or \
+                         the reverse",
+                    ));
+                }
+                out.extend_from_slice(e);
+            } else {
+                out.push(t);
+            }
+        }
+        Ok(out)
     }
 
     /// The messages and tools with content holding special-token text wrapped for literal
@@ -969,5 +1130,21 @@ mod tests {
             out.push_str(&take_complete(&mut pending, true));
             assert_eq!(out, String::from_utf8_lossy(s), "{s:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod video_tests {
+    use super::timestamp_text;
+
+    #[test]
+    fn timestamps_print_as_python_does() {
+        // Python: f"{0.25:.1f}" == "0.2", f"{0.35:.1f}" == "0.3" (0.35 is below it in binary),
+        // f"{0.75:.1f}" == "0.8", f"{0.45:.1f}" == "0.5".
+        assert_eq!(timestamp_text(0.25), "<0.2 seconds>");
+        assert_eq!(timestamp_text(0.35), "<0.3 seconds>");
+        assert_eq!(timestamp_text(0.75), "<0.8 seconds>");
+        assert_eq!(timestamp_text(0.45), "<0.5 seconds>");
+        assert_eq!(timestamp_text(1.0), "<1.0 seconds>");
     }
 }

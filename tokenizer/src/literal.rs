@@ -45,12 +45,12 @@ pub(crate) fn wrap_always(text: &str) -> Result<String> {
 /// parts, joined (an image part's own tokens separate runs).
 pub(crate) fn joined_runs(parts: &[crate::ChatPart]) -> impl Iterator<Item = String> + '_ {
     parts
-        .split(|p| matches!(p, crate::ChatPart::Image))
+        .split(|p| !matches!(p, crate::ChatPart::Text(_)))
         .map(|run| {
             run.iter()
                 .filter_map(|p| match p {
                     crate::ChatPart::Text(t) => Some(t.as_str()),
-                    crate::ChatPart::Image => None,
+                    _ => None,
                 })
                 .collect::<String>()
         })

@@ -245,8 +245,11 @@ proptest! {
     fn control_tokens_in_content_are_control_tokens((messages, counts) in conversation()) {
         let t = tok().clone().with_control_tokens_in_content(true);
         let written: usize = texts(&messages).iter().map(|s| s.matches("<|im_start|>").count()).sum();
-        // Image pads written in content would not match the images given.
-        let pads: usize = texts(&messages).iter().map(|s| s.matches(IMAGE_PAD).count()).sum();
+        // Image or video pads written in content would not match the images given.
+        let pads: usize = texts(&messages)
+            .iter()
+            .map(|s| s.matches(IMAGE_PAD).count() + s.matches("<|video_pad|>").count())
+            .sum();
         match t.encode_prompt(&messages, &counts) {
             Ok(ids) => {
                 prop_assert_eq!(pads, 0);

@@ -298,6 +298,7 @@ async fn async_main() {
             width: side,
             height: side,
             rgb8: img.into_raw(),
+            ..Default::default()
         })),
         content_hash: vec![0; 32],
         expected_grid: None,

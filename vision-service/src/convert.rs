@@ -44,6 +44,7 @@ pub fn encode_request(req: pb::EncodeRequest) -> Result<EncodeRequest, VisionErr
                     width: p.width,
                     height: p.height,
                     rgb8: p.rgb8,
+                    second_frame: p.second_frame,
                 },
                 None => {
                     return Err(VisionError::invalid(

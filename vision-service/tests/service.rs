@@ -62,6 +62,7 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
             width: 512,
             height: 512,
             rgb8: img.clone().into_raw(),
+            ..Default::default()
         })),
         content_hash: vec![],
         expected_grid: Some(pb::ImageGrid { t: 1, h: 32, w: 32 }),
@@ -451,7 +452,7 @@ async fn info_health_and_metrics_describe_the_replica() {
     let text = server.metrics_text();
     for name in [
         "vlm_vision_encode_seconds_bucket{bucket=\"256\"",
-        "vlm_vision_images_total{bucket=\"256\"}",
+        "vlm_vision_images_total{bucket=\"256\",kind=\"image\"}",
         "vlm_vision_padding_fraction",
         "vlm_vision_queue_depth",
         "vlm_vision_images_in_flight",

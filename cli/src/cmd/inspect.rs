@@ -9,10 +9,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use vlm_backend_cpu::{CpuKernels, CpuOptions};
 use vlm_compute::{HostTensor, Qwen3VlConfig};
+use vlm_config::video::{Sampling, VideoGeometry, VideoProcessorConfig};
 use vlm_make_model::WeightDtype;
 use vlm_model::oracle::Oracle;
 use vlm_preprocess::{decode_image, preprocess_rgb, PixelValues, PreprocessConfig};
-use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer};
+use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer, VisionTokens};
 
 #[derive(Args, Debug)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["prompt", "input_ids"])))]
@@ -23,6 +24,11 @@ pub struct InspectArgs {
     /// Image file (PNG, JPEG, WebP, GIF). Repeat for several images, in prompt order.
     #[arg(long)]
     pub image: Vec<PathBuf>,
+    /// Video file (MP4, H.264), sampled, resized and laid out as Qwen3-VL's video processor
+    /// does (the checkpoint's video_preprocessor_config.json, else fps 2). Repeat for several;
+    /// videos follow the images in the prompt.
+    #[arg(long)]
+    pub video: Vec<PathBuf>,
     /// User text: rendered with the checkpoint's chat template as one user turn holding the
     /// images then this text, with the generation prompt; each image's placeholder is expanded
     /// to its token count.
@@ -87,6 +93,58 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| p.rows() / config.vision.merge_unit())
         .collect();
+    let mut vision: Vec<VisionTokens> = counts.iter().map(|&n| VisionTokens::Image(n)).collect();
+    let images = pixels.len();
+    let video_cfg = match std::fs::read_to_string(dir.join("video_preprocessor_config.json")) {
+        Ok(text) => VideoProcessorConfig::from_json(&text)
+            .map_err(|e| anyhow::anyhow!("video_preprocessor_config.json: {e}"))?,
+        Err(_) => VideoProcessorConfig::default(),
+    };
+    for path in &args.video {
+        let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let info = vlm_preprocess::read_mp4_info(&bytes)
+            .with_context(|| format!("reading {}", path.display()))?;
+        let g = VideoGeometry::plan(
+            info.width,
+            info.height,
+            info.frames,
+            info.fps,
+            Sampling::Default,
+            &video_cfg,
+        )
+        .with_context(|| format!("planning {}", path.display()))?;
+        let frames = vlm_preprocess::decode_mp4_frames(&bytes, &g.indices, pp.max_decode_pixels)
+            .with_context(|| format!("decoding {}", path.display()))?;
+        let resized = frames
+            .iter()
+            .map(|f| vlm_preprocess::resize_bicubic(f, g.resized_width, g.resized_height))
+            .collect::<Result<Vec<_>, _>>()?;
+        for k in 0..g.groups() {
+            let a = &resized[2 * k];
+            let b = resized.get(2 * k + 1).unwrap_or(a);
+            pixels.push(vlm_preprocess::preprocess_video_group(&[a, b], &pp)?);
+        }
+        println!(
+            "video {}: {}x{}, {} frames at {:?} fps -> frames {:?} at {}x{}, {} temporal groups of \
+             grid {:?}, {} tokens each, timestamps {:?}",
+            path.display(),
+            info.width,
+            info.height,
+            info.frames,
+            info.fps,
+            g.indices,
+            g.resized_width,
+            g.resized_height,
+            g.groups(),
+            g.group_grid(),
+            g.group_tokens(),
+            g.timestamps
+        );
+        vision.push(VisionTokens::Video {
+            tokens_per_group: g.group_tokens() as usize,
+            timestamps: g.timestamps.clone(),
+        });
+    }
 
     // 2. prompt ids
     let tokenizer = match ChatTokenizer::from_dir(dir) {
@@ -102,15 +160,26 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             let tok = tokenizer
                 .as_ref()
                 .context("--prompt needs the checkpoint's tokenizer")?;
-            let mut parts = vec![ChatPart::Image; pixels.len()];
+            let mut parts = vec![ChatPart::Image; images];
+            parts.extend(std::iter::repeat_n(ChatPart::Video, args.video.len()));
             parts.push(ChatPart::Text(text.clone()));
-            tok.encode_prompt(&[ChatMessage::user(parts)], &counts)?
+            tok.encode_prompt_vision(&[ChatMessage::user(parts)], &[], &vision, usize::MAX)?
         }
         (None, Some(ids)) => ids.clone(),
         _ => bail!("give exactly one of --prompt and --input-ids"),
     };
+    let video_tokens: usize = vision
+        .iter()
+        .map(|v| match v {
+            VisionTokens::Video {
+                tokens_per_group,
+                timestamps,
+            } => tokens_per_group * timestamps.len(),
+            VisionTokens::Image(_) => 0,
+        })
+        .sum();
     println!(
-        "prompt: {} tokens ({} image tokens)",
+        "prompt: {} tokens ({} image tokens, {video_tokens} video tokens)",
         input_ids.len(),
         counts.iter().sum::<usize>()
     );
@@ -137,7 +206,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     let (last_logits, generated, step_logits, positions, rope_delta) = if args.max_new_tokens == 0 {
         let logits = pipeline.prefill(&input_ids, &images)?;
         let grids: Vec<[usize; 3]> = images.iter().map(|i| i.grid_thw).collect();
-        let layout = vlm_compute::PromptLayout::new(&input_ids, &grids, &config)?;
+        let layout = vlm_compute::PromptLayout::infer(&input_ids, &grids, &config)?;
         (
             logits,
             Vec::new(),

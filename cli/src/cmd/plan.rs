@@ -234,8 +234,16 @@ fn run_buckets(a: BucketsArgs) -> anyhow::Result<ExitCode> {
     let mut out = serde_json::Map::new();
 
     if let Some(path) = &a.traffic {
-        let sizes = buckets::parse_traffic(&read(path)?)?;
-        let samples = buckets::image_samples(&sizes, cfg.visual.min_pixels, cfg.visual.max_pixels)?;
+        let text = read(path)?;
+        let sizes = buckets::parse_traffic(&text)?;
+        let mut samples =
+            buckets::image_samples(&sizes, cfg.visual.min_pixels, cfg.visual.max_pixels)?;
+        // Each video temporal group is one ViT run (the checkpoint's video processor settings).
+        let videos = buckets::parse_video_traffic(&text)?;
+        samples.extend(buckets::video_samples(
+            &videos,
+            &vlm_config::video::VideoProcessorConfig::default(),
+        )?);
         let cost = CostModel::vit(&dims);
         let fits = |set: &[u64]| {
             let mut c = cfg.clone();

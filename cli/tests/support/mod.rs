@@ -79,6 +79,21 @@ pub fn bin(name: &str) -> PathBuf {
 /// The tiny random checkpoint (seed 0), made once per target directory. It is written to a
 /// temporary directory and renamed into place, so test binaries running at once never see a
 /// half-written checkpoint.
+/// The tiny checkpoint's tokenizer and the in-process pipeline (f32, CPU kernels, 256-token
+/// blocks): the oracle the services are compared with.
+pub fn tiny_oracle() -> (
+    vlm_tokenizer::ChatTokenizer,
+    vlm_model::oracle::Oracle<vlm_backend_cpu::CpuKernels>,
+) {
+    let dir = tiny_model();
+    let tok = vlm_tokenizer::ChatTokenizer::from_dir(&dir).unwrap();
+    let kernels = vlm_backend_cpu::CpuKernels::new(vlm_backend_cpu::CpuOptions::detect());
+    let pipeline = vlm_model::oracle::Oracle::load(&kernels, &dir, vlm_model::DType::F32)
+        .unwrap()
+        .with_block_len(256);
+    (tok, pipeline)
+}
+
 pub fn tiny_model() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {

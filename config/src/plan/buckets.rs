@@ -396,6 +396,73 @@ pub fn image_samples(
         .collect()
 }
 
+/// One video of a traffic file: (width, height, frames, fps).
+pub type VideoTraffic = (u32, u32, u32, Option<f64>);
+
+/// Videos from a JSON-lines traffic file: `{"videos":[{"width":W,"height":H,"frames":N,
+/// "fps":F}, ...]}` (fps optional; other keys and lines ignored), as (width, height, frames, fps).
+pub fn parse_video_traffic(text: &str) -> Result<Vec<VideoTraffic>, PlanError> {
+    let mut out = Vec::new();
+    for (n, raw) in text.lines().enumerate() {
+        let line = raw.trim();
+        if !line.starts_with('{') {
+            continue;
+        }
+        let bad =
+            |why: String| PlanError::Traffic(format!("line {}: {why}: `{}`", n + 1, short(line)));
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| bad(format!("not JSON ({e})")))?;
+        let Some(videos) = v.get("videos") else {
+            continue;
+        };
+        let videos = videos
+            .as_array()
+            .ok_or_else(|| bad("`videos` is not a list".into()))?;
+        for vid in videos {
+            let num = |k: &str| {
+                vid.get(k)
+                    .and_then(|x| x.as_u64())
+                    .and_then(|x| u32::try_from(x).ok())
+            };
+            match (num("width"), num("height"), num("frames")) {
+                (Some(w), Some(h), Some(f)) => {
+                    out.push((w, h, f, vid.get("fps").and_then(|x| x.as_f64())))
+                }
+                _ => {
+                    return Err(bad(
+                        "a video without integer `width`, `height` and `frames`".into(),
+                    ))
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Raw patches of each video's temporal groups (each group is one ViT run) under the video
+/// processor's sampling and resize, rounded up to a multiple of 4, weighted by the group count.
+pub fn video_samples(
+    videos: &[VideoTraffic],
+    cfg: &crate::video::VideoProcessorConfig,
+) -> Result<Vec<(u64, f64)>, PlanError> {
+    let m = VIT_BUCKET_MULTIPLE as u64;
+    videos
+        .iter()
+        .map(|&(w, h, frames, fps)| {
+            let g = crate::video::VideoGeometry::plan(
+                w,
+                h,
+                frames,
+                fps,
+                crate::video::Sampling::Default,
+                cfg,
+            )
+            .map_err(|e| PlanError::Traffic(format!("video {w}x{h} x {frames}: {e}")))?;
+            Ok((g.group_patches().div_ceil(m) * m, g.groups() as f64))
+        })
+        .collect()
+}
+
 fn short(s: &str) -> String {
     s.chars().take(60).collect()
 }

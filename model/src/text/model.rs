@@ -39,6 +39,7 @@ pub struct TextModel<K: Kernels> {
     rope: MRope,
     cfg: TextConfig,
     image_token_id: u32,
+    video_token_id: u32,
     deepstack_levels: usize,
     weight_dtype: DType,
     device: Device,
@@ -114,6 +115,7 @@ impl<K: Kernels> TextModel<K> {
             rope: MRope::new(t),
             cfg: t.clone(),
             image_token_id: cfg.image_token_id,
+            video_token_id: cfg.video_token_id,
             deepstack_levels,
             weight_dtype,
             device: vb.device().clone(),
@@ -351,19 +353,22 @@ impl<K: Kernels> TextModel<K> {
                 *row = true;
             }
         }
-        if let Some(i) = (0..n).find(|&i| covered[i] != (c.tokens[i] == self.image_token_id)) {
+        // Images fill `<|image_pad|>` rows, video temporal groups `<|video_pad|>` rows.
+        let vision = |t: u32| t == self.image_token_id || t == self.video_token_id;
+        if let Some(i) = (0..n).find(|&i| covered[i] != vision(c.tokens[i])) {
             return Err(ModelError::invalid(format!(
                 "chunk row {i} (token {} at cache index {}) is {} but {} by image embeddings; the \
-                 image rows must cover exactly the image tokens (id {})",
+                 image rows must cover exactly the image and video tokens (ids {}, {})",
                 c.tokens[i],
                 c.start + i,
-                if c.tokens[i] == self.image_token_id {
+                if vision(c.tokens[i]) {
                     "an image token"
                 } else {
                     "a text token"
                 },
                 if covered[i] { "covered" } else { "not covered" },
-                self.image_token_id
+                self.image_token_id,
+                self.video_token_id
             )));
         }
         Ok(())

@@ -49,8 +49,8 @@ impl Limits {
 enum Pixels {
     /// Decode, then resize to `target` (width, height).
     Encoded { data: Vec<u8>, target: (u32, u32) },
-    /// Already at its final size.
-    Resized(RgbImage),
+    /// Already at its final size; a video temporal group also has its second frame.
+    Resized(RgbImage, Option<RgbImage>),
 }
 
 /// An image that passed the checks: where it lands and how to get its pixel values.
@@ -118,6 +118,7 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
             width,
             height,
             rgb8,
+            second_frame,
         } => {
             let factor = limits.preprocess.factor();
             if width == 0 || height == 0 || width % factor != 0 || height % factor != 0 {
@@ -147,11 +148,27 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
                     ),
                 )
             })?;
-            let img = RgbImage::from_raw(width, height, rgb8).ok_or_else(|| {
-                VisionError::invalid(index, "resized pixels do not fill the image")
-            })?;
+            if !second_frame.is_empty() && second_frame.len() as u64 != want {
+                return Err(VisionError::invalid(
+                    index,
+                    format!(
+                        "the second frame of a {width}x{height} temporal group needs {want} RGB8 bytes, got {}",
+                        second_frame.len()
+                    ),
+                ));
+            }
+            let frame = |bytes: Vec<u8>| {
+                RgbImage::from_raw(width, height, bytes).ok_or_else(|| {
+                    VisionError::invalid(index, "resized pixels do not fill the image")
+                })
+            };
+            let img = frame(rgb8)?;
+            let second = match second_frame.is_empty() {
+                true => None,
+                false => Some(frame(second_frame)?),
+            };
             (
-                Pixels::Resized(img),
+                Pixels::Resized(img, second),
                 [1, height / patch, width / patch],
                 bucket,
                 false,
@@ -177,6 +194,14 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
 }
 
 impl PlannedImage {
+    /// `video` for a video temporal group (two frames), else `image`: the metrics label.
+    pub fn kind(&self) -> &'static str {
+        match self.pixels {
+            Pixels::Resized(_, Some(_)) => "video",
+            _ => "image",
+        }
+    }
+
     /// Raw patches the ViT sees (per temporal patch).
     pub fn patches(&self) -> u64 {
         self.grid[1] as u64 * self.grid[2] as u64
@@ -194,8 +219,12 @@ impl PlannedImage {
                     preprocess::resize_bicubic(&img, target.0, target.1).map_err(invalid)?;
                 preprocess::preprocess_resized(&resized, &limits.preprocess).map_err(invalid)
             }
-            Pixels::Resized(img) => {
+            Pixels::Resized(img, None) => {
                 preprocess::preprocess_resized(img, &limits.preprocess).map_err(invalid)
+            }
+            Pixels::Resized(first, Some(second)) => {
+                preprocess::preprocess_video_group(&[first, second], &limits.preprocess)
+                    .map_err(invalid)
             }
         }
     }
@@ -275,6 +304,7 @@ mod tests {
                 width: 64,
                 height: 64,
                 rgb8: vec![0; 10],
+                second_frame: vec![],
             },
             content_hash: vec![],
             expected_grid: None,

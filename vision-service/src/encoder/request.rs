@@ -12,6 +12,8 @@ pub enum ImageSource {
         width: u32,
         height: u32,
         rgb8: Vec<u8>,
+        /// A video temporal group's second frame (same layout); empty for an image.
+        second_frame: Vec<u8>,
     },
 }
 

@@ -158,8 +158,10 @@ fn encode_one(
     })?;
     let seconds = started.elapsed().as_secs_f64();
     let bucket = run.bucket.to_string();
-    metrics::histogram!("vlm_vision_encode_seconds", "bucket" => bucket.clone()).record(seconds);
-    metrics::counter!("vlm_vision_images_total", "bucket" => bucket).increment(1);
+    let kind = image.kind();
+    metrics::histogram!("vlm_vision_encode_seconds", "bucket" => bucket.clone(), "kind" => kind)
+        .record(seconds);
+    metrics::counter!("vlm_vision_images_total", "bucket" => bucket, "kind" => kind).increment(1);
     metrics::histogram!("vlm_vision_padding_fraction").record(run.padding_fraction as f64);
     if run.bucket as u32 != image.bucket {
         tracing::warn!(
