@@ -117,21 +117,16 @@ fn load_png(p: &Path) -> image::RgbImage {
 /// Our pixel values of each temporal group, from the source frames.
 fn group_pixels(c: &VideoCase, g: &VideoGeometry) -> Vec<PixelValues> {
     let frames = c.frames();
-    let resized: Vec<image::RgbImage> = g
+    let sampled: Vec<_> = g
         .indices
         .iter()
-        .map(|&i| {
-            vlm_preprocess::resize_bicubic(&frames[i as usize], g.resized_width, g.resized_height)
-                .unwrap()
-        })
+        .map(|&i| frames[i as usize].clone())
         .collect();
     let pre = vlm_preprocess::PreprocessConfig::default();
-    (0..g.groups())
-        .map(|k| {
-            let a = &resized[2 * k];
-            let b = resized.get(2 * k + 1).unwrap_or(a);
-            vlm_preprocess::preprocess_video_group(&[a, b], &pre).unwrap()
-        })
+    vlm_preprocess::temporal_groups(&sampled, g.resized_width, g.resized_height)
+        .unwrap()
+        .iter()
+        .map(|(a, b)| vlm_preprocess::preprocess_video_group(&[a, b], &pre).unwrap())
         .collect()
 }
 

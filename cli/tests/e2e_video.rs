@@ -90,26 +90,18 @@ async fn a_video_is_served_as_the_in_process_pipeline_encodes_it() {
     )
     .unwrap();
     assert_eq!(geo.groups(), 3, "5 frames make 3 temporal groups");
-    let resized: Vec<_> = geo
+    let sampled: Vec<_> = geo
         .indices
         .iter()
-        .map(|&i| {
-            vlm_preprocess::resize_bicubic(
-                &frames[i as usize],
-                geo.resized_width,
-                geo.resized_height,
-            )
-            .unwrap()
-        })
+        .map(|&i| frames[i as usize].clone())
         .collect();
     let pre = vlm_preprocess::PreprocessConfig::default();
-    let pixels: Vec<_> = (0..geo.groups())
-        .map(|g| {
-            let a = &resized[2 * g];
-            let b = resized.get(2 * g + 1).unwrap_or(a);
-            vlm_preprocess::preprocess_video_group(&[a, b], &pre).unwrap()
-        })
-        .collect();
+    let pixels: Vec<_> =
+        vlm_preprocess::temporal_groups(&sampled, geo.resized_width, geo.resized_height)
+            .unwrap()
+            .iter()
+            .map(|(a, b)| vlm_preprocess::preprocess_video_group(&[a, b], &pre).unwrap())
+            .collect();
     let embeds = pipeline.encode_images(&pixels).unwrap();
     use vlm_tokenizer::{ChatMessage, ChatPart, VisionTokens};
     let msg = ChatMessage::user(vec![ChatPart::Video, ChatPart::Text(prompt.into())]);

@@ -12,8 +12,7 @@ use crate::geometry::{MAX_ASPECT_RATIO, MERGE_SIZE, PATCH_SIZE, TEMPORAL_PATCH_S
 pub const FALLBACK_SOURCE_FPS: f64 = 24.0;
 
 /// `video_preprocessor_config.json` of Qwen3-VL, with the processor's defaults.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VideoProcessorConfig {
     /// `size.shortest_edge`: the pixel floor of all sampled frames together.
     pub min_pixels: u64,
@@ -252,7 +251,7 @@ pub fn group_timestamps(indices: &[u32], source_fps: f64) -> Vec<f64> {
 }
 
 /// A video planned from its header: which frames, at what size, and what the prompt holds.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VideoGeometry {
     /// Source frame size.
     pub width: u32,

@@ -8,7 +8,7 @@ use vlm_gateway::admission::AdmissionLimits;
 use vlm_gateway::auth::ApiKeys;
 use vlm_gateway::fetch::FetchOptions;
 use vlm_gateway::routing::{ReplicaSource, RoutingOptions};
-use vlm_gateway::GatewayConfig;
+use vlm_gateway::{video, GatewayConfig};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -51,17 +51,17 @@ struct Args {
     #[arg(long, env = "VLM_GATEWAY_MAX_IMAGES", default_value_t = 8)]
     max_images: usize,
     /// Videos per request (0 refuses videos).
-    #[arg(long, env = "VLM_GATEWAY_MAX_VIDEOS", default_value_t = 2)]
+    #[arg(long, env = "VLM_GATEWAY_MAX_VIDEOS", default_value_t = video::DEFAULT_MAX_VIDEOS)]
     max_videos: usize,
     /// Frames sampled from one video, whatever its fps or num_frames asks.
-    #[arg(long, env = "VLM_GATEWAY_MAX_VIDEO_FRAMES", default_value_t = 128)]
+    #[arg(long, env = "VLM_GATEWAY_MAX_VIDEO_FRAMES", default_value_t = video::DEFAULT_MAX_VIDEO_FRAMES)]
     max_video_frames: u32,
     /// Frames of an MP4 the gateway decodes to reach the sampled ones (the decode work of one
     /// video): 18000 is 10 minutes at 30 fps.
     #[arg(
         long,
         env = "VLM_GATEWAY_MAX_VIDEO_SOURCE_FRAMES",
-        default_value_t = 18_000
+        default_value_t = video::DEFAULT_MAX_VIDEO_SOURCE_FRAMES
     )]
     max_video_source_frames: u32,
     /// Bytes of one request body.

@@ -186,6 +186,9 @@ pub enum OaPart {
     Video {
         video: Vec<Value>,
         fps: Option<f64>,
+        /// qwen-vl-utils' other per-video keys (`nframes`, `max_pixels`, ...): refused.
+        #[serde(flatten)]
+        extra: Map<String, Value>,
     },
 }
 
@@ -291,28 +294,39 @@ fn with_budget(part: InputPart, budget: PixelBudget) -> InputPart {
 
 /// Decodes a `data:` URL.
 pub fn image_from_data_url(url: &str) -> Result<InputPart, GatewayError> {
+    let (mime_type, data) = decode_data_url(url, "image_url", "data:image/png;base64,...")?;
+    Ok(InputPart::Image {
+        data,
+        mime_type,
+        budget: Default::default(),
+    })
+}
+
+/// The MIME type and bytes of a base64 `data:` URL; `what` names the field in errors and
+/// `example` shows the expected form.
+pub(crate) fn decode_data_url(
+    url: &str,
+    what: &str,
+    example: &str,
+) -> Result<(String, Bytes), GatewayError> {
     let rest = url.strip_prefix("data:").ok_or_else(|| {
-        GatewayError::validation("image_url must be a data: URL (data:image/png;base64,...)")
+        GatewayError::validation(format!("{what} must be a data: URL ({example})"))
     })?;
     let (meta, data) = rest.split_once(',').ok_or_else(|| {
-        GatewayError::validation("image_url data: URL has no ',' before the data")
+        GatewayError::validation(format!("{what} data: URL has no ',' before the data"))
     })?;
     let mime = meta.split(';').next().unwrap_or("").to_string();
     if !meta.split(';').any(|p| p == "base64") {
-        return Err(GatewayError::validation(
-            "image_url data: URL must be base64 (data:image/png;base64,...)",
-        ));
+        return Err(GatewayError::validation(format!(
+            "{what} data: URL must be base64 ({example})"
+        )));
     }
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data.trim())
         .map_err(|e| {
-            GatewayError::validation(format!("image_url data: URL is not valid base64: {e}"))
+            GatewayError::validation(format!("{what} data: URL is not valid base64: {e}"))
         })?;
-    Ok(InputPart::Image {
-        data: bytes.into(),
-        mime_type: mime,
-        budget: Default::default(),
-    })
+    Ok((mime, bytes.into()))
 }
 
 /// Where an `image_url` part's bytes come from.
@@ -416,13 +430,22 @@ pub fn parse_chat_request(
                     content.push(match p {
                         OaPart::Text { text } => InputPart::Text(text),
                         OaPart::VideoUrl { video_url } => {
+                            if video_url.detail().is_some() {
+                                let param =
+                                    format!("messages[{mi}].content[{pi}].video_url.detail");
+                                return Err(GatewayError::param(
+                                    &param,
+                                    format!("{param}: detail is for images; a video's budget is mm_processor_kwargs"),
+                                ));
+                            }
                             InputPart::Video(crate::openai_video::video_url_part(
                                 video_url.url(),
                                 video_sampling,
                                 &format!("messages[{mi}].content[{pi}].video_url"),
                             )?)
                         }
-                        OaPart::Video { video, fps } => {
+                        OaPart::Video { video, fps, extra } => {
+                            check_unread(&extra, &format!("messages[{mi}].content[{pi}]."))?;
                             InputPart::Video(crate::openai_video::frames_part(
                                 &video,
                                 fps,
@@ -1037,5 +1060,25 @@ mod tests {
         assert_eq!(p.remote.len(), 1);
         assert_eq!((p.remote[0].0, p.remote[0].1), (0, 1));
         assert_eq!(p.remote[0].2.shown(), "http://ok.example/a.png");
+    }
+
+    #[test]
+    fn video_part_options_not_served_are_refused() {
+        let deny = ImageFetcher::new(FetchOptions::deny_all());
+        let parse = |part: Value| {
+            let body: ChatCompletionRequest =
+                serde_json::from_value(json!({"messages": [{"role": "user", "content": [part]}]}))
+                    .unwrap();
+            parse_chat_request(body, 10, &deny).map(|_| ())
+        };
+        let frame = "data:image/png;base64,AAAA";
+        let e = parse(json!({"type": "video", "video": [frame], "nframes": 4})).unwrap_err();
+        assert!(e.to_string().contains("content[0].nframes"), "{e}");
+        assert!(
+            parse(json!({"type": "video", "video": [frame], "fps": 2, "nframes": null})).is_ok()
+        );
+        let e = parse(json!({"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA", "detail": "low"}}))
+            .unwrap_err();
+        assert!(e.to_string().contains("video_url.detail"), "{e}");
     }
 }

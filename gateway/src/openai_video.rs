@@ -3,9 +3,8 @@
 //! `{"type": "video", "video": ["data:image/jpeg;base64,...", ...], "fps": 2}`; sampling options
 //! from `mm_processor_kwargs` (`fps`, `num_frames`, as vLLM takes them).
 use crate::error::GatewayError;
+use crate::openai::decode_data_url;
 use crate::video::{VideoInput, VideoSource};
-use base64::Engine;
-use bytes::Bytes;
 use serde_json::{Map, Value};
 use vlm_config::video::Sampling;
 
@@ -50,37 +49,19 @@ pub fn take_video_kwargs(rest: &mut Map<String, Value>) -> Result<Sampling, Gate
     }
 }
 
-/// The bytes of a base64 `data:` URL and its MIME type; `what` names the field in errors.
-fn data_url(url: &str, what: &str, example: &str) -> Result<(String, Bytes), GatewayError> {
-    let rest = url.strip_prefix("data:").ok_or_else(|| {
-        GatewayError::validation(format!(
-            "{what} must be a data: URL ({example}); remote videos are not fetched"
-        ))
-    })?;
-    let (meta, data) = rest.split_once(',').ok_or_else(|| {
-        GatewayError::validation(format!("{what} data: URL has no ',' before the data"))
-    })?;
-    if !meta.split(';').any(|p| p == "base64") {
-        return Err(GatewayError::validation(format!(
-            "{what} data: URL must be base64 ({example})"
-        )));
-    }
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(data.trim())
-        .map_err(|e| {
-            GatewayError::validation(format!("{what} data: URL is not valid base64: {e}"))
-        })?;
-    let mime = meta.split(';').next().unwrap_or("").to_ascii_lowercase();
-    Ok((mime, bytes.into()))
-}
-
 /// A `video_url` part: an MP4 in a data: URL.
 pub fn video_url_part(
     url: &str,
     sampling: Sampling,
     param: &str,
 ) -> Result<VideoInput, GatewayError> {
-    let (mime, data) = data_url(url, param, "data:video/mp4;base64,...")?;
+    if !url.starts_with("data:") {
+        return Err(GatewayError::validation(format!(
+            "{param} must be a data: URL (data:video/mp4;base64,...); remote videos are not fetched"
+        )));
+    }
+    let (mime, data) = decode_data_url(url, param, "data:video/mp4;base64,...")?;
+    let mime = mime.to_ascii_lowercase();
     if !mime.is_empty() && mime != "video/mp4" {
         return Err(GatewayError::validation(format!(
             "{param}: unsupported video type {mime:?}; video/mp4 (H.264) is supported, or a \
@@ -108,7 +89,7 @@ pub fn frames_part(
         let url = f.as_str().ok_or_else(|| {
             GatewayError::validation(format!("{what} must be a data: URL string of an image"))
         })?;
-        files.push(data_url(url, &what, "data:image/jpeg;base64,...")?.1);
+        files.push(decode_data_url(url, &what, "data:image/jpeg;base64,...")?.1);
     }
     if let Some(f) = fps.filter(|f| !(*f > 0.0 && f.is_finite())) {
         return Err(GatewayError::param(
@@ -116,11 +97,6 @@ pub fn frames_part(
             format!("{param}.fps is {f}; it must be a positive number of frames per second"),
         ));
     }
-    // Frames given as such are all used unless the request asks for sampling.
-    let sampling = match sampling {
-        Sampling::Default => Sampling::NumFrames(files.len() as u32),
-        s => s,
-    };
     Ok(VideoInput {
         source: VideoSource::Frames(files),
         frames_fps: fps,

@@ -67,11 +67,7 @@ fn video_input(v: pb::VideoPart, param: &str) -> Result<crate::video::VideoInput
         }
         (true, false) => Sampling::Fps(fps),
         (false, true) => Sampling::NumFrames(v.num_frames),
-        (false, false) => match &source {
-            // Frames given as such are all used unless the request asks for sampling.
-            VideoSource::Frames(f) => Sampling::NumFrames(f.len() as u32),
-            VideoSource::Mp4(_) => Sampling::Default,
-        },
+        (false, false) => Sampling::Default,
     };
     Ok(crate::video::VideoInput {
         source,

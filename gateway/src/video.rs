@@ -32,6 +32,7 @@ pub struct VideoInput {
     pub source: VideoSource,
     /// The rate `Frames` were taken at; an MP4's comes from the file.
     pub frames_fps: Option<f64>,
+    /// `Default`: the processor's fps for an MP4, every frame for `Frames`.
     pub sampling: Sampling,
     /// The request's pixel budget for all sampled frames; bounded by the server's.
     pub max_pixels: Option<u64>,
@@ -54,12 +55,18 @@ pub struct VideoLimits {
     pub max_frame_pixels: u64,
 }
 
+/// The ceilings' defaults (the gateway's flags use them too).
+pub const DEFAULT_MAX_VIDEOS: usize = 2;
+pub const DEFAULT_MAX_VIDEO_FRAMES: u32 = 128;
+/// 10 minutes at 30 fps.
+pub const DEFAULT_MAX_VIDEO_SOURCE_FRAMES: u32 = 18_000;
+
 impl VideoLimits {
     pub fn from_processor(cfg: &VideoProcessorConfig) -> Self {
         VideoLimits {
-            max_videos: 2,
-            max_frames: 128,
-            max_source_frames: 18_000,
+            max_videos: DEFAULT_MAX_VIDEOS,
+            max_frames: DEFAULT_MAX_VIDEO_FRAMES,
+            max_source_frames: DEFAULT_MAX_VIDEO_SOURCE_FRAMES,
             max_pixels: cfg.max_pixels,
             max_frame_pixels: 4096 * 4096,
         }
@@ -154,7 +161,24 @@ pub fn plan_video(
             ),
         ));
     }
-    if let Sampling::NumFrames(n) = v.sampling {
+    let sampling = match (&v.source, v.sampling) {
+        // Frames given as such are all used unless the request asks for sampling.
+        (VideoSource::Frames(_), Sampling::Default) => {
+            if total > limits.max_frames {
+                return Err(refuse(
+                    index,
+                    format!(
+                        "{total} frames given, over the limit of {} frames per video \
+                         (--max-video-frames); ask for fps or num_frames to sample fewer",
+                        limits.max_frames
+                    ),
+                ));
+            }
+            Sampling::NumFrames(total)
+        }
+        (_, s) => s,
+    };
+    if let Sampling::NumFrames(n) = sampling {
         if n > limits.max_frames {
             return Err(refuse(
                 index,
@@ -185,18 +209,9 @@ pub fn plan_video(
             .min(limits.max_pixels),
         ..processor.clone()
     };
-    let geometry = VideoGeometry::plan(width, height, total, fps, v.sampling, &cfg)
+    // fps sampling is clamped to the ceiling by `cfg.max_frames`; num_frames was checked.
+    let geometry = VideoGeometry::plan(width, height, total, fps, sampling, &cfg)
         .map_err(|e| refuse(index, e))?;
-    let sampled = geometry.indices.len() as u32;
-    if sampled > limits.max_frames {
-        return Err(refuse(
-            index,
-            format!(
-                "{sampled} frames sampled, over the limit of {} frames per video (--max-video-frames)",
-                limits.max_frames
-            ),
-        ));
-    }
     if matches!(v.source, VideoSource::Mp4(_)) {
         let needed = geometry.indices.last().map_or(0, |i| i + 1);
         if needed > limits.max_source_frames {
@@ -298,32 +313,23 @@ pub fn decode_groups(
             ),
         ));
     }
-    let resized: Vec<RgbImage> = frames
+    if let Some(f) = frames
         .iter()
-        .map(|f| {
-            if f.dimensions() != (g.width, g.height) {
-                return Err(refuse(
-                    index,
-                    format!(
-                        "a frame decodes to {}x{}, the header says {}x{}",
-                        f.width(),
-                        f.height(),
-                        g.width,
-                        g.height
-                    ),
-                ));
-            }
-            vlm_preprocess::resize_bicubic(f, g.resized_width, g.resized_height)
-                .map_err(|e| refuse(index, strip(&e)))
-        })
-        .collect::<Result<_, _>>()?;
-    let mut groups = Vec::with_capacity(g.groups());
-    let mut it = resized.into_iter();
-    while let Some(a) = it.next() {
-        let b = it.next().unwrap_or_else(|| a.clone());
-        groups.push((a, b));
+        .find(|f| f.dimensions() != (g.width, g.height))
+    {
+        return Err(refuse(
+            index,
+            format!(
+                "a frame decodes to {}x{}, the header says {}x{}",
+                f.width(),
+                f.height(),
+                g.width,
+                g.height
+            ),
+        ));
     }
-    Ok(groups)
+    vlm_preprocess::temporal_groups(&frames, g.resized_width, g.resized_height)
+        .map_err(|e| refuse(index, strip(&e)))
 }
 
 #[cfg(test)]
@@ -385,6 +391,18 @@ mod tests {
             m.contains("num_frames 5") && m.contains("limit of 4"),
             "{m}"
         );
+        // Frames given without sampling options are all used: over the ceiling is refused.
+        let mut f = frames(5);
+        f.sampling = Sampling::Default;
+        let m = plan_video(0, f, &p, &visual(), &l).unwrap_err().to_string();
+        assert!(
+            m.contains("5 frames given") && m.contains("limit of 4"),
+            "{m}"
+        );
+        let mut f = frames(3);
+        f.sampling = Sampling::Default;
+        let v = plan_video(0, f, &p, &visual(), &l).unwrap();
+        assert_eq!(v.geometry.indices, [0, 1, 2]);
         // fps sampling is capped by the same ceiling instead of refused.
         let mut f = frames(40);
         f.sampling = Sampling::Fps(4.0);

@@ -224,6 +224,27 @@ pub fn preprocess_video_group(frames: &[&RgbImage], cfg: &PreprocessConfig) -> R
     })
 }
 
+/// A video's sampled frames resized to `width` x `height` (each like an image, Pillow's
+/// bicubic) and paired into temporal groups of two, an odd last frame repeated
+/// (`Qwen3VLVideoProcessor.patchify` pads so). Each pair feeds [`preprocess_video_group`].
+pub fn temporal_groups(
+    frames: &[RgbImage],
+    width: u32,
+    height: u32,
+) -> Result<Vec<(RgbImage, RgbImage)>> {
+    let mut resized = frames.iter().map(|f| resize_bicubic(f, width, height));
+    let mut groups = Vec::with_capacity(frames.len().div_ceil(2));
+    while let Some(a) = resized.next() {
+        let a = a?;
+        let b = match resized.next() {
+            Some(b) => b?,
+            None => a.clone(),
+        };
+        groups.push((a, b));
+    }
+    Ok(groups)
+}
+
 /// [`preprocess_rgb`] for `oversize: downscale`: the image is resized (keeping its aspect
 /// ratio) to at most `max_patches` raw patches, see [`downscale_target`].
 pub fn preprocess_rgb_within(

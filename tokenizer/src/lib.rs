@@ -765,35 +765,6 @@ impl ChatTokenizer {
         })
     }
 
-    /// Replaces the k-th `<|image_pad|>` of `ids` with `counts[k]` copies of it.
-    pub fn expand_image_pads(&self, ids: &[u32], counts: &[usize]) -> Result<Vec<u32>> {
-        let pad = self.inner.image_pad_id;
-        let found = ids.iter().filter(|&&t| t == pad).count();
-        if found != counts.len() {
-            return Err(TokenizerError::invalid(format!(
-                "the prompt holds {found} {IMAGE_PAD} placeholders but {} images were given \
-                 (text must not contain the placeholder itself)",
-                counts.len()
-            )));
-        }
-        if let Some(k) = counts.iter().position(|&c| c == 0) {
-            return Err(TokenizerError::invalid(format!(
-                "image {k} has 0 tokens; every image has at least 1"
-            )));
-        }
-        let mut out = Vec::with_capacity(ids.len() + counts.iter().sum::<usize>());
-        let mut next = counts.iter();
-        for &t in ids {
-            if t == pad {
-                let n = next.next().copied().unwrap_or(1);
-                out.extend(std::iter::repeat_n(pad, n));
-            } else {
-                out.push(t);
-            }
-        }
-        Ok(out)
-    }
-
     /// Decodes ids to text, special tokens included (as transformers' default).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner

@@ -115,14 +115,8 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
         .with_context(|| format!("planning {}", path.display()))?;
         let frames = vlm_preprocess::decode_mp4_frames(&bytes, &g.indices, pp.max_decode_pixels)
             .with_context(|| format!("decoding {}", path.display()))?;
-        let resized = frames
-            .iter()
-            .map(|f| vlm_preprocess::resize_bicubic(f, g.resized_width, g.resized_height))
-            .collect::<Result<Vec<_>, _>>()?;
-        for k in 0..g.groups() {
-            let a = &resized[2 * k];
-            let b = resized.get(2 * k + 1).unwrap_or(a);
-            pixels.push(vlm_preprocess::preprocess_video_group(&[a, b], &pp)?);
+        for (a, b) in vlm_preprocess::temporal_groups(&frames, g.resized_width, g.resized_height)? {
+            pixels.push(vlm_preprocess::preprocess_video_group(&[&a, &b], &pp)?);
         }
         println!(
             "video {}: {}x{}, {} frames at {:?} fps -> frames {:?} at {}x{}, {} temporal groups of \
