@@ -7,18 +7,12 @@
 //! with bf16 weights and products on the bf16 kernel (the candle backend on CPUs without
 //! AVX512-BF16); `candle-f32`, `f16` and `candle-bf16` = the candle backend's padded run.
 //! `--profile` sets `visual.kernels.profile` (the engine logs its per-phase times).
-use std::path::PathBuf;
 use std::time::Instant;
 use vlm_compute::PixelValues;
 use vlm_config::{BackendChoice, Dtype, KernelConfig};
 
-fn arg(args: &[String], name: &str, default: &str) -> String {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
-        .unwrap_or_else(|| default.to_string())
-}
+mod common;
+use common::arg;
 
 /// Side of a square grid with about `bucket` patches, rounded down to the merge size.
 fn grid_for(bucket: usize) -> [usize; 3] {
@@ -28,11 +22,7 @@ fn grid_for(bucket: usize) -> [usize; 3] {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = std::env::var_os("VLM_BENCH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny")
-        });
+    let dir = common::bench_model();
     let buckets: Vec<usize> = arg(&args, "--buckets", "1024,4096,16384")
         .split(',')
         .map(|s| s.trim().parse())

@@ -8,6 +8,7 @@
 //! |---|---|---|---|
 //! | `cpu` | a host core | one engine; the service pins its N compute threads one per core | N instances, one image at a time each, one copy of the weights |
 //! | `candle` | the CPU, or a CUDA GPU (`cuda` feature) | N = 1 only (no tensor parallel) | N instances, each device its own weights |
+//! | `cuda` | a CUDA GPU (`cuda` feature) | N = 1 only (no tensor parallel) | N instances, each GPU its own weights |
 use std::path::Path;
 use vlm_compute::{ComputeError, LmBackend, Result, VisionBackend};
 use vlm_config::plan::{
@@ -23,6 +24,9 @@ pub enum Backend {
     Cpu,
     /// `backends/candle`: candle's ops on the CPU or (with `cuda`) a GPU.
     Candle,
+    /// `backends/cuda`: resident bf16 weights, cuBLAS, the paged-attention kernels (a `cuda`
+    /// build).
+    Cuda,
 }
 
 /// Which part a backend is chosen for.
@@ -37,6 +41,7 @@ impl Backend {
         match self {
             Backend::Cpu => "cpu",
             Backend::Candle => "candle",
+            Backend::Cuda => "cuda",
         }
     }
 
@@ -46,17 +51,25 @@ impl Backend {
         match self {
             Backend::Cpu => true,
             Backend::Candle => !cfg!(feature = "cuda"),
+            Backend::Cuda => false,
         }
     }
 
     /// The backend `kernels.backend` names for a part of `dtype`; `auto` is the build's best:
-    /// candle on a CUDA build; otherwise the CPU backend, except for a ViT the CPU engine does
+    /// the CUDA backend on a CUDA build; otherwise the CPU backend, except for a ViT the CPU engine does
     /// not run (f16, or bf16 without AVX512-BF16), which takes candle.
     pub fn resolve(kernels: &KernelConfig, dtype: Dtype, part: Part) -> Result<Backend> {
         let chosen = match kernels.backend {
             BackendChoice::Cpu => Backend::Cpu,
             BackendChoice::Candle => Backend::Candle,
-            BackendChoice::Auto if cfg!(feature = "cuda") => Backend::Candle,
+            BackendChoice::Cuda if cfg!(feature = "cuda") => Backend::Cuda,
+            BackendChoice::Cuda => {
+                return Err(ComputeError::options(
+                    "kernels.backend is cuda but this build has no CUDA: build with \
+                     `--features cuda` (scripts/cuda-toolkit.sh sets up the toolkit)",
+                ))
+            }
+            BackendChoice::Auto if cfg!(feature = "cuda") => Backend::Cuda,
             BackendChoice::Auto => match part {
                 Part::Lm => Backend::Cpu,
                 Part::Vision => {
@@ -69,7 +82,7 @@ impl Backend {
                 }
             },
         };
-        if chosen == Backend::Candle {
+        if matches!(chosen, Backend::Candle | Backend::Cuda) {
             for (key, t) in [
                 ("bf16_dot", kernels.bf16_dot),
                 ("amx", kernels.amx),
@@ -77,8 +90,9 @@ impl Backend {
             ] {
                 if t != Toggle::Auto {
                     return Err(ComputeError::options(format!(
-                        "kernels.{key} is {t:?} but this part runs on the candle backend, which \
-                         has no such kernel choice; leave it auto or set backend: cpu"
+                        "kernels.{key} is {t:?} but this part runs on the {} backend, which \
+                         has no such kernel choice; leave it auto or set backend: cpu",
+                        chosen.name()
                     )));
                 }
             }
@@ -122,7 +136,44 @@ pub fn load_lm(l: &LmLoad) -> Result<Box<dyn LmBackend>> {
             l.block_len,
             l.devices,
         )?),
+        Backend::Cuda => cuda_lm(l)?,
     })
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_lm(l: &LmLoad) -> Result<Box<dyn LmBackend>> {
+    Ok(Box::new(vlm_backend_cuda::gpu::lm::load(
+        l.model_dir,
+        l.dtype,
+        l.num_blocks,
+        l.block_len,
+        l.devices,
+    )?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_lm(_: &LmLoad) -> Result<Box<dyn LmBackend>> {
+    Err(no_cuda())
+}
+
+#[cfg(feature = "cuda")]
+fn cuda_vision(l: &VisionLoad) -> Result<Vec<Box<dyn VisionBackend>>> {
+    Ok(
+        vlm_backend_cuda::gpu::vision::load(l.model_dir, l.dtype, l.buckets, l.devices)?
+            .into_iter()
+            .map(|v| Box::new(v) as Box<dyn VisionBackend>)
+            .collect(),
+    )
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_vision(_: &VisionLoad) -> Result<Vec<Box<dyn VisionBackend>>> {
+    Err(no_cuda())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn no_cuda() -> ComputeError {
+    ComputeError::options("the cuda backend is not in this build (build with `--features cuda`)")
 }
 
 /// What a vision backend is loaded with.
@@ -154,11 +205,13 @@ pub fn load_vision(l: &VisionLoad) -> Result<Vec<Box<dyn VisionBackend>>> {
                 .map(|v| Box::new(v) as Box<dyn VisionBackend>)
                 .collect()
         }
+        Backend::Cuda => cuda_vision(l)?,
     })
 }
 
 /// The planner's sizes for `cfg` on devices of `kind`, from the backends the services would
-/// run: the seeds' NPU runtime for RBLN kinds; candle for a GPU kind; on the host, each part's
+/// run: the seeds' NPU runtime for RBLN kinds; the CUDA backend for a GPU kind (candle's when
+/// the config names candle); on the host, each part's
 /// backend as [`Backend::resolve`] picks it.
 pub fn sizing(
     cfg: &DeployConfig,
@@ -171,9 +224,12 @@ pub fn sizing(
         }));
     }
     if !kind.shared_pool {
-        return Ok(Box::new(vlm_backend_candle::sizing::CandleSizing {
-            accelerator: true,
-        }));
+        if cfg.kernels.backend == BackendChoice::Candle {
+            return Ok(Box::new(vlm_backend_candle::sizing::CandleSizing {
+                accelerator: true,
+            }));
+        }
+        return Ok(Box::new(vlm_backend_cuda::CudaSizing::default()));
     }
     let of = |b: Backend, visual_kernels: &KernelConfig| -> Box<dyn Sizing> {
         match b {
@@ -181,6 +237,7 @@ pub fn sizing(
             Backend::Candle => {
                 Box::new(vlm_backend_candle::sizing::CandleSizing { accelerator: false })
             }
+            Backend::Cuda => Box::new(vlm_backend_cuda::CudaSizing::default()),
         }
     };
     let vdtype = opts.dtype.unwrap_or(cfg.visual.dtype);
@@ -248,12 +305,23 @@ impl Sizing for PartSizing {
 }
 
 /// The memory of the host a service on `backend` starts on (`MemAvailable` or the container's
-/// limit), or, for an accelerator, of one device.
-pub fn device_kind(backend: Backend) -> Result<DeviceKind> {
+/// limit), or, for a GPU, of the first device of the pool as its driver reports it now
+/// (`cuMemGetInfo`: free memory, less the CUDA backend's margin).
+pub fn device_kind(backend: Backend, devices: &[u32]) -> Result<DeviceKind> {
     if backend.devices_are_cores() {
         return DeviceKind::cpu_available().map_err(|e| ComputeError::options(e.to_string()));
     }
-    // The candle CUDA build: an H200's capacity until the CUDA backend reads the device's free
-    // memory (cuMemGetInfo).
-    Ok(DeviceKind::h200())
+    gpu_kind(devices.first().copied().unwrap_or(0))
+}
+
+#[cfg(feature = "cuda")]
+fn gpu_kind(ordinal: u32) -> Result<DeviceKind> {
+    let dev = vlm_backend_cuda::gpu::device::open(ordinal)?;
+    let mem = vlm_backend_cuda::gpu::device::memory(&dev)?;
+    Ok(vlm_backend_cuda::plan::device_kind(&mem))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn gpu_kind(_: u32) -> Result<DeviceKind> {
+    Err(no_cuda())
 }

@@ -4,35 +4,18 @@
 mod text_support;
 
 use candle_core::DType;
-use text_support::{cases, cpu, rel_diff, Case};
+use text_support::{
+    cases, check_steps, cpu, greedy_requests, rel_diff, three_of_one_checkpoint, Case,
+};
 use vlm_backend_cpu::CpuKernels;
-use vlm_model::oracle::{GreedyRequest, Oracle};
+use vlm_model::oracle::Oracle;
 use vlm_model::text::TextModel;
-
-const TOL: f32 = 1e-4;
 
 fn pipeline(case: &Case, block_len: usize) -> Oracle<CpuKernels> {
     let text = TextModel::load(&cpu(), &case.ckpt, DType::F32).unwrap();
     Oracle::from_parts(case.cfg.clone(), None, text)
         .with_prefill_chunk_size(64)
         .with_block_len(block_len)
-}
-
-fn check_steps(case: &Case, what: &str, tokens: &[u32], step_logits: &candle_core::Tensor) -> f32 {
-    assert_eq!(
-        tokens,
-        case.generated_ids().as_slice(),
-        "{}: {what} tokens",
-        case.name
-    );
-    let want = case.t("generate_step_logits");
-    let mut worst = 0f32;
-    for i in 0..tokens.len() {
-        let d = rel_diff(&step_logits.get(i).unwrap(), &want.get(i).unwrap());
-        assert!(d < TOL, "{}: {what} step {i}: {d}", case.name);
-        worst = worst.max(d);
-    }
-    worst
 }
 
 #[test]
@@ -74,17 +57,9 @@ fn eos_stops_generation_and_is_kept() {
 #[test]
 fn sequences_decoded_together_in_a_padded_bucket_match_their_own_goldens() {
     let all = cases();
-    let ckpt = &all[0].ckpt;
-    let group: Vec<&Case> = all.iter().filter(|c| &c.ckpt == ckpt).take(3).collect();
-    assert_eq!(group.len(), 3, "need three cases of one checkpoint");
+    let group = three_of_one_checkpoint(&all);
     let p = pipeline(group[0], 16);
-    let reqs: Vec<GreedyRequest> = group
-        .iter()
-        .map(|c| GreedyRequest {
-            input_ids: c.input_ids(),
-            images: c.images(),
-        })
-        .collect();
+    let reqs = greedy_requests(&group);
     let steps = group[0].generated_ids().len();
     // 3 sequences in a bucket of 4: one padded row.
     let outs = p.generate_greedy_batch(&reqs, 4, steps, &[]).unwrap();

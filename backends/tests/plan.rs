@@ -298,3 +298,41 @@ fn the_plan_is_what_the_loaded_backends_hold() {
         );
     }
 }
+
+#[test]
+fn one_gpu_sizes_its_kv_pool_from_the_gpus_free_memory() {
+    // `config/examples/one-gpu.yaml` (kvcache_num_blocks: 0) on a GPU as cuMemGetInfo would
+    // report it: the CUDA backend's sizes, the pool from the free memory less the margin.
+    let c = example("one-gpu.yaml");
+    let dims = dims();
+    let gpu = |free: u64| {
+        vlm_backend_cuda::plan::device_kind(&vlm_backend_cuda::plan::GpuMemory {
+            name: "NVIDIA H200".into(),
+            free,
+            total: 150_754_820_096,
+        })
+    };
+    let (roomy, tight) = (gpu(140_000_000_000), gpu(20_000_000_000));
+    let s = sizing(&c, &roomy, &PlanOptions::default());
+    assert_eq!(s.backend(Part::Lm), "cuda");
+    let many = plan::resolve_kv_blocks(&c, &dims, &roomy, s.as_ref()).unwrap();
+    let few = plan::resolve_kv_blocks(&c, &dims, &tight, s.as_ref()).unwrap();
+    // Capped at batch_size full-length sequences on the roomy card; less on the full one.
+    let full = c.batch_size * c.max_seq_len / c.kvcache_partition_len;
+    assert_eq!(many, full);
+    assert!(few < many && few > 0, "{few} of {many}");
+    let mut sized = c.clone();
+    sized.kvcache_num_blocks = few;
+    assert!(plan_of(&sized, &dims, &tight, &PlanOptions::default()).fits);
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn the_cuda_backend_is_refused_by_a_build_without_it() {
+    let k = vlm_config::KernelConfig {
+        backend: vlm_config::BackendChoice::Cuda,
+        ..Default::default()
+    };
+    let e = vlm_backends::Backend::resolve(&k, Dtype::Bf16, vlm_backends::Part::Lm).unwrap_err();
+    assert!(e.to_string().contains("--features cuda"), "{e}");
+}

@@ -19,8 +19,11 @@ use vlm_preprocess::{
     decode_image, over_white, preprocess_rgb, read_image_size, PixelValues, PreprocessConfig,
 };
 
+/// `VLM_MODEL_FIXTURES` or this checkout's fixtures (as `text_support::fixtures_dir`).
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
+    std::env::var_os("VLM_MODEL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures"))
 }
 
 /// A bucketed ViT backend of this test: the CPU engine or candle's padded forward.
@@ -28,6 +31,24 @@ fn fixtures() -> PathBuf {
 enum Backend {
     CpuEngine,
     Candle,
+    /// The CUDA backend on GPU 0 (a `cuda` build on a machine with a GPU).
+    #[cfg(feature = "cuda")]
+    Cuda,
+}
+
+/// The backends this build can run here: with `cuda`, candle's ops run on the GPU too, so a
+/// `cuda` build is only tested where a GPU opens.
+fn backends() -> Vec<Backend> {
+    #[cfg(feature = "cuda")]
+    {
+        if let Err(e) = vlm_backend_cuda::gpu::device::open(0) {
+            eprintln!("skipped the candle and cuda ViT backends: no CUDA GPU here ({e})");
+            return vec![Backend::CpuEngine];
+        }
+        vec![Backend::CpuEngine, Backend::Candle, Backend::Cuda]
+    }
+    #[cfg(not(feature = "cuda"))]
+    vec![Backend::CpuEngine, Backend::Candle]
 }
 
 fn config_dtype(d: DType) -> vlm_config::Dtype {
@@ -59,6 +80,12 @@ fn bucketed(
         ),
         Backend::Candle => Box::new(
             vlm_backend_candle::vision::load(ckpt, config_dtype(dtype), buckets, &[0])
+                .unwrap()
+                .remove(0),
+        ),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => Box::new(
+            vlm_backend_cuda::gpu::vision::load(ckpt, config_dtype(dtype), buckets, &[0])
                 .unwrap()
                 .remove(0),
         ),
@@ -435,7 +462,7 @@ fn bucketed_run_equals_unpadded_run() {
             let exact = model.forward(&pv_tensor(&pv), im.grid).unwrap();
             // A bucket with padding (n + 100 rounded to 4), and one that fits exactly.
             let padded = (n + 100).div_ceil(4) * 4;
-            let configs = [Backend::CpuEngine, Backend::Candle]
+            let configs = backends()
                 .into_iter()
                 .flat_map(|b| [(b, vec![8, padded, 4 * padded]), (b, vec![n])]);
             for (backend, buckets) in configs {
@@ -722,7 +749,7 @@ fn engine_matches_oracle_on_larger_and_multi_frame_grids() {
         let values = Tensor::randn(0f32, 0.6, (n, dim), &Device::Cpu).unwrap();
         let exact = model.forward(&values, grid).unwrap();
         let pv = pixels(&values, grid);
-        for backend in [Backend::CpuEngine, Backend::Candle] {
+        for backend in backends() {
             let graphs = bucketed(&ckpt, DType::F32, &[bucket], backend);
             let run = graphs.encode(&pv).unwrap();
             let mut pairs = vec![(tensor(&run.embeds.embeds), &exact.embeds)];

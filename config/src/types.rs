@@ -50,6 +50,9 @@ pub enum BackendChoice {
     Cpu,
     /// candle's ops.
     Candle,
+    /// NVIDIA GPUs: cuBLAS GEMMs and this project's paged-attention kernels (a build with the
+    /// `cuda` feature).
+    Cuda,
 }
 
 /// A kernel feature: used when the CPU has it (`auto`), required (`on`) or never used (`off`).

@@ -146,9 +146,9 @@ fn normalized_json_lists_both_sections_in_lowercase_and_reads_back() {
 #[test]
 fn choices_outside_their_set_are_errors() {
     assert_names(
-        r#"{"kernels": {"backend": "cuda"}}"#,
+        r#"{"kernels": {"backend": "rocm"}}"#,
         "kernels.backend",
-        &["\"cuda\"", "\"auto\", \"cpu\", \"candle\""],
+        &["\"rocm\"", "\"auto\", \"cpu\", \"candle\", \"cuda\""],
     );
     assert_names(
         r#"{"visual": {"kernels": {"bf16_dot": "yes"}}}"#,
@@ -259,4 +259,15 @@ fn kernels_must_be_a_mapping() {
         "visual.kernels",
         &["mapping"],
     );
+}
+
+#[test]
+fn cuda_is_a_backend_choice() {
+    let c = DeployConfig::from_json(
+        r#"{"kernels": {"backend": "cuda"}, "visual": {"kernels": {"backend": "cuda"}}}"#,
+    )
+    .unwrap()
+    .config;
+    assert_eq!(c.kernels.backend, BackendChoice::Cuda);
+    assert_eq!(c.visual.kernels.backend, BackendChoice::Cuda);
 }

@@ -70,7 +70,7 @@ KNOWN_METRICS = {
     # vision
     "vlm_vision_encode_seconds", "vlm_vision_images_total", "vlm_vision_padding_fraction",
     "vlm_vision_queue_depth", "vlm_vision_images_in_flight", "vlm_vision_requests_total",
-    "vlm_vision_spread_images_total",
+    "vlm_vision_spread_images_total", "vlm_vision_embed_cache_total", "vlm_vision_embed_cache_bytes",
     # lm
     "vlm_lm_time_to_first_token_seconds", "vlm_lm_time_per_output_token_seconds",
     "vlm_lm_running", "vlm_lm_waiting", "vlm_lm_kv_blocks_used", "vlm_lm_kv_blocks_free",

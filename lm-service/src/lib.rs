@@ -75,7 +75,7 @@ pub fn resolve_num_blocks(
     let backend = vlm_backends::Backend::resolve(&d.kernels, d.dtype, vlm_backends::Part::Lm)
         .map_err(|e| config(&e))?;
     // MemAvailable (or the cgroup limit), not MemTotal: the pool is pre-faulted at start.
-    let kind = vlm_backends::device_kind(backend).map_err(|e| config(&e))?;
+    let kind = vlm_backends::device_kind(backend, &d.device).map_err(|e| config(&e))?;
     tracing::info!(
         capacity_bytes = kind.capacity,
         backend = backend.name(),

@@ -115,6 +115,10 @@ pub fn info_to_proto(info: Info) -> pb::VisionInfo {
             &f.backend.kernels,
         )),
         spread_lone_images: f.spread_lone_images,
+        embed_cache_bytes: info.embed_cache.capacity_bytes,
+        embed_cache_used_bytes: info.embed_cache.used_bytes,
+        embed_cache_hits: info.embed_cache.hits,
+        embed_cache_misses: info.embed_cache.misses,
     }
 }
 

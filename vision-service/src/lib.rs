@@ -25,6 +25,10 @@ use vlm_service_kit::server::{self, GrpcServer, Listeners};
 pub const SERVICE_NAME: &str = "vlm.v1.Vision";
 
 /// Everything the service runs with, validated by the binary.
+/// Default size of the embedding cache: 256 MiB (about 180 images of 1024x1024 from the 2B
+/// ViT in bf16: 1024 tokens x 2048 x 3 tensors x 2 bytes each).
+pub const DEFAULT_EMBED_CACHE_BYTES: u64 = 256 << 20;
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Checkpoint directory (config.json + safetensors).
@@ -47,6 +51,8 @@ pub struct Options {
     /// Run an image that is alone in the pool on all of the pool's cores (CPU pools of several
     /// cores); false: every image on one device.
     pub spread_lone_images: bool,
+    /// Bytes of embeddings kept for images and video groups seen again (0: off).
+    pub embed_cache_bytes: u64,
     /// The shared token callers of `vlm.v1.Vision` must send (`--internal-token-file`);
     /// `None`: no check.
     pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
@@ -66,6 +72,7 @@ impl Options {
             max_request_bytes: 64 << 20,
             drain_delay: std::time::Duration::ZERO,
             spread_lone_images: true,
+            embed_cache_bytes: DEFAULT_EMBED_CACHE_BYTES,
             internal_token: None,
         }
     }
@@ -192,6 +199,7 @@ impl Bound {
                 queue_capacity: opts.queue_capacity,
                 max_chunk_bytes: opts.max_chunk_bytes,
                 spread_lone_images: opts.spread_lone_images,
+                embed_cache_bytes: opts.embed_cache_bytes,
             };
             let vcfg = vlm_compute::Qwen3VlConfig::from_dir(&opts.model_dir)
                 .map_err(|source| ServeError::Load {
@@ -203,6 +211,7 @@ impl Bound {
             let _ = slot.set(encoder.clone());
             tracing::info!(
                 queue_capacity = opts.queue_capacity,
+                embed_cache_bytes = opts.embed_cache_bytes,
                 devices = ?opts.visual.device,
                 "ViT ready: every bucket prepared, compute threads started"
             );

@@ -52,6 +52,10 @@ struct Args {
     /// one device, several images side by side).
     #[arg(long, env = "VLM_VISION_SPREAD_LONE_IMAGES", default_value_t = true, action = clap::ArgAction::Set)]
     spread_lone_images: bool,
+    /// MiB of embeddings kept for images and video temporal groups sent again (keyed by the
+    /// SHA-256 of their bytes and resize; least recently used out first); 0 turns it off.
+    #[arg(long, env = "VLM_VISION_EMBED_CACHE_MIB", default_value_t = vlm_vision_service::DEFAULT_EMBED_CACHE_BYTES >> 20)]
+    embed_cache_mib: u64,
     /// File holding the shared token callers of vlm.v1.Vision must send (a mounted Secret;
     /// re-read when it changes). Health and reflection stay open.
     #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
@@ -78,6 +82,7 @@ fn options(args: Args) -> anyhow::Result<Options> {
         max_request_bytes: args.max_request_bytes,
         drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
         spread_lone_images: args.spread_lone_images,
+        embed_cache_bytes: args.embed_cache_mib << 20,
         internal_token: args
             .internal_token_file
             .as_deref()

@@ -601,3 +601,68 @@ fn a_device_the_machine_lacks_is_refused_at_start() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_sent_again_is_served_from_the_embedding_cache() {
+    let server = TestServer::start(SMALL_BUCKETS, &[]).await;
+    let oracle = Oracle::new(&[256, 1024, 4096]);
+    let mut client = server.client().await;
+    let a = png(512, 512, 21);
+    let first = reassemble(
+        &collect(&mut client, request(vec![encoded(a.clone())]))
+            .await
+            .expect("first"),
+        0,
+    );
+    let info = server.info().await;
+    assert_eq!(info.embed_cache_bytes, 256 << 20);
+    assert_eq!((info.embed_cache_hits, info.embed_cache_misses), (0, 1));
+    assert!(info.embed_cache_used_bytes > 0);
+
+    // The same bytes again, in f16 on the wire: a hit, the rows the model computes.
+    let mut req = request(vec![encoded(a.clone())]);
+    req.dtype = pb::DType::DtypeF16 as i32;
+    let again = reassemble(&collect(&mut client, req).await.expect("again"), 0);
+    let (_, _, embeds, deepstack) = oracle.encode_bytes(&a, DType::F16);
+    assert!(again.embeds == embeds && again.deepstack == deepstack);
+    assert_eq!((again.bucket, again.grid), (first.bucket, first.grid));
+    let info = server.info().await;
+    assert_eq!((info.embed_cache_hits, info.embed_cache_misses), (1, 1));
+
+    // Another picture, or the same one resized to another budget, is another key.
+    collect(&mut client, request(vec![encoded(png(512, 512, 22))]))
+        .await
+        .expect("other");
+    let mut small = encoded(a.clone());
+    small.max_pixels = 256 * 256;
+    let resized = reassemble(
+        &collect(&mut client, request(vec![small]))
+            .await
+            .expect("smaller budget"),
+        0,
+    );
+    assert_eq!(resized.bucket, 256);
+    let info = server.info().await;
+    assert_eq!((info.embed_cache_hits, info.embed_cache_misses), (1, 3));
+    assert!(server
+        .metrics_text()
+        .contains("vlm_vision_embed_cache_total{result=\"hit\"} 1"));
+
+    // Off: nothing kept, nothing counted.
+    let off = TestServer::start(SMALL_BUCKETS, &["--embed-cache-mib", "0"]).await;
+    let mut c = off.client().await;
+    for _ in 0..2 {
+        collect(&mut c, request(vec![encoded(a.clone())]))
+            .await
+            .expect("uncached");
+    }
+    let info = off.info().await;
+    assert_eq!(
+        (
+            info.embed_cache_bytes,
+            info.embed_cache_hits,
+            info.embed_cache_used_bytes
+        ),
+        (0, 0, 0)
+    );
+}

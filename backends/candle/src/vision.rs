@@ -1,6 +1,9 @@
 //! The ViT in candle's ops behind the seam's `VisionBackend`: the model's own forward run at
-//! the bucket's rows (`vlm_model::vision::buckets::run_padded`); buffers are per run.
+//! the bucket's rows (`vlm_model::vision::buckets::run_padded`); buffers are per run. Generic
+//! over the [`Kernels`] so that another backend on candle devices (`backends/cuda`) loads its
+//! ViT through the same code.
 use crate::ops::{device_for, device_name, CandleKernels};
+use candle_core::Device;
 use std::path::Path;
 use vlm_compute::{
     BackendInfo, BucketMemory, ComputeError, PixelValues, Result, VisionBackend, VisionMemory,
@@ -8,11 +11,12 @@ use vlm_compute::{
 };
 use vlm_config::plan::ModelDims;
 use vlm_model::vision::{buckets, VisionModel};
+use vlm_model::Kernels;
 
 /// The ViT on one device of the pool (its own copy of the weights).
 #[derive(Debug)]
-pub struct CandleVision {
-    model: VisionModel<CandleKernels>,
+pub struct CandleVision<K: Kernels = CandleKernels> {
+    model: VisionModel<K>,
     buckets: Vec<usize>,
     memory: VisionMemory,
     info: BackendInfo,
@@ -25,23 +29,40 @@ pub fn load(
     bucket_lens: &[usize],
     devices: &[u32],
 ) -> Result<Vec<CandleVision>> {
+    load_with(dir, dtype, bucket_lens, devices, "candle", |ordinal| {
+        let device = device_for(ordinal).map_err(ComputeError::from)?;
+        let name = device_name(&device, ordinal);
+        Ok((CandleKernels::new(device), name))
+    })
+}
+
+/// Loads the vision tower on each device of the pool with the kernels `open` makes for a device
+/// ordinal (with the device's name for `Info`), reported as `backend`.
+pub fn load_with<K: Kernels>(
+    dir: &Path,
+    dtype: vlm_config::Dtype,
+    bucket_lens: &[usize],
+    devices: &[u32],
+    backend: &'static str,
+    open: impl Fn(u32) -> Result<(K, String)>,
+) -> Result<Vec<CandleVision<K>>> {
     let dims = ModelDims::from_dir(dir).map_err(|e| ComputeError::Weights(e.to_string()))?;
     let weight_bytes =
         vlm_model::sizing::weight_bytes(&dims, vlm_config::plan::Part::Visual, dtype);
     let dtype = vlm_model::dtype::candle_dtype(dtype);
     // On the host every core shares one copy of the weights (tensors share their storage when
     // cloned); each GPU holds its own.
-    let mut host_model: Option<VisionModel<CandleKernels>> = None;
+    let mut host_model: Option<VisionModel<K>> = None;
     devices
         .iter()
         .map(|&ordinal| {
-            let device = device_for(ordinal).map_err(ComputeError::from)?;
-            let model = match (&host_model, device.is_cpu()) {
+            let (kernels, device_label) = open(ordinal)?;
+            let on_host = matches!(kernels.device(), Device::Cpu);
+            let model = match (&host_model, on_host) {
                 (Some(m), true) => m.clone(),
                 _ => {
-                    let kernels = CandleKernels::new(device.clone());
                     let m = VisionModel::load(&kernels, dir, dtype).map_err(ComputeError::from)?;
-                    if device.is_cpu() {
+                    if on_host {
                         host_model = Some(m.clone());
                     }
                     m
@@ -50,7 +71,7 @@ pub fn load(
             let lens = buckets::prepare(bucket_lens, model.config().merge_unit())?;
             let memory = VisionMemory {
                 weight_bytes,
-                weights_shared: device.is_cpu(),
+                weights_shared: on_host,
                 buckets: lens
                     .iter()
                     .map(|&b| BucketMemory {
@@ -65,17 +86,17 @@ pub fn load(
                 buckets: lens,
                 memory,
                 info: BackendInfo {
-                    backend: "candle",
-                    device: device_name(&device, ordinal),
+                    backend,
+                    device: device_label,
                     dtype: vlm_model::dtype::host_dtype(dtype),
-                    kernels: vec![("ops".into(), "candle".into())],
+                    kernels: vec![("ops".into(), kernels.name().into())],
                 },
             })
         })
         .collect()
 }
 
-impl VisionBackend for CandleVision {
+impl<K: Kernels> VisionBackend for CandleVision<K> {
     fn info(&self) -> &BackendInfo {
         &self.info
     }
@@ -102,8 +123,8 @@ impl VisionBackend for CandleVision {
     }
 }
 
-impl CandleVision {
-    pub fn model(&self) -> &VisionModel<CandleKernels> {
+impl<K: Kernels> CandleVision<K> {
+    pub fn model(&self) -> &VisionModel<K> {
         &self.model
     }
 }

@@ -172,3 +172,42 @@ pub fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {
     let scale = b.abs().unwrap().max(0).unwrap().to_scalar::<f32>().unwrap();
     diff / scale.max(f32::MIN_POSITIVE)
 }
+
+/// Greedy `tokens` and their per-step logits (on any device) against the case's goldens, each
+/// step within 1e-4 relative; the worst step's difference.
+pub fn check_steps(case: &Case, what: &str, tokens: &[u32], step_logits: &Tensor) -> f32 {
+    assert_eq!(
+        tokens,
+        case.generated_ids().as_slice(),
+        "{}: {what} tokens",
+        case.name
+    );
+    let want = case.t("generate_step_logits");
+    let mut worst = 0f32;
+    for i in 0..tokens.len() {
+        let got = step_logits.get(i).unwrap().to_device(&Device::Cpu).unwrap();
+        let d = rel_diff(&got, &want.get(i).unwrap());
+        assert!(d < 1e-4, "{}: {what} step {i}: {d}", case.name);
+        worst = worst.max(d);
+    }
+    worst
+}
+
+/// Three cases of one checkpoint (to decode together in one padded bucket).
+pub fn three_of_one_checkpoint(all: &[Case]) -> Vec<&Case> {
+    let ckpt = &all[0].ckpt;
+    let group: Vec<&Case> = all.iter().filter(|c| &c.ckpt == ckpt).take(3).collect();
+    assert_eq!(group.len(), 3, "need three cases of one checkpoint");
+    group
+}
+
+/// The cases' prompts as greedy requests.
+pub fn greedy_requests(group: &[&Case]) -> Vec<vlm_model::oracle::GreedyRequest> {
+    group
+        .iter()
+        .map(|c| vlm_model::oracle::GreedyRequest {
+            input_ids: c.input_ids(),
+            images: c.images(),
+        })
+        .collect()
+}

@@ -74,6 +74,7 @@ pub(crate) fn parse(parent: &Section<'_>, part: Part) -> Result<KernelConfig, Co
                 ("auto", BackendChoice::Auto),
                 ("cpu", BackendChoice::Cpu),
                 ("candle", BackendChoice::Candle),
+                ("cuda", BackendChoice::Cuda),
             ],
             "",
         )?,

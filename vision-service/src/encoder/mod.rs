@@ -5,6 +5,7 @@
 //! slot per image (all or nothing), queues one job per image and returns a stream of chunks.
 //! A task per request forwards each image's chunks as soon as that image is done, and cancels
 //! the request's remaining work when the caller goes away or its deadline passes.
+pub mod cache;
 pub mod chunk;
 pub mod plan;
 pub mod queue;
@@ -53,6 +54,8 @@ pub struct EncoderConfig {
     pub max_chunk_bytes: usize,
     /// Run an image that is alone in the pool on all of the pool's cores.
     pub spread_lone_images: bool,
+    /// Bytes of embeddings the cache keeps (0: no cache).
+    pub embed_cache_bytes: u64,
 }
 
 /// Facts about this replica that do not change while it runs.
@@ -84,6 +87,7 @@ pub struct Info {
     pub fixed: StaticInfo,
     pub queue_depth: u32,
     pub images_in_flight: u32,
+    pub embed_cache: cache::CacheStats,
 }
 
 /// A cheap, cloneable handle on the queue and the compute threads.
@@ -162,6 +166,7 @@ impl Encoder {
             max_chunk_bytes: cfg.max_chunk_bytes.clamp(1, chunk::MAX_CHUNK_BYTES),
             in_flight: Default::default(),
             spread,
+            cache: cache::EmbedCache::new(cfg.embed_cache_bytes),
         });
         let queue = Arc::new(JobQueue::default());
         let mut threads = Vec::with_capacity(devices.len());
@@ -194,6 +199,7 @@ impl Encoder {
             fixed: self.inner.info.clone(),
             queue_depth: self.inner.admission.depth() as u32,
             images_in_flight: self.inner.shared.in_flight.load(Ordering::Acquire) as u32,
+            embed_cache: self.inner.shared.cache.stats(),
         }
     }
 

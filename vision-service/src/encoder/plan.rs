@@ -202,6 +202,27 @@ impl PlannedImage {
         }
     }
 
+    /// The embedding cache's key: the input's bytes and what the service does with them (the
+    /// resize target of a file; the frames of resized pixels).
+    pub fn cache_key(&self) -> super::cache::Key {
+        use super::cache::key;
+        match &self.pixels {
+            Pixels::Encoded { data, target } => key(&[
+                b"encoded",
+                data,
+                &target.0.to_le_bytes(),
+                &target.1.to_le_bytes(),
+            ]),
+            Pixels::Resized(first, second) => key(&[
+                self.kind().as_bytes(),
+                &first.width().to_le_bytes(),
+                &first.height().to_le_bytes(),
+                first.as_raw(),
+                second.as_ref().map_or(&[][..], |s| s.as_raw()),
+            ]),
+        }
+    }
+
     /// Raw patches the ViT sees (per temporal patch).
     pub fn patches(&self) -> u64 {
         self.grid[1] as u64 * self.grid[2] as u64

@@ -3,6 +3,7 @@
 //! a one-thread rayon pool created on (and so pinned like) the compute thread, so a pool of n
 //! cores really runs on those n cores and no others. An image alone in the pool runs on all of
 //! its cores instead ([`super::spread`]).
+use super::cache::{Cached, EmbedCache};
 use super::chunk::{to_chunks, ChunkHeader};
 use super::plan::{Limits, PlannedImage};
 use super::queue::{JobQueue, Permit};
@@ -48,6 +49,7 @@ pub struct Shared {
     pub in_flight: AtomicUsize,
     /// The pool-wide run for a lone image (None: one device, or not host cores, or off).
     pub spread: Option<Spread>,
+    pub cache: EmbedCache,
 }
 
 /// Runs jobs from `queue` until it is closed and empty. `core` is the physical core to pin to
@@ -138,7 +140,8 @@ pub fn run(
     }
 }
 
-/// Preprocess, run the bucket on the backend, cut into chunks. `Ok(None)` when the caller went away.
+/// From the embedding cache, or preprocess and run the bucket on the backend (and keep the
+/// result); cut into chunks. `Ok(None)` when the caller went away.
 fn encode_one(
     backend: &dyn VisionBackend,
     shared: &Shared,
@@ -147,6 +150,54 @@ fn encode_one(
     let image = &job.image;
     let span = tracing::info_span!(parent: &job.span, "vision.encode_image", image = image.index, bucket = image.bucket, patches = image.patches());
     let _enter = span.enter();
+    let key = shared.cache.enabled().then(|| image.cache_key());
+    let cached = match &key {
+        Some(k) => shared.cache.get(k),
+        None => None,
+    };
+    let (embeds, bucket) = match cached {
+        Some(hit) => {
+            tracing::debug!("image served from the embedding cache");
+            (hit.embeds, hit.bucket)
+        }
+        None => {
+            let Some(run) = run_backend(backend, shared, job)? else {
+                return Ok(None);
+            };
+            if let Some(k) = key {
+                shared.cache.put(
+                    k,
+                    Cached {
+                        embeds: run.embeds.clone(),
+                        bucket: run.bucket,
+                    },
+                );
+            }
+            (run.embeds, run.bucket)
+        }
+    };
+    let header = ChunkHeader {
+        image_index: image.index as u32,
+        content_hash: Arc::clone(&image.content_hash),
+        grid: image.grid,
+        bucket: bucket as u32,
+    };
+    let chunks = to_chunks(&header, &embeds, job.dtype, shared.max_chunk_bytes).map_err(|e| {
+        VisionError::Model {
+            image: image.index,
+            message: e.to_string(),
+        }
+    })?;
+    Ok(Some(chunks))
+}
+
+/// Preprocess and run the bucket on the backend. `Ok(None)` when the caller went away.
+fn run_backend(
+    backend: &dyn VisionBackend,
+    shared: &Shared,
+    job: &Job,
+) -> Result<Option<vlm_compute::VisionRun>, VisionError> {
+    let image = &job.image;
     let pv = image.pixel_values(&shared.limits)?;
     if job.cancel.is_cancelled() {
         return Ok(None);
@@ -171,18 +222,5 @@ fn encode_one(
         );
     }
     tracing::debug!(seconds, padding = run.padding_fraction, "image encoded");
-    let header = ChunkHeader {
-        image_index: image.index as u32,
-        content_hash: Arc::clone(&image.content_hash),
-        grid: image.grid,
-        bucket: run.bucket as u32,
-    };
-    let chunks =
-        to_chunks(&header, &run.embeds, job.dtype, shared.max_chunk_bytes).map_err(|e| {
-            VisionError::Model {
-                image: image.index,
-                message: e.to_string(),
-            }
-        })?;
-    Ok(Some(chunks))
+    Ok(Some(run))
 }
