@@ -7,7 +7,9 @@
 mod text_support;
 
 use candle_core::DType;
-use text_support::{cases, check_steps, greedy_requests, rel_diff, three_of_one_checkpoint, Case};
+use text_support::{
+    cases, check_bf16_steps, check_steps, greedy_requests, three_of_one_checkpoint, Case,
+};
 use vlm_backend_cuda::gpu::{device, kernels::CudaKernels};
 use vlm_model::oracle::Oracle;
 use vlm_model::text::TextModel;
@@ -79,23 +81,8 @@ fn bf16_weights_on_the_gpu_stay_close_to_the_reference() {
         let out = p
             .generate_greedy(&case.input_ids(), &case.images(), want.len(), &[])
             .unwrap();
-        let golden = case.t("generate_step_logits");
-        let mut worst = 0f32;
-        for (i, (got, want)) in out.tokens.iter().zip(&want).enumerate() {
-            let row = out
-                .step_logits
-                .get(i)
-                .unwrap()
-                .to_device(&candle_core::Device::Cpu)
-                .unwrap();
-            let d = rel_diff(&row, &golden.get(i).unwrap());
-            assert!(d < 1.5e-2, "{} gpu bf16 step {i}: {d}", case.name);
-            worst = worst.max(d);
-            decode_steps += usize::from(i > 0);
-            if got != want {
-                break;
-            }
-        }
+        let (worst, steps) = check_bf16_steps(&case, "gpu bf16", &out.tokens, &out.step_logits);
+        decode_steps += steps;
         eprintln!(
             "{}: gpu bf16 weights + bf16 cache, per-step logits max rel diff {worst:.2e}",
             case.name

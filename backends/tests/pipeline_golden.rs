@@ -5,7 +5,8 @@ mod text_support;
 
 use candle_core::DType;
 use text_support::{
-    cases, check_steps, cpu, greedy_requests, rel_diff, three_of_one_checkpoint, Case,
+    cases, check_bf16_steps, check_steps, cpu, greedy_requests, rel_diff, three_of_one_checkpoint,
+    Case,
 };
 use vlm_backend_cpu::CpuKernels;
 use vlm_model::oracle::Oracle;
@@ -95,18 +96,8 @@ fn bf16_weights_decode_on_a_bf16_cache_close_to_the_reference() {
         let out = p
             .generate_greedy(&case.input_ids(), &case.images(), want.len(), &[])
             .unwrap();
-        let golden = case.t("generate_step_logits");
-        let mut worst = 0f32;
-        // Step i's logits are comparable while the tokens fed so far are the reference's.
-        for (i, (got, want)) in out.tokens.iter().zip(&want).enumerate() {
-            let d = rel_diff(&out.step_logits.get(i).unwrap(), &golden.get(i).unwrap());
-            assert!(d < 1.5e-2, "{} bf16 step {i}: {d}", case.name);
-            worst = worst.max(d);
-            decode_steps += usize::from(i > 0);
-            if got != want {
-                break;
-            }
-        }
+        let (worst, steps) = check_bf16_steps(&case, "bf16", &out.tokens, &out.step_logits);
+        decode_steps += steps;
         eprintln!(
             "{}: bf16 weights + bf16 cache, per-step logits max rel diff {worst:.2e}",
             case.name

@@ -11,6 +11,7 @@
 //! A backend is a crate under `backends/` that implements these traits and reports its own sizes
 //! to the planner (`vlm_config::plan::Sizing`); `backends/` (crate `vlm-backends`) picks one.
 pub mod embeds;
+pub mod embeds_lru;
 pub mod error;
 pub mod info;
 pub mod layout;
@@ -22,6 +23,7 @@ pub mod tensor;
 pub mod vision;
 
 pub use embeds::ImageEmbeds;
+pub use embeds_lru::EmbedsLru;
 pub use error::{ComputeError, Result};
 pub use info::BackendInfo;
 pub use layout::{build_chunk, PromptLayout};

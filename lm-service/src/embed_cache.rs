@@ -1,116 +1,55 @@
 //! Image embeddings by content hash and grid (the same bytes at two resolutions, OpenAI's
-//! `detail`, are two entries): an LRU bounded in bytes. Values share their bytes, so a hit
-//! costs no copy.
-use std::collections::HashMap;
-use vlm_compute::ImageEmbeds;
-
-/// Bytes an entry takes: embeddings plus every deepstack level.
-pub fn embeds_bytes(e: &ImageEmbeds) -> usize {
-    e.byte_len()
-}
-
-#[derive(Debug)]
-struct Entry {
-    value: ImageEmbeds,
-    bytes: usize,
-    last_used: u64,
-}
+//! `detail`, are two entries): [`vlm_compute::EmbedsLru`] with this service's metrics. Values
+//! share their bytes, so a hit costs no copy.
+use vlm_compute::{EmbedsLru, ImageEmbeds};
 
 /// LRU cache of image embeddings keyed by the image's content hash and grid.
 #[derive(Debug)]
 pub struct EmbedCache {
-    capacity: usize,
-    used: usize,
-    tick: u64,
-    map: HashMap<(Vec<u8>, [usize; 3]), Entry>,
-    hits: u64,
-    misses: u64,
+    lru: EmbedsLru<(Vec<u8>, [usize; 3])>,
 }
 
 impl EmbedCache {
     pub fn new(capacity_bytes: usize) -> Self {
         EmbedCache {
-            capacity: capacity_bytes,
-            used: 0,
-            tick: 0,
-            map: HashMap::new(),
-            hits: 0,
-            misses: 0,
+            lru: EmbedsLru::new(capacity_bytes),
         }
     }
 
-    /// The embeddings of `hash` when held with the same grid; counts a hit or a miss.
+    /// The embeddings of `hash` when held with the same grid; counts a hit or a miss (an empty
+    /// hash is always a miss).
     pub fn get(&mut self, hash: &[u8], grid: [usize; 3]) -> Option<ImageEmbeds> {
-        self.tick += 1;
-        let tick = self.tick;
-        match self.map.get_mut(&(hash.to_vec(), grid)) {
-            Some(e) if !hash.is_empty() => {
-                e.last_used = tick;
-                self.hits += 1;
-                metrics::counter!("vlm_lm_embedding_cache_hits_total").increment(1);
-                Some(e.value.clone())
-            }
-            _ => {
-                self.misses += 1;
-                metrics::counter!("vlm_lm_embedding_cache_misses_total").increment(1);
-                None
-            }
+        // An empty hash is never stored, so it is a miss.
+        let found = self.lru.get(&(hash.to_vec(), grid));
+        match found {
+            Some(_) => metrics::counter!("vlm_lm_embedding_cache_hits_total").increment(1),
+            None => metrics::counter!("vlm_lm_embedding_cache_misses_total").increment(1),
         }
+        found
     }
 
     /// Stores `value` under `hash`, evicting least recently used entries to stay under the
     /// capacity. An entry larger than the whole cache (or an empty hash) is not stored.
     pub fn insert(&mut self, hash: &[u8], value: ImageEmbeds) {
-        if hash.is_empty() {
-            return;
+        if !hash.is_empty() {
+            self.lru.insert((hash.to_vec(), value.grid_thw), value);
         }
-        let bytes = embeds_bytes(&value);
-        if bytes > self.capacity {
-            return;
-        }
-        let key = (hash.to_vec(), value.grid_thw);
-        if let Some(old) = self.map.remove(&key) {
-            self.used -= old.bytes;
-        }
-        while self.used + bytes > self.capacity {
-            let Some(oldest) = self
-                .map
-                .iter()
-                .min_by_key(|(_, e)| e.last_used)
-                .map(|(k, _)| k.clone())
-            else {
-                break;
-            };
-            if let Some(e) = self.map.remove(&oldest) {
-                self.used -= e.bytes;
-            }
-        }
-        self.tick += 1;
-        self.used += bytes;
-        self.map.insert(
-            key,
-            Entry {
-                value,
-                bytes,
-                last_used: self.tick,
-            },
-        );
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.lru.len()
     }
     pub fn is_empty(&self) -> bool {
-        self.map.is_empty()
+        self.lru.is_empty()
     }
     pub fn bytes(&self) -> usize {
-        self.used
+        self.lru.bytes()
     }
     pub fn hits(&self) -> u64 {
-        self.hits
+        self.lru.hits()
     }
     pub fn misses(&self) -> u64 {
-        self.misses
+        self.lru.misses()
     }
 }
 

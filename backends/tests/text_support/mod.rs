@@ -211,3 +211,28 @@ pub fn greedy_requests(group: &[&Case]) -> Vec<vlm_model::oracle::GreedyRequest>
         })
         .collect()
 }
+
+/// bf16 steps against the f32 goldens: step i's logits within 1.5e-2 relative while the tokens
+/// fed so far are the reference's (they are comparable up to the first token that differs).
+/// The worst difference and the decode steps compared.
+pub fn check_bf16_steps(
+    case: &Case,
+    what: &str,
+    tokens: &[u32],
+    step_logits: &Tensor,
+) -> (f32, usize) {
+    let want = case.generated_ids();
+    let golden = case.t("generate_step_logits");
+    let (mut worst, mut decode_steps) = (0f32, 0);
+    for (i, (got, want)) in tokens.iter().zip(&want).enumerate() {
+        let row = step_logits.get(i).unwrap().to_device(&Device::Cpu).unwrap();
+        let d = rel_diff(&row, &golden.get(i).unwrap());
+        assert!(d < 1.5e-2, "{} {what} step {i}: {d}", case.name);
+        worst = worst.max(d);
+        decode_steps += usize::from(i > 0);
+        if got != want {
+            break;
+        }
+    }
+    (worst, decode_steps)
+}

@@ -5,9 +5,8 @@
 //! `content_hash` is only echoed, never trusted as a key. Bounded by bytes, least recently used
 //! out first; a hit skips the decode, the resize and the ViT. Size 0 turns it off.
 use sha2::{Digest, Sha256};
-use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use vlm_compute::ImageEmbeds;
+use vlm_compute::{EmbedsLru, ImageEmbeds};
 
 pub type Key = [u8; 32];
 
@@ -22,24 +21,6 @@ pub fn key(fields: &[&[u8]]) -> Key {
     h.finalize().into()
 }
 
-/// One cached result: the embeddings and the bucket they ran in.
-#[derive(Debug, Clone)]
-pub struct Cached {
-    pub embeds: ImageEmbeds,
-    pub bucket: usize,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    entries: HashMap<Key, (Cached, u64)>,
-    /// Last use -> key, oldest first.
-    order: BTreeMap<u64, Key>,
-    bytes: u64,
-    tick: u64,
-    hits: u64,
-    misses: u64,
-}
-
 /// What the cache holds now (`Vision.Info`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct CacheStats {
@@ -50,95 +31,55 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
+/// [`EmbedsLru`] shared by the compute threads, with this service's metrics.
 #[derive(Debug)]
 pub struct EmbedCache {
-    capacity: u64,
-    state: Mutex<State>,
+    lru: Mutex<EmbedsLru<Key>>,
 }
 
 impl EmbedCache {
     pub fn new(capacity_bytes: u64) -> EmbedCache {
         EmbedCache {
-            capacity: capacity_bytes,
-            state: Mutex::default(),
+            lru: Mutex::new(EmbedsLru::new(capacity_bytes as usize)),
         }
     }
 
     pub fn enabled(&self) -> bool {
-        self.capacity > 0
+        self.lock().capacity() > 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, EmbedsLru<Key>> {
+        self.lru.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The cached result of `key`, now the most recently used; counts a hit or a miss.
-    pub fn get(&self, key: &Key) -> Option<Cached> {
-        if !self.enabled() {
+    /// The cached embeddings of `key`; counts a hit or a miss (nothing when off).
+    pub fn get(&self, key: &Key) -> Option<ImageEmbeds> {
+        let mut lru = self.lock();
+        if lru.capacity() == 0 {
             return None;
         }
-        let mut s = self.lock();
-        s.tick += 1;
-        let tick = s.tick;
-        let found = match s.entries.get_mut(key) {
-            Some((c, last)) => {
-                let old = std::mem::replace(last, tick);
-                Some((c.clone(), old))
-            }
-            None => None,
-        };
-        match found {
-            Some((c, old)) => {
-                s.order.remove(&old);
-                s.order.insert(tick, *key);
-                s.hits += 1;
-                metrics::counter!("vlm_vision_embed_cache_total", "result" => "hit").increment(1);
-                Some(c)
-            }
-            None => {
-                s.misses += 1;
-                metrics::counter!("vlm_vision_embed_cache_total", "result" => "miss").increment(1);
-                None
-            }
-        }
+        let found = lru.get(key);
+        let result = if found.is_some() { "hit" } else { "miss" };
+        metrics::counter!("vlm_vision_embed_cache_total", "result" => result).increment(1);
+        found
     }
 
-    /// Keeps `value` under `key`, dropping the least recently used entries to make room; a
-    /// value larger than the whole cache is not kept.
-    pub fn put(&self, key: Key, value: Cached) {
-        let size = value.embeds.byte_len() as u64;
-        if !self.enabled() || size > self.capacity {
-            return;
-        }
-        let mut s = self.lock();
-        if let Some((old, last)) = s.entries.remove(&key) {
-            s.order.remove(&last);
-            s.bytes -= old.embeds.byte_len() as u64;
-        }
-        while s.bytes + size > self.capacity {
-            let Some((_, oldest)) = s.order.pop_first() else {
-                break;
-            };
-            if let Some((gone, _)) = s.entries.remove(&oldest) {
-                s.bytes -= gone.embeds.byte_len() as u64;
-            }
-        }
-        s.tick += 1;
-        let tick = s.tick;
-        s.order.insert(tick, key);
-        s.entries.insert(key, (value, tick));
-        s.bytes += size;
-        metrics::gauge!("vlm_vision_embed_cache_bytes").set(s.bytes as f64);
+    /// Keeps `value` under `key` (least recently used out first; one larger than the whole
+    /// cache is not kept).
+    pub fn put(&self, key: Key, value: ImageEmbeds) {
+        let mut lru = self.lock();
+        lru.insert(key, value);
+        metrics::gauge!("vlm_vision_embed_cache_bytes").set(lru.bytes() as f64);
     }
 
     pub fn stats(&self) -> CacheStats {
-        let s = self.lock();
+        let lru = self.lock();
         CacheStats {
-            capacity_bytes: self.capacity,
-            used_bytes: s.bytes,
-            entries: s.entries.len() as u64,
-            hits: s.hits,
-            misses: s.misses,
+            capacity_bytes: lru.capacity() as u64,
+            used_bytes: lru.bytes() as u64,
+            entries: lru.len() as u64,
+            hits: lru.hits(),
+            misses: lru.misses(),
         }
     }
 }
@@ -148,15 +89,12 @@ mod tests {
     use super::*;
     use vlm_compute::HostTensor;
 
-    fn embeds(rows: usize) -> Cached {
+    fn embeds(rows: usize) -> ImageEmbeds {
         let t = HostTensor::from_f32(&vec![1.0; rows * 4], vec![rows, 4]).unwrap();
-        Cached {
-            embeds: ImageEmbeds {
-                embeds: t,
-                deepstack: vec![],
-                grid_thw: [1, 2, 2 * rows],
-            },
-            bucket: 8,
+        ImageEmbeds {
+            embeds: t,
+            deepstack: vec![],
+            grid_thw: [1, 2, 2 * rows],
         }
     }
 

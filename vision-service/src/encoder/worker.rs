@@ -3,7 +3,7 @@
 //! a one-thread rayon pool created on (and so pinned like) the compute thread, so a pool of n
 //! cores really runs on those n cores and no others. An image alone in the pool runs on all of
 //! its cores instead ([`super::spread`]).
-use super::cache::{Cached, EmbedCache};
+use super::cache::EmbedCache;
 use super::chunk::{to_chunks, ChunkHeader};
 use super::plan::{Limits, PlannedImage};
 use super::queue::{JobQueue, Permit};
@@ -156,22 +156,17 @@ fn encode_one(
         None => None,
     };
     let (embeds, bucket) = match cached {
-        Some(hit) => {
+        // The bucket it ran in is the one its geometry plans (the key covers the geometry).
+        Some(embeds) => {
             tracing::debug!("image served from the embedding cache");
-            (hit.embeds, hit.bucket)
+            (embeds, image.bucket as usize)
         }
         None => {
             let Some(run) = run_backend(backend, shared, job)? else {
                 return Ok(None);
             };
             if let Some(k) = key {
-                shared.cache.put(
-                    k,
-                    Cached {
-                        embeds: run.embeds.clone(),
-                        bucket: run.bucket,
-                    },
-                );
+                shared.cache.put(k, run.embeds.clone());
             }
             (run.embeds, run.bucket)
         }

@@ -6,7 +6,7 @@
 //! model); SiLU·mul and the paged attention are this crate's kernels (`attention.rs`).
 use super::attention::{self, DecodeInputs};
 use super::{MODULE, PTX};
-use crate::layout::{chunk_slots, decode_layout};
+use crate::layout::{chunk_slots, decode_layout, DecodeLayout};
 use crate::select::{self, elementwise_blocks, CacheDtype, ELEMENTWISE_THREADS};
 use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
 use candle_core::cuda_backend::WrapErr;
@@ -19,9 +19,11 @@ use vlm_model::{Kernels, Result};
 pub struct CudaKernels {
     device: Device,
     multiprocessors: usize,
-    /// The last decode step's uploaded layout: every layer of a step has the same rows, so the
-    /// host-to-device copy happens once per step, not once per layer.
-    decode: Arc<Mutex<Option<DecodeInputs>>>,
+    /// The last step's uploads (a decode step's layout, a prefill chunk's slots): every layer
+    /// of a step has the same rows, so the host-to-device copy happens once per step, not once
+    /// per layer.
+    decode: Arc<Last<DecodeLayout, DecodeInputs>>,
+    chunk_slots: Arc<Last<Vec<u32>, Tensor>>,
 }
 
 impl CudaKernels {
@@ -30,6 +32,7 @@ impl CudaKernels {
             device,
             multiprocessors,
             decode: Arc::new(Mutex::new(None)),
+            chunk_slots: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -86,7 +89,9 @@ impl Kernels for CudaKernels {
             AttnRows::Chunk { start, table, mask } => {
                 let n = call.k.dim(0)?;
                 let slots = chunk_slots(table, *start, n, kv.block_len())?;
-                let slots = Tensor::from_vec(slots, n, &self.device)?;
+                let slots = reuse(&self.chunk_slots, slots, |s| {
+                    Ok(Tensor::from_vec(s.clone(), n, &self.device)?)
+                })?;
                 attention::write_kv(kv, call.layer, call.k, call.v, &slots)?;
                 // Prefill: cuBLAS batched products per cached block, softmax in f32.
                 paged_attention::attend(call.q, kv, call.layer, table, *start, *mask, call.scale)
@@ -97,17 +102,9 @@ impl Kernels for CudaKernels {
                     return paged_attention::attention(call);
                 };
                 let layout = decode_layout(rows, kv.block_len(), kv.dummy_block())?;
-                let inputs = {
-                    let mut last = self.decode.lock().expect("decode layout lock");
-                    match last.as_ref() {
-                        Some(d) if d.layout == layout => d.clone(),
-                        _ => {
-                            let d = DecodeInputs::upload(layout, &self.device)?;
-                            *last = Some(d.clone());
-                            d
-                        }
-                    }
-                };
+                let inputs = reuse(&self.decode, layout, |l| {
+                    DecodeInputs::upload(l.clone(), &self.device)
+                })?;
                 attention::write_kv(kv, call.layer, call.k, call.v, &inputs.slots)?;
                 let launch = select::decode_launch(
                     heads,
@@ -119,6 +116,26 @@ impl Kernels for CudaKernels {
             }
         }
     }
+}
+
+/// The last upload of a kind: its host key and device value.
+type Last<K, V> = Mutex<Option<(K, V)>>;
+
+/// The device copy of `key` from the last call with an equal key, else `upload(&key)` (kept).
+fn reuse<K: PartialEq, V: Clone>(
+    slot: &Last<K, V>,
+    key: K,
+    upload: impl FnOnce(&K) -> Result<V>,
+) -> Result<V> {
+    let mut last = slot.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((k, t)) = last.as_ref() {
+        if *k == key {
+            return Ok(t.clone());
+        }
+    }
+    let t = upload(&key)?;
+    *last = Some((key, t.clone()));
+    Ok(t)
 }
 
 /// silu(gate) * up of y (n, 2*inter) f32 contiguous -> (n, inter).
