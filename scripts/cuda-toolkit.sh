@@ -10,7 +10,7 @@
 # driver refuses. The stub directory goes on the library path here only (for the link and the
 # CPU-side tests of the cuda build); on a GPU machine the driver's own libcuda.so.1 is used and
 # the stub must never be on its path (scripts/gpu-check.sh does not put it there).
-set -euo pipefail
+# Sourced, it leaves the caller's shell options as they were: the install runs in a subshell.
 
 VLM_CUDA_DIR="${VLM_CUDA_DIR:-/opt/vlm-cuda}"
 WHEELS=(
@@ -26,7 +26,8 @@ WHEELS=(
 stamp="$VLM_CUDA_DIR/.installed"
 want="${WHEELS[*]}"
 
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then (
+  set -euo pipefail
   echo "cuda-toolkit: installing ${WHEELS[*]} into $VLM_CUDA_DIR" >&2
   rm -rf "$VLM_CUDA_DIR"
   mkdir -p "$VLM_CUDA_DIR"
@@ -56,6 +57,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$VLM_CUDA_DIR/stub/cuda_stub.c"
   ln -sfn libcuda.so.1 "$VLM_CUDA_DIR/stub/libcuda.so"
   echo "$want" >"$stamp"
+) || { echo "cuda-toolkit: install failed" >&2; return 1 2>/dev/null || exit 1; }
 fi
 
 cuda="$VLM_CUDA_DIR/cuda"
