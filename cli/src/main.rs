@@ -35,6 +35,9 @@ enum Command {
     /// Run preprocessing, the ViT, prefill and greedy decoding in-process and write every
     /// intermediate to a safetensors file.
     Inspect(cmd::inspect::InspectArgs),
+    /// Write a new CA and a certificate for the internal APIs' mutual TLS
+    /// (--internal-tls-cert/-key/-ca), for a local stack or a test cluster.
+    Certs(cmd::certs::CertsArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Plan(a) => cmd::plan::run(a),
         Command::MakeModel(a) => cmd::make_model::run(a).map(|()| ExitCode::SUCCESS),
         Command::Inspect(a) => cmd::inspect::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Certs(a) => cmd::certs::run(a).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

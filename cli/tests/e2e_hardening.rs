@@ -332,3 +332,79 @@ async fn internal_apis_need_the_shared_token() {
     assert!(lm_client.load(with(Some("first-token"))).await.is_ok());
     assert!(lm_client.load(with(Some("third"))).await.is_err());
 }
+
+/// With `--internal-tls-*` (here through VLM_INTERNAL_TLS_*, for all three, the files from
+/// `vlm certs`): the gateway dials the LM and vision over mutual TLS and the LM dials vision
+/// the same way, so an image request is served end to end; the internal ports refuse plain
+/// text and certificates another CA signed; the public API is unchanged; the kubelet's probe
+/// is `/readyz` on the metrics port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn internal_apis_over_mutual_tls() {
+    use std::sync::Arc;
+    use vlm_proto::v1 as pb;
+    use vlm_service_kit::internal_tls::connect::{dial, TlsConnector};
+    use vlm_service_kit::internal_tls::{dev_certs, InternalTls, TlsFiles};
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(bin("vlm"))
+        .args(["certs", "--out"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = TlsFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        ca: dir.path().join("ca.crt"),
+    };
+    let env = [
+        ("VLM_INTERNAL_TLS_CERT", &files.cert),
+        ("VLM_INTERNAL_TLS_KEY", &files.key),
+        ("VLM_INTERNAL_TLS_CA", &files.ca),
+    ]
+    .map(|(k, v)| (k.to_string(), v.display().to_string()));
+    let c = Cluster::start_env(1, &["--poll-ms", "200"], &env).await;
+    let out = generate(&c.grpc(), grpc_request(&[png(32, 32, 7)], "what is it?", 2))
+        .await
+        .unwrap();
+    assert_eq!(out.tokens.len(), 2);
+
+    let lm: std::net::SocketAddr = c.lms[0].addr("grpc").parse().unwrap();
+    let load = |tls: Option<Arc<InternalTls>>| async move {
+        let ep = tonic::transport::Endpoint::from_shared(format!("http://{lm}"))
+            .unwrap()
+            .connect_timeout(std::time::Duration::from_secs(5));
+        let tls = tls.map(|t| TlsConnector::new(t, "127.0.0.1").unwrap());
+        let ch = dial(ep, tls).await.map_err(|e| e.to_string())?;
+        pb::lm_client::LmClient::new(ch)
+            .load(pb::LoadRequest {})
+            .await
+            .map_err(|e| e.to_string())
+    };
+    assert!(load(Some(InternalTls::load(files.clone()).unwrap()))
+        .await
+        .is_ok());
+    assert!(load(None).await.is_err(), "plain text reached the LM");
+    let rogue_dir = dir.path().join("rogue");
+    let rogue = dev_certs::write_dev_certs(&rogue_dir, &dev_certs::loopback_names()).unwrap();
+    assert!(
+        load(Some(InternalTls::load(rogue).unwrap())).await.is_err(),
+        "another CA's certificate reached the LM"
+    );
+    // Plain text to vision: refused at connect, or at the first call.
+    let plain =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", c.vision.addr("grpc")))
+            .unwrap()
+            .connect()
+            .await;
+    if let Ok(ch) = plain {
+        let r = pb::vision_client::VisionClient::new(ch)
+            .info(pb::VisionInfoRequest {})
+            .await;
+        assert!(r.is_err(), "plain text reached vision");
+    }
+}

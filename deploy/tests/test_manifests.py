@@ -46,6 +46,9 @@ def test_renders(rendered, overlay):
 def test_schema_valid(rendered, overlay, version):
     errors = []
     for d in rendered[overlay]:
+        if d.get("apiVersion", "").startswith("cert-manager.io/"):
+            errors += m.check_cert_manager_object(d)
+            continue
         try:
             kubernetes_validate.validate(d, version, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -75,6 +78,7 @@ def test_unique_names(rendered, overlay):
         m.check_model_source,
         m.check_references,
         m.check_pod_hardening,
+        m.check_internal_tls,
     ],
     ids=lambda f: f.__name__,
 )
@@ -307,7 +311,36 @@ def _break_root(docs):
     m.pod_spec(_dep(docs, "gateway"))["securityContext"]["runAsNonRoot"] = False
 
 
+def _break_tls_gateway(docs):
+    c = m.main_container(_dep(docs, "gateway"))
+    c["env"] = [e for e in c["env"] if not e["name"].startswith("VLM_INTERNAL_TLS_")]
+
+
+def _break_tls_name(docs):
+    m.by_name(docs, "Certificate", "vlm-vision-tls")["spec"]["dnsNames"] = ["vision"]
+
+
+def _break_tls_probe(docs):
+    m.main_container(_dep(docs, "lm"))["readinessProbe"] = {"grpc": {"port": 50062}}
+
+
+def _break_tls_usage(docs):
+    m.by_name(docs, "Certificate", "vlm-lm-tls")["spec"]["usages"] = ["client auth"]
+
+
+def _break_tls_mount(docs):
+    c = m.main_container(_dep(docs, "vision"))
+    for e in c["env"]:
+        if e["name"] == "VLM_INTERNAL_TLS_CA":
+            e["value"] = "/etc/tls/ca.crt"
+
+
 BREAKS = {
+    "one service without mutual TLS": ("cpu-mtls", _break_tls_gateway, m.check_internal_tls),
+    "vision certificate lacks the name the LM dials": ("cpu-mtls", _break_tls_name, m.check_internal_tls),
+    "gRPC probe on a mutual-TLS port": ("cpu-mtls", _break_tls_probe, m.check_ports_and_probes),
+    "LM certificate not for server auth": ("cpu-mtls", _break_tls_usage, m.check_internal_tls),
+    "CA file on no mounted Secret": ("cpu-mtls", _break_tls_mount, m.check_internal_tls),
     "device list shorter than the allocation": ("rebellions", _break_device_list, m.check_devices),
     "num_devices off by one": ("nvidia", _break_num_devices, m.check_devices),
     "device limit changed": ("cpu", _break_device_limit, m.check_devices),
@@ -340,6 +373,15 @@ def test_check_catches(rendered, adapter_metrics, name):
     breaker(docs)
     new = set(run(docs)) - before
     assert new, f"{name}: no check noticed"
+
+
+def test_cert_manager_objects_are_checked_like_a_schema(rendered):
+    cert = json.loads(json.dumps(m.by_name(rendered["cpu-mtls"], "Certificate", "vlm-lm-tls")))
+    assert m.check_cert_manager_object(cert) == []
+    cert["spec"]["dnsName"] = cert["spec"].pop("dnsNames")
+    cert["spec"]["usages"].append("server-auth")
+    problems = m.check_cert_manager_object(cert)
+    assert any("dnsName" in p for p in problems) and any("server-auth" in p for p in problems), problems
 
 
 def test_schema_validation_catches_a_typo(rendered):

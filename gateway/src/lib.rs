@@ -60,6 +60,8 @@ pub struct GatewayConfig {
     pub control_tokens_in_content: bool,
     /// The internal APIs' shared token, sent to the LM and vision replicas.
     pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
+    /// Mutual TLS to the LM and vision replicas (`--internal-tls-*`); `None`: plain HTTP/2.
+    pub internal_tls: Option<std::sync::Arc<vlm_service_kit::internal_tls::InternalTls>>,
     /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
@@ -109,6 +111,8 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_videos = cfg.max_videos,
         max_video_frames = cfg.max_video_frames,
         max_video_source_frames = cfg.max_video_source_frames,
+        internal_tls = ?cfg.internal_tls.as_ref().map(|t| t.files()),
+        internal_token = cfg.internal_token.is_some(),
         "gateway limits"
     );
     let video_processor = read_video_processor(&cfg.model_dir)?;
@@ -137,7 +141,8 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
                 .prefix_caching
                 .then_some(cfg.deploy.kvcache_partition_len),
         )
-        .with_internal_token(cfg.internal_token.clone());
+        .with_internal_token(cfg.internal_token.clone())
+        .with_internal_tls(cfg.internal_tls.clone());
     let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
     let grpc = server::bind_grpc(cfg.listen)
         .await

@@ -21,6 +21,8 @@ use vlm_proto::v1::{
     lm_client::LmClient, vision_client::VisionClient, LoadRequest, VisionInfoRequest,
 };
 use vlm_service_kit::internal_auth::{attach, InternalToken};
+use vlm_service_kit::internal_tls::connect::{dial_lazy, TlsConnector};
+use vlm_service_kit::internal_tls::{self, InternalTls};
 
 pub use vlm_service_kit::replicas::ReplicaSource;
 
@@ -209,12 +211,22 @@ struct Replica<L> {
 }
 
 impl<L: Default> Replica<L> {
-    fn new(addr: String) -> Result<Self, String> {
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
+    /// A replica at `addr`, dialled over mutual TLS when `tls` is set (its certificate must
+    /// name what [`internal_tls::server_name`] says for `source`).
+    fn new(
+        addr: String,
+        source: &ReplicaSource,
+        tls: Option<&Arc<InternalTls>>,
+    ) -> Result<Self, String> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("{addr:?}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let tls = tls
+            .map(|t| TlsConnector::new(t.clone(), &internal_tls::server_name(source, &addr)))
+            .transpose()
+            .map_err(|e| format!("{addr:?}: {e}"))?;
+        let channel = dial_lazy(endpoint, tls);
         Ok(Replica {
             addr,
             channel,
@@ -296,6 +308,8 @@ pub struct Router {
     prefix_block_len: Option<u32>,
     /// The internal APIs' shared token, sent on every call to a replica.
     token: Option<Arc<InternalToken>>,
+    /// Mutual TLS to the replicas (`None`: plain HTTP/2).
+    tls: Option<Arc<InternalTls>>,
     ready_tx: Arc<watch::Sender<bool>>,
 }
 
@@ -309,6 +323,7 @@ impl Router {
             opts,
             prefix_block_len: None,
             token: None,
+            tls: None,
             ready_tx: Arc::new(ready_tx),
         }
     }
@@ -323,6 +338,13 @@ impl Router {
     /// Sends `token` (the internal APIs' shared token) on every call to a replica.
     pub fn with_internal_token(mut self, token: Option<Arc<InternalToken>>) -> Self {
         self.token = token;
+        self
+    }
+
+    /// Dials the replicas over mutual TLS (set before [`Router::start`]: replicas already
+    /// known keep their channels).
+    pub fn with_internal_tls(mut self, tls: Option<Arc<InternalTls>>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -368,8 +390,13 @@ impl Router {
         let lm = self.lm_source.resolve().await;
         let vision = self.vision_source.resolve().await;
         let mut sets = self.sets.write().unwrap_or_else(|p| p.into_inner());
-        reconcile(&mut sets.lm, lm);
-        reconcile(&mut sets.vision, vision);
+        reconcile(&mut sets.lm, lm, &self.lm_source, self.tls.as_ref());
+        reconcile(
+            &mut sets.vision,
+            vision,
+            &self.vision_source,
+            self.tls.as_ref(),
+        );
     }
 
     /// Polls every replica once (in parallel) and updates health and load.
@@ -553,7 +580,12 @@ fn log_change(kind: &str, addr: &str, was: bool, now: bool) {
 
 /// Makes `set` hold exactly `addrs`, keeping the state of replicas already known. An empty
 /// `addrs` (a failed lookup) leaves the set alone.
-fn reconcile<L: Default>(set: &mut Vec<Replica<L>>, addrs: Vec<String>) {
+fn reconcile<L: Default>(
+    set: &mut Vec<Replica<L>>,
+    addrs: Vec<String>,
+    source: &ReplicaSource,
+    tls: Option<&Arc<InternalTls>>,
+) {
     if addrs.is_empty() {
         return;
     }
@@ -561,7 +593,7 @@ fn reconcile<L: Default>(set: &mut Vec<Replica<L>>, addrs: Vec<String>) {
     set.retain(|r| want.contains(&r.addr));
     for a in &addrs {
         if !set.iter().any(|r| &r.addr == a) {
-            match Replica::new(a.clone()) {
+            match Replica::new(a.clone(), source, tls) {
                 Ok(r) => set.push(r),
                 Err(e) => tracing::warn!(error = %e, "bad replica address"),
             }
@@ -865,6 +897,8 @@ mod tests {
     async fn reconcile_keeps_known_replicas_adds_new_drops_gone_and_ignores_empty_lookups() {
         let addrs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let mut set: Vec<Replica<LmLoad>> = Vec::new();
+        let src = ReplicaSource::parse("10.0.0.1:5").unwrap();
+        let reconcile = |set: &mut Vec<Replica<LmLoad>>, a| reconcile(set, a, &src, None);
         reconcile(&mut set, addrs(&["10.0.0.1:5", "10.0.0.2:5"]));
         assert_eq!(set.len(), 2);
         set[1].load.healthy = true; // state learned by polls

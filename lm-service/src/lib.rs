@@ -57,6 +57,9 @@ pub struct ServeConfig {
     /// The shared token of the internal APIs (`--internal-token-file`): required of callers
     /// of `vlm.v1.Lm`, sent to the vision replicas. `None`: neither.
     pub internal_token: Option<Arc<vlm_service_kit::internal_auth::InternalToken>>,
+    /// Mutual TLS (`--internal-tls-*`) on the gRPC port and to the vision replicas; `None`:
+    /// plain HTTP/2.
+    pub internal_tls: Option<Arc<vlm_service_kit::internal_tls::InternalTls>>,
 }
 
 /// Blocks in the KV pool: `kvcache_num_blocks`, or when 0 the memory planner's answer
@@ -239,6 +242,8 @@ pub async fn run(
             device = %info.backend.device,
             kernels = %info.backend.kernels_line(),
             vision = %cfg.vision.as_ref().map_or("none".to_string(), |v| v.to_string()),
+            internal_tls = ?cfg.internal_tls.as_ref().map(|t| t.files()),
+            internal_token = cfg.internal_token.is_some(),
             "LM engine ready: prefill path and decode graphs warmed, KV pool allocated"
         );
         let grammars = load_grammars(&cfg.model_dir, &info).await;
@@ -247,7 +252,8 @@ pub async fn run(
             grammars,
             cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
             vision: vision_client::VisionClients::new(cfg.vision.clone())
-                .with_token(cfg.internal_token.clone()),
+                .with_token(cfg.internal_token.clone())
+                .with_tls(cfg.internal_tls.clone()),
             draining: AtomicBool::new(false),
         }));
         tokio::spawn(watch_engine(engine.clone(), alive_tx));
@@ -255,6 +261,7 @@ pub async fn run(
     };
     let stopped = GrpcServer::new(listeners, SERVICE_NAME)
         .add_service(lm)
+        .tls(cfg.internal_tls.clone())
         .health_follows(alive_rx)
         .on_drain(drain(cell.clone()))
         .serve(load, shutdown)

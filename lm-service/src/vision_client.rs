@@ -15,6 +15,8 @@ use vlm_compute::{HostTensor, ImageEmbeds};
 use vlm_proto::vision_client::VisionClient;
 use vlm_proto::{DType as WireDType, EmbeddingChunk, EncodeRequest, ImageGrid, ImageInput};
 use vlm_service_kit::internal_auth::InternalToken;
+use vlm_service_kit::internal_tls::connect::{dial, TlsConnector};
+use vlm_service_kit::internal_tls::{self, InternalTls};
 use vlm_service_kit::replicas::ReplicaSource;
 
 /// What the LM expects of every image's embeddings.
@@ -53,6 +55,8 @@ pub struct VisionClients {
     resolved: tokio::sync::Mutex<(Option<Instant>, HashSet<String>)>,
     /// Sent on every call when the internal APIs need it.
     token: Option<Arc<InternalToken>>,
+    /// Mutual TLS to the replicas (`None`: plain HTTP/2).
+    tls: Option<Arc<InternalTls>>,
 }
 
 /// A DNS source is looked up again for an unknown replica at most this often.
@@ -66,12 +70,20 @@ impl VisionClients {
             replicas,
             resolved: tokio::sync::Mutex::new((None, HashSet::new())),
             token: None,
+            tls: None,
         }
     }
 
     /// Sends `token` (the internal APIs' shared token) on every call.
     pub fn with_token(mut self, token: Option<Arc<InternalToken>>) -> Self {
         self.token = token;
+        self
+    }
+
+    /// Dials the replicas over mutual TLS; each must present a certificate for the name of
+    /// its source ([`internal_tls::server_name`]).
+    pub fn with_tls(mut self, tls: Option<Arc<InternalTls>>) -> Self {
+        self.tls = tls;
         self
     }
 
@@ -123,7 +135,14 @@ impl VisionClients {
                 ))
             })?
             .connect_timeout(self.connect_timeout);
-        let channel = ep.connect().await.map_err(|e| {
+        let tls = match (&self.tls, &self.replicas) {
+            (Some(tls), Some(source)) => Some(
+                TlsConnector::new(tls.clone(), &internal_tls::server_name(source, endpoint))
+                    .map_err(|e| LmError::VisionUnavailable(e.to_string()))?,
+            ),
+            _ => None,
+        };
+        let channel = dial(ep, tls).await.map_err(|e| {
             LmError::VisionUnavailable(format!("vision replica {endpoint} is unreachable: {e}"))
         })?;
         self.channels

@@ -9,6 +9,7 @@ pub mod config;
 pub mod generation;
 pub mod grpc;
 pub mod internal_auth;
+pub mod internal_tls;
 pub mod memory;
 pub mod metrics_http;
 pub mod replicas;

@@ -15,10 +15,13 @@ mod listen;
 pub use listen::{announce, bind, bind_grpc, listening_line, BindError, GrpcListener, Listeners};
 
 use crate::grpc;
+use crate::internal_tls::{self, InternalTls};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tonic::server::NamedService;
@@ -62,6 +65,8 @@ pub struct Stopped<T> {
 pub struct GrpcServer {
     grpc: GrpcListener,
     metrics_stop: Option<oneshot::Sender<()>>,
+    /// `/readyz` of the metrics server, when this server's [`Listeners`] made one.
+    http_ready: Option<Arc<AtomicBool>>,
     service_name: &'static str,
     routes: Routes,
     served_names: Vec<&'static str>,
@@ -69,6 +74,7 @@ pub struct GrpcServer {
     tcp_nodelay: bool,
     ready: Option<watch::Receiver<bool>>,
     on_drain: Option<BoxFuture>,
+    tls: Option<Arc<InternalTls>>,
 }
 
 impl GrpcServer {
@@ -77,10 +83,14 @@ impl GrpcServer {
     /// last, once the gRPC server has drained.
     pub fn new(listeners: Listeners, service_name: &'static str) -> GrpcServer {
         let Listeners {
-            grpc, metrics_stop, ..
+            grpc,
+            metrics_stop,
+            ready,
+            ..
         } = listeners;
         GrpcServer {
             metrics_stop: Some(metrics_stop),
+            http_ready: Some(ready),
             ..GrpcServer::on_listener(grpc, service_name)
         }
     }
@@ -91,6 +101,7 @@ impl GrpcServer {
         GrpcServer {
             grpc,
             metrics_stop: None,
+            http_ready: None,
             service_name,
             routes: Routes::default(),
             served_names: Vec::new(),
@@ -98,6 +109,7 @@ impl GrpcServer {
             tcp_nodelay: false,
             ready: None,
             on_drain: None,
+            tls: None,
         }
     }
 
@@ -134,6 +146,13 @@ impl GrpcServer {
         self
     }
 
+    /// Serves over mutual TLS (`None`: plain HTTP/2): only callers presenting a certificate
+    /// the CA signed get past the handshake, health and reflection included.
+    pub fn tls(mut self, tls: Option<Arc<InternalTls>>) -> GrpcServer {
+        self.tls = tls;
+        self
+    }
+
     /// Once loaded, health follows `ready` (true = SERVING) instead of staying SERVING, until
     /// the drain. A closed channel leaves the last status.
     pub fn health_follows(mut self, ready: watch::Receiver<bool>) -> GrpcServer {
@@ -165,6 +184,7 @@ impl GrpcServer {
         let GrpcServer {
             grpc,
             metrics_stop,
+            http_ready,
             service_name,
             routes,
             mut served_names,
@@ -172,6 +192,7 @@ impl GrpcServer {
             tcp_nodelay,
             ready,
             on_drain,
+            tls,
         } = self;
         let (reporter, health) = grpc::health();
         grpc::set_serving(&reporter, service_name, false).await;
@@ -183,22 +204,35 @@ impl GrpcServer {
             .add_service(reflection)
             .add_service(reflection_alpha);
         let grpc_addr = grpc.addr;
-        let incoming = TcpIncoming::from(grpc.listener).with_nodelay(tcp_nodelay.then_some(true));
         let (stop_accepting, stop_rx) = oneshot::channel::<()>();
-        let server = tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_routes(routes)
-                .serve_with_incoming_shutdown(incoming, async {
-                    let _ = stop_rx.await;
-                }),
-        );
+        let stopped = async {
+            let _ = stop_rx.await;
+        };
+        let builder = tonic::transport::Server::builder().add_routes(routes);
+        let transport = if tls.is_some() {
+            "mutual TLS"
+        } else {
+            "plain HTTP/2"
+        };
+        let server = match tls {
+            Some(tls) => {
+                let incoming = internal_tls::accept::incoming(grpc.listener, tls, tcp_nodelay);
+                tokio::spawn(builder.serve_with_incoming_shutdown(incoming, stopped))
+            }
+            None => {
+                let incoming =
+                    TcpIncoming::from(grpc.listener).with_nodelay(tcp_nodelay.then_some(true));
+                tokio::spawn(builder.serve_with_incoming_shutdown(incoming, stopped))
+            }
+        };
         tracing::info!(
             %grpc_addr,
-            "gRPC up ({service_name} NOT_SERVING until it is loaded)"
+            "gRPC up over {transport} ({service_name} NOT_SERVING until it is loaded)"
         );
         let drain = Drain {
             grpc_addr,
             reporter,
+            http_ready,
             service_name,
             delay: drain_delay,
             on_drain,
@@ -247,6 +281,7 @@ impl GrpcServer {
 struct Drain {
     grpc_addr: SocketAddr,
     reporter: HealthReporter,
+    http_ready: Option<Arc<AtomicBool>>,
     service_name: &'static str,
     delay: Duration,
     on_drain: Option<BoxFuture>,
@@ -259,6 +294,9 @@ impl Drain {
     // an await would make `serve`'s future lose Send.
     async fn set_serving(&mut self, serving: bool) {
         grpc::set_serving(&self.reporter, self.service_name, serving).await;
+        if let Some(r) = &self.http_ready {
+            r.store(serving, Ordering::Relaxed);
+        }
         let status = if serving { "SERVING" } else { "NOT_SERVING" };
         tracing::info!(grpc_addr = %self.grpc_addr, "{status} {}", self.service_name);
     }

@@ -133,13 +133,23 @@ async fn listed_v1(addr: SocketAddr) -> Vec<String> {
 
 /// `GET /metrics` over plain HTTP/1.1; None when the port refuses.
 async fn metrics(addr: SocketAddr) -> Option<String> {
+    http_get(addr, "/metrics").await
+}
+
+/// The whole HTTP/1.1 response to `GET path` from the metrics server at `addr`.
+async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
     let mut out = String::new();
     s.read_to_string(&mut out).await.ok()?;
     Some(out)
+}
+
+/// The status line of `GET path`, e.g. "HTTP/1.1 503 Service Unavailable".
+async fn http_status(addr: SocketAddr, path: &str) -> String {
+    let r = http_get(addr, path).await.unwrap_or_default();
+    r.lines().next().unwrap_or("").to_string()
 }
 
 fn signal() -> (oneshot::Sender<()>, impl Future<Output = ()>) {
@@ -189,11 +199,18 @@ async fn loads_serves_and_drains_in_order() {
         .await
         .unwrap()
         .starts_with("HTTP/1.1 200"));
+    // The HTTP probes (for a kubelet when the gRPC port needs mutual TLS) say the same.
+    assert_eq!(http_status(metrics_addr, "/livez").await, "HTTP/1.1 200 OK");
+    assert!(http_status(metrics_addr, "/readyz").await.contains(" 503 "));
 
     // Loaded: SERVING.
     loaded_tx.send(()).unwrap();
     wait_health(grpc, "", ServingStatus::Serving).await;
     assert_eq!(health(grpc, NAME).await, Some(ServingStatus::Serving));
+    assert_eq!(
+        http_status(metrics_addr, "/readyz").await,
+        "HTTP/1.1 200 OK"
+    );
 
     // An in-flight call, then shutdown.
     let mut client =
@@ -207,6 +224,7 @@ async fn loads_serves_and_drains_in_order() {
     shutdown_tx.send(()).unwrap();
     // NOT_SERVING first, while the drain delay keeps the port open...
     wait_health(grpc, NAME, ServingStatus::NotServing).await;
+    assert!(http_status(metrics_addr, "/readyz").await.contains(" 503 "));
     // ...on_drain saw the same and could still connect...
     assert_eq!(drained.await.unwrap(), Some(ServingStatus::NotServing));
     // ...then no new connections, but the in-flight call finishes.

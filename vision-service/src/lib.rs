@@ -56,6 +56,8 @@ pub struct Options {
     /// The shared token callers of `vlm.v1.Vision` must send (`--internal-token-file`);
     /// `None`: no check.
     pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
+    /// Mutual TLS on the gRPC port (`--internal-tls-*`); `None`: plain HTTP/2.
+    pub internal_tls: Option<std::sync::Arc<vlm_service_kit::internal_tls::InternalTls>>,
 }
 
 impl Options {
@@ -74,6 +76,7 @@ impl Options {
             spread_lone_images: true,
             embed_cache_bytes: DEFAULT_EMBED_CACHE_BYTES,
             internal_token: None,
+            internal_tls: None,
         }
     }
 
@@ -219,6 +222,7 @@ impl Bound {
         };
         let stopped = GrpcServer::new(listeners, SERVICE_NAME)
             .add_service(vision)
+            .tls(opts.internal_tls.clone())
             .drain_delay(opts.drain_delay)
             .tcp_nodelay(true)
             .serve(load, shutdown)

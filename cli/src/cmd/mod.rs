@@ -1,5 +1,6 @@
 //! One module per subcommand.
 pub mod bucket;
+pub mod certs;
 pub mod config;
 pub mod generate;
 pub mod inspect;

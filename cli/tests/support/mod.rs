@@ -379,6 +379,37 @@ pub async fn wait_serving(addr: &str) {
     }
 }
 
+/// Polls the metrics server's `GET /readyz` until 200 (the probe a kubelet uses when the
+/// gRPC port needs mutual TLS); panics after 180 s.
+pub async fn wait_ready_http(metrics: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(metrics).await {
+            let _ = s
+                .write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .await;
+            let mut out = String::new();
+            let _ = s.read_to_string(&mut out).await;
+            if out.starts_with("HTTP/1.1 200") {
+                return;
+            }
+        }
+        assert!(Instant::now() < deadline, "{metrics}/readyz never 200");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until `p` is ready: its gRPC health, or `/readyz` when its gRPC port needs mutual
+/// TLS (`tls`).
+async fn wait_ready(p: &Proc, tls: bool) {
+    if tls {
+        wait_ready_http(&p.addr("metrics")).await
+    } else {
+        wait_serving(&p.addr("grpc")).await
+    }
+}
+
 /// `--model`, `--config`, `--listen 127.0.0.1:0` (and `--metrics-listen 127.0.0.1:0`).
 pub fn service_args(listen_metrics: bool) -> Vec<String> {
     service_args_with(&config_file(), listen_metrics)
@@ -437,9 +468,10 @@ impl Cluster {
         let lms: Vec<Proc> = (0..lms)
             .map(|i| Proc::spawn_env(&format!("lm{i}"), &bin("lm-service"), &lm_args, env))
             .collect();
-        wait_serving(&vision.addr("grpc")).await;
+        let tls = env.iter().any(|(k, _)| k == "VLM_INTERNAL_TLS_CERT");
+        wait_ready(&vision, tls).await;
         for lm in &lms {
-            wait_serving(&lm.addr("grpc")).await;
+            wait_ready(lm, tls).await;
         }
         let gateway = Self::gateway_config(config, &vision, &lms, gateway_args, env).await;
         Cluster {

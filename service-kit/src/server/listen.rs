@@ -3,6 +3,8 @@
 use crate::metrics_http;
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
@@ -31,6 +33,8 @@ pub struct Listeners {
     pub(super) grpc: GrpcListener,
     /// Sending (or dropping) stops the metrics server.
     pub(super) metrics_stop: oneshot::Sender<()>,
+    /// What the metrics server's `/readyz` answers (set with the gRPC health).
+    pub(super) ready: Arc<AtomicBool>,
 }
 
 /// Binds `grpc` and serves the Prometheus endpoint on `metrics` (port 0 picks a free port; the
@@ -38,9 +42,15 @@ pub struct Listeners {
 pub async fn bind(grpc: SocketAddr, metrics: SocketAddr) -> Result<Listeners, BindError> {
     let grpc = bind_grpc(grpc).await?;
     let (metrics_stop, stopped) = oneshot::channel::<()>();
-    let metrics_addr = metrics_http::serve(metrics, metrics_http::recorder(), async move {
-        let _ = stopped.await;
-    })
+    let ready = Arc::new(AtomicBool::new(false));
+    let metrics_addr = metrics_http::serve(
+        metrics,
+        metrics_http::recorder(),
+        ready.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+    )
     .await
     .map_err(|source| BindError {
         what: "metrics",
@@ -52,6 +62,7 @@ pub async fn bind(grpc: SocketAddr, metrics: SocketAddr) -> Result<Listeners, Bi
         metrics_addr,
         grpc,
         metrics_stop,
+        ready,
     })
 }
 
