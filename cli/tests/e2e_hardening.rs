@@ -37,7 +37,18 @@ async fn a_huge_prompt_is_refused_without_a_memory_blow_up() {
             "{route}: {reply}"
         );
     }
+    // The same prompt through the gRPC API.
+    let e = generate(&c.grpc(), grpc_request(&[], &text, 1))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("the context limit is 4096 tokens"),
+        "{e:?}"
+    );
     let peak = vm_hwm(pid);
+    // The gateway trims again a moment after a large request's answer went out.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     let after = vm_rss(pid);
     eprintln!(
         "gateway RSS baseline {} MiB, peak {} MiB, after {} MiB",

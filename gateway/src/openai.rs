@@ -60,16 +60,13 @@ pub fn router(state: HttpState) -> Router {
 /// After a request whose body was large (a refused 30 MB prompt, a body of images), the heap it
 /// freed goes back to the system instead of staying with the process.
 async fn trim_after_large_bodies(req: Request, next: axum::middleware::Next) -> Response {
-    let large = req
+    let length = req
         .headers()
         .get(axum::http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-        .is_some_and(|n| n >= vlm_service_kit::memory::TRIM_AFTER_BYTES);
-    let response = next.run(req).await;
-    if large {
-        vlm_service_kit::memory::release_free_memory();
-    }
-    response
+        .unwrap_or(0);
+    let _trim = vlm_service_kit::memory::TrimOnDrop::for_bytes(length);
+    next.run(req).await
 }
 
 /// OpenAI's error body for an HTTP status this API answers outside its handlers.

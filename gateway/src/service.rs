@@ -146,6 +146,11 @@ impl pb::gateway_server::Gateway for GatewayService {
         let span = tracing::info_span!("Gateway/Generate");
         vlm_service_kit::telemetry::extract(request.metadata(), &span);
         let tally = Tally::start();
+        // A large request (images, a long prompt): the heap it freed goes back to the system
+        // once it is refused or its stream ends, as after a large HTTP body.
+        let trim = vlm_service_kit::memory::TrimOnDrop::for_bytes(prost::Message::encoded_len(
+            request.get_ref(),
+        ) as u64);
         let chat = match chat_request(request.into_inner()) {
             Ok(c) => c,
             Err(e) => return Err(tally.refuse(e).into()),
@@ -154,6 +159,7 @@ impl pb::gateway_server::Gateway for GatewayService {
         let id = gen.request_id;
         let mut rx = gen.rx;
         let out = async_stream::stream! {
+            let _trim = trim;
             while let Some(item) = rx.recv().await {
                 yield item.map(|d| response(&id, d)).map_err(Status::from);
             }

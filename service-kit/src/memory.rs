@@ -14,3 +14,32 @@ pub fn release_free_memory() {
         libc::malloc_trim(0);
     }
 }
+
+/// Calls [`release_free_memory`] when dropped, if armed: held by whatever owns a large
+/// request's data until it ends (a refusal, the end of a stream, a cancelled one).
+#[derive(Debug)]
+pub struct TrimOnDrop(bool);
+
+impl TrimOnDrop {
+    /// Armed when `bytes` reaches [`TRIM_AFTER_BYTES`].
+    pub fn for_bytes(bytes: u64) -> TrimOnDrop {
+        TrimOnDrop(bytes >= TRIM_AFTER_BYTES)
+    }
+}
+
+impl Drop for TrimOnDrop {
+    fn drop(&mut self) {
+        if !self.0 {
+            return;
+        }
+        // The transport frees the request's encoded bytes only after the handler's answer is
+        // on its way: trim once more a moment later (inside a runtime) to return those too.
+        release_free_memory();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                release_free_memory();
+            });
+        }
+    }
+}
