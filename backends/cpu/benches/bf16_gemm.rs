@@ -42,6 +42,10 @@ fn main() {
     );
     // (what, rows, in, out)
     let shapes = [
+        ("prefill512 qkv", 512, 2048, 4096),
+        ("prefill512 gate/up", 512, 2048, 12288),
+        ("prefill512 down", 512, 6144, 2048),
+        ("prefill1041 gate/up", 1041, 2048, 12288),
         ("prefill q/o_proj", 256, 2048, 2048),
         ("prefill gate/up", 256, 2048, 6144),
         ("prefill down", 256, 6144, 2048),
