@@ -148,9 +148,7 @@ impl Kernels for CpuKernels {
             .zip(data.par_chunks(2 * inter))
             .for_each(|(o, row)| {
                 let (gate, up) = row.split_at(inter);
-                for ((o, &g), &u) in o.iter_mut().zip(gate).zip(up) {
-                    *o = g / (1.0 + (-g).exp()) * u;
-                }
+                crate::kernels::softmax::silu_mul_row(gate, up, o);
             });
         drop(view);
         Ok(Tensor::from_vec(out, (n, inter), y.device())?)
