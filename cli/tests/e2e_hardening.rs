@@ -357,16 +357,11 @@ async fn internal_apis_over_mutual_tls() {
     use vlm_service_kit::internal_tls::{dev_certs, InternalTls, TlsFiles};
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(bin("vlm"))
-        .args(["certs", "--out"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    vlm_ok([
+        std::ffi::OsStr::new("certs"),
+        "--out".as_ref(),
+        dir.path().as_os_str(),
+    ]);
     let files = TlsFiles {
         cert: dir.path().join("tls.crt"),
         key: dir.path().join("tls.key"),

@@ -76,17 +76,8 @@ struct Args {
     /// re-read when it changes).
     #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
     internal_token_file: Option<PathBuf>,
-    /// Mutual TLS on the internal APIs: this service's certificate (PEM, then any
-    /// intermediates); the LM and vision replicas must present a certificate the CA signed (the public API is unchanged). Needs --internal-tls-key and --internal-tls-ca;
-    /// the three files are re-read when they change (a cert-manager Secret).
-    #[arg(long, env = "VLM_INTERNAL_TLS_CERT")]
-    internal_tls_cert: Option<PathBuf>,
-    /// The private key of --internal-tls-cert (PEM).
-    #[arg(long, env = "VLM_INTERNAL_TLS_KEY")]
-    internal_tls_key: Option<PathBuf>,
-    /// The CA (PEM) that signs the services' certificates.
-    #[arg(long, env = "VLM_INTERNAL_TLS_CA")]
-    internal_tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    internal_tls: vlm_service_kit::internal_tls::args::InternalTlsArgs,
     /// Hosts http:// and https:// image URLs may be fetched from (repeatable or
     /// comma-separated); none by default.
     #[arg(
@@ -161,11 +152,7 @@ fn main() -> anyhow::Result<()> {
             .as_deref()
             .map(vlm_service_kit::internal_auth::InternalToken::from_file)
             .transpose()?,
-        internal_tls: vlm_service_kit::internal_tls::InternalTls::from_flags(
-            a.internal_tls_cert,
-            a.internal_tls_key,
-            a.internal_tls_ca,
-        )?,
+        internal_tls: a.internal_tls.load()?,
         image_fetch: FetchOptions {
             allow_hosts: a.allow_image_host,
             max_bytes: a.image_fetch_max_bytes.unwrap_or(a.max_body_bytes),

@@ -38,17 +38,8 @@ struct Args {
     /// changes): callers of vlm.v1.Lm must send it, and the LM sends it to vision.
     #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
     internal_token_file: Option<PathBuf>,
-    /// Mutual TLS on the internal APIs: this service's certificate (PEM, then any
-    /// intermediates); callers of vlm.v1.Lm must present a certificate the CA signed, and the vision replicas this LM dials must too. Needs --internal-tls-key and --internal-tls-ca;
-    /// the three files are re-read when they change (a cert-manager Secret).
-    #[arg(long, env = "VLM_INTERNAL_TLS_CERT")]
-    internal_tls_cert: Option<PathBuf>,
-    /// The private key of --internal-tls-cert (PEM).
-    #[arg(long, env = "VLM_INTERNAL_TLS_KEY")]
-    internal_tls_key: Option<PathBuf>,
-    /// The CA (PEM) that signs the services' certificates.
-    #[arg(long, env = "VLM_INTERNAL_TLS_CA")]
-    internal_tls_ca: Option<PathBuf>,
+    #[command(flatten)]
+    internal_tls: vlm_service_kit::internal_tls::args::InternalTlsArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -78,11 +69,7 @@ fn main() -> anyhow::Result<()> {
             .as_deref()
             .map(vlm_service_kit::internal_auth::InternalToken::from_file)
             .transpose()?,
-        internal_tls: vlm_service_kit::internal_tls::InternalTls::from_flags(
-            args.internal_tls_cert,
-            args.internal_tls_key,
-            args.internal_tls_ca,
-        )?,
+        internal_tls: args.internal_tls.load()?,
     };
     if !cfg.deploy.create_runtimes {
         println!("{}", vlm_lm_service::dry_run(&cfg)?);

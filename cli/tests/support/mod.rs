@@ -182,6 +182,22 @@ pub async fn start_service(name: &str, bin: &Path, model: &Path, config: &Path) 
     p
 }
 
+/// Runs `vlm ARGS` to completion and returns its output; panics with its stderr unless it
+/// succeeded.
+pub fn vlm_ok<I, S>(args: I) -> std::process::Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = Command::new(bin("vlm")).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// `VmRSS` (resident set) of `pid` in bytes.
 pub fn vm_rss(pid: u32) -> u64 {
     proc_status_bytes(pid, "VmRSS:")

@@ -12,6 +12,7 @@
 //! [`accept`] turns a listener into the stream of TLS connections the gRPC server serves;
 //! [`connect`] is the connector of a tonic channel.
 pub mod accept;
+pub mod args;
 pub mod connect;
 pub mod dev_certs;
 
