@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
 /// A handshake not done by then is dropped.
@@ -120,23 +120,5 @@ pub fn incoming(
             });
         }
     });
-    tokio_stream::wrappers::ReceiverStream::new(rx).map_ok()
-}
-
-/// `Stream<Item = T>` as `Stream<Item = Result<T, io::Error>>` (what tonic's server takes).
-trait MapOk: Stream + Sized {
-    fn map_ok(self) -> OkStream<Self> {
-        OkStream(self)
-    }
-}
-impl<S: Stream> MapOk for S {}
-
-struct OkStream<S>(S);
-
-impl<S: Stream + Unpin> Stream for OkStream<S> {
-    type Item = Result<S::Item, std::io::Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        Pin::new(&mut self.0).poll_next(cx).map(|o| o.map(Ok))
-    }
+    tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>)
 }

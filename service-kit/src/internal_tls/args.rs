@@ -1,10 +1,10 @@
 //! The three flags of [`super::InternalTls`], the same on every service (flattened into each
 //! binary's arguments).
-use super::{InternalTls, TlsError};
+use super::{InternalTls, TlsError, TlsFiles};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-#[derive(Debug, Clone, Default, clap::Args)]
+#[derive(Debug, clap::Args)]
 pub struct InternalTlsArgs {
     /// Mutual TLS on the internal APIs (vlm.v1.Vision, vlm.v1.Lm): this service's certificate
     /// (PEM, then any intermediates), presented when it serves and when it dials. Vision and
@@ -22,12 +22,15 @@ pub struct InternalTlsArgs {
 }
 
 impl InternalTlsArgs {
-    /// The files loaded and checked ([`InternalTls::from_flags`]); `None` without the flags.
+    /// The files loaded and checked ([`TlsFiles::from_flags`], [`InternalTls::load`]); `None`
+    /// without the flags.
     pub fn load(self) -> Result<Option<Arc<InternalTls>>, TlsError> {
-        InternalTls::from_flags(
+        TlsFiles::from_flags(
             self.internal_tls_cert,
             self.internal_tls_key,
             self.internal_tls_ca,
-        )
+        )?
+        .map(InternalTls::load)
+        .transpose()
     }
 }

@@ -208,17 +208,6 @@ impl InternalTls {
         }))
     }
 
-    /// [`TlsFiles::from_flags`], then [`load`](Self::load).
-    pub fn from_flags(
-        cert: Option<PathBuf>,
-        key: Option<PathBuf>,
-        ca: Option<PathBuf>,
-    ) -> Result<Option<Arc<InternalTls>>, TlsError> {
-        TlsFiles::from_flags(cert, key, ca)?
-            .map(InternalTls::load)
-            .transpose()
-    }
-
     pub fn files(&self) -> &TlsFiles {
         &self.files
     }

@@ -332,8 +332,8 @@ unsafe fn gemm_any(
                     // Each 32-row group of the block over the task's panels, which stay in L2:
                     // B comes from memory once per task and block. (Panels outer, the block's
                     // rows inner, read B once per block of 96 rows: 6 times the weights per
-                    // 512-token chunk. In-process A/B, same bits: 1.0-1.6x on the prefill and
-                    // ViT shapes, `cargo bench -p vlm-backend-cpu --bench bf16_gemm`.)
+                    // 512-token chunk. In-process A/B, same bits: 0.97-1.6x on the prefill and
+                    // ViT shapes (ViT fc2 unchanged), `cargo bench -p vlm-backend-cpu --bench bf16_gemm`.)
                     let mut g = 0;
                     while g < rows {
                         let group = Block {
@@ -848,8 +848,8 @@ mod tests {
             (17, 33, 96),
             (45, 70, 70),
             (64, 32, 32),
-            // Two AMX row blocks (1016 rows of k 4096 each) of 32-row groups, three runs of
-            // four panels (the L2 budget of k 4096), a partial last panel.
+            // Two AMX row blocks (576 + 524 rows: 8 MiB holds 992 rows of k 4096) of 32-row
+            // groups, three runs of four panels (the L2 budget at k 4096), a partial last panel.
             (1100, 330, 4096),
             // An inner tail past the 16-pair chunks, two-panel runs.
             (70, 100, 6150),
@@ -880,8 +880,8 @@ mod tests {
                 c
             };
             let want = run(true, false);
-            // The two kernels sum the pairs in different orders: f32 rounding of the order of
-            // the sum of |terms| (about 1e-3 relative at k 4096).
+            // The two kernels sum the pairs in different orders: their f32 rounding differs by
+            // up to a small multiple of eps times the sum of |terms|.
             let scale = |i: usize| {
                 let (r, col) = (i / n, i % n);
                 (0..k)
