@@ -16,6 +16,8 @@ prompt is new, so no prefix or embedding cache helps either side):
   img1024   one 1024x1024 image, 8 tokens: TTFT
   conc8     8 concurrent requests, a 512x512 image each, 128 tokens: output tokens/s
 Prints one table per layout: medians over rounds (min-max in brackets) and ours / vLLM.
+`--against NAME=CONFIG` puts another of our layouts where vLLM was (an A/B of two configs of
+ours through the same client, alternated the same way; no vLLM needed).
 Standard library only on the client side; vLLM's own environment runs vLLM.
 """
 import argparse
@@ -89,7 +91,7 @@ def start_vllm(a, log):
     })
     host, port = a.vllm_http.rsplit(":", 1)
     cmd = [a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
-           "--host", host, "--port", port, "--dtype", "bfloat16", "--max-model-len", "4096",
+           "--host", host, "--port", port, "--dtype", a.vllm_dtype, "--max-model-len", "4096",
            "--max-num-seqs", "8", "--served-model-name", "bench",
            "--limit-mm-per-prompt", json.dumps({"image": {"count": 1, "width": 1024,
                                                           "height": 1024}})]
@@ -99,10 +101,11 @@ def start_vllm(a, log):
     return s
 
 
-def start_ours(a, name, config, log):
-    s = Server(f"ours ({name})", a.ours_http)
-    cmd = [a.vlm, "up", "--model", a.model, "--http-listen", a.ours_http,
-           "--listen", a.ours_grpc, "--ready-timeout-s", str(a.ready_timeout)]
+def start_ours(a, name, config, log, http=None, grpc=None):
+    http, grpc = http or a.ours_http, grpc or a.ours_grpc
+    s = Server(f"ours ({name})", http)
+    cmd = [a.vlm, "up", "--model", a.model, "--http-listen", http,
+           "--listen", grpc, "--ready-timeout-s", str(a.ready_timeout)]
     if config:
         cmd += ["--config", config]
     s.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -170,7 +173,10 @@ def summary(vals):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="checkpoint both servers load")
-    ap.add_argument("--vllm-python", required=True, help="python of vLLM's venv")
+    ap.add_argument("--vllm-python", help="python of vLLM's venv")
+    ap.add_argument("--against", default="vllm",
+                    help="the reference side: `vllm`, or NAME[=CONFIG], another of our layouts "
+                         "(an A/B of two configs; it listens on --vllm-http)")
     ap.add_argument("--vlm", default="target/release/vlm")
     ap.add_argument("--ours", action="append", default=[],
                     help="NAME[=CONFIG]; `default` = vlm up without --config (repeatable)")
@@ -178,6 +184,8 @@ def main():
     ap.add_argument("--kinds", default="text,img512,img1024,conc8")
     ap.add_argument("--cores", default="0-1", help="vLLM's VLLM_CPU_OMP_THREADS_BIND")
     ap.add_argument("--vllm-kv-gib", type=int, default=4)
+    ap.add_argument("--vllm-dtype", default="bfloat16",
+                    help="vLLM's --dtype (float32 on a CPU without AVX512-BF16 is its faster one)")
     ap.add_argument("--vllm-http", default="127.0.0.1:18100")
     ap.add_argument("--ours-http", default="127.0.0.1:18200")
     ap.add_argument("--ours-grpc", default="127.0.0.1:18201")
@@ -186,12 +194,21 @@ def main():
     a = ap.parse_args()
     layouts = [(o.split("=", 1) + [None])[:2] for o in (a.ours or ["default"])]
     kinds = a.kinds.split(",")
-    vllm_log = open(os.path.join(a.logs, "bench-vllm.log"), "w")
-    print(f"starting vLLM (log {vllm_log.name})", flush=True)
-    vllm = start_vllm(a, vllm_log)
+    ref_name = a.against.split("=", 1)[0]
+    vllm_log = open(os.path.join(a.logs, f"bench-{ref_name}.log"), "w")
+    print(f"starting {ref_name} (log {vllm_log.name})", flush=True)
+    if a.against == "vllm":
+        if not a.vllm_python:
+            ap.error("--vllm-python is needed to run vLLM (or pass --against NAME[=CONFIG])")
+        vllm = start_vllm(a, vllm_log)
+    else:
+        name, config = (a.against.split("=", 1) + [None])[:2]
+        host, port = a.ours_grpc.rsplit(":", 1)
+        vllm = start_ours(a, name, config, vllm_log, http=a.vllm_http,
+                          grpc=f"{host}:{int(port) + 10}")
     seed = 1
     try:
-        # One warm-up of each kind on vLLM (its first requests compile and allocate).
+        # One warm-up of each kind on the reference (vLLM's first requests compile and allocate).
         for k in kinds:
             run_kind(vllm, k, seed)
             seed += 1
@@ -203,26 +220,27 @@ def main():
                 for k in kinds:
                     run_kind(ours, k, seed)  # warm-up
                     seed += 1
-                got = {(s, k): [] for s in ("ours", "vllm") for k in kinds}
+                got = {(s, k): [] for s in ("ours", ref_name) for k in kinds}
                 for r in range(a.rounds):
                     for k in kinds:
                         # Alternate who goes first, round by round.
-                        order = [("ours", ours), ("vllm", vllm)]
+                        order = [("ours", ours), (ref_name, vllm)]
                         if r % 2:
                             order.reverse()
                         for side, server in order:
                             m = run_kind(server, k, seed)
                             seed += 1
                             got[(side, k)].append(m)
-                            print(f"  round {r + 1} {k:8} {side:5} "
+                            print(f"  round {r + 1} {k:8} {side:8} "
                                   + ", ".join(f"{n} {v:.2f}" for n, v in m.items()
                                               if v is not None), flush=True)
             finally:
                 ours.stop()
-            print(f"\n| {name}: request | metric | vLLM | ours | ours / vLLM |\n|---|---|---|---|---|")
+            print(f"\n| {name}: request | metric | {ref_name} | ours | ours / {ref_name} |\n"
+                  "|---|---|---|---|---|")
             for k in kinds:
                 for metric in got[("ours", k)][0]:
-                    mv, sv = summary([m[metric] for m in got[("vllm", k)]])
+                    mv, sv = summary([m[metric] for m in got[(ref_name, k)]])
                     mo, so = summary([m[metric] for m in got[("ours", k)]])
                     ratio = f"{mo / mv:.2f}" if mv and mo else "n/a"
                     print(f"| {k} | {metric} | {sv} | {so} | {ratio} |")

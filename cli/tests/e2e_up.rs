@@ -4,23 +4,26 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The `vlm` under test: $VLM_E2E_VLM (e.g. an installed one), else the workspace's.
+fn vlm_bin() -> String {
+    std::env::var("VLM_E2E_VLM").unwrap_or_else(|_| match option_env!("CARGO_BIN_EXE_vlm") {
+        Some(p) => p.to_string(),
+        None => {
+            let deps = std::env::current_exe().unwrap();
+            deps.parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .join("vlm")
+                .display()
+                .to_string()
+        }
+    })
+}
+
 #[test]
 fn up_then_generate_then_drain() {
-    // VLM_E2E_VLM overrides which `vlm` runs (e.g. an installed one).
-    let vlm =
-        std::env::var("VLM_E2E_VLM").unwrap_or_else(|_| match option_env!("CARGO_BIN_EXE_vlm") {
-            Some(p) => p.to_string(),
-            None => {
-                let deps = std::env::current_exe().unwrap();
-                deps.parent()
-                    .unwrap()
-                    .parent()
-                    .unwrap()
-                    .join("vlm")
-                    .display()
-                    .to_string()
-            }
-        });
+    let vlm = vlm_bin();
     let vlm = vlm.as_str();
     let cache = tempfile::tempdir().unwrap();
     let mut up = Command::new(vlm)
@@ -99,5 +102,57 @@ fn up_then_generate_then_drain() {
     assert!(
         std::net::TcpStream::connect(&grpc).is_err(),
         "the gateway still listens after the drain"
+    );
+}
+
+/// A part that dies while loading (here: its weights are cut short, which it finds only after
+/// it is listening) ends `vlm up` with that part's name and exit status, instead of a wait for
+/// the whole ready timeout that then blames health ("not SERVING within ..."; the timeout here
+/// is 120 s, so that wait would fail this test with that message).
+#[test]
+fn a_part_that_dies_while_loading_is_named_at_once() {
+    let vlm = vlm_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let made = Command::new(&vlm)
+        .args(["make-model", "--preset", "tiny", "--out"])
+        .arg(&model)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let weights = model.join("model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&weights)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let out = Command::new(&vlm)
+        .args([
+            "up",
+            "--listen",
+            "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
+        ])
+        .args(["--ready-timeout-s", "120", "--model"])
+        .arg(&model)
+        .env("XDG_CACHE_HOME", dir.path())
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    // Both parts read the same weights; whichever fails first is named.
+    assert!(
+        ["vision", "lm"].iter().any(|p| err.contains(&format!(
+            "error: {p} exited with exit status: 1 while loading"
+        ))),
+        "{err}"
     );
 }

@@ -4,6 +4,9 @@
 //!
 //!     cargo bench -p vlm-backend-cpu --bench bf16_gemm    (VLM_BENCH_AMX=0: the AVX512 path)
 //!
+//! `VLM_BENCH_SHAPES=decode` keeps the shapes whose name holds it; `VLM_BENCH_MKN="m,k,n;..."`
+//! times those shapes instead (named `custom`).
+//!
 //! With AMX tiles it also times the fused ViT attention task (`kernels/attention_amx.rs`): 256
 //! query rows of one 64-wide head against 4096 keys.
 use std::time::Instant;
@@ -61,6 +64,22 @@ fn main() {
     ];
     // $VLM_BENCH_SHAPES: only the shapes whose name contains this (e.g. "decode").
     let only = std::env::var("VLM_BENCH_SHAPES").unwrap_or_default();
+    let custom: Vec<(&str, usize, usize, usize)> = std::env::var("VLM_BENCH_MKN")
+        .ok()
+        .map(|v| {
+            v.split(';')
+                .map(|t| {
+                    let d: Vec<usize> = t.split(',').map(|x| x.parse().unwrap()).collect();
+                    ("custom", d[0], d[1], d[2])
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let shapes: Vec<_> = if custom.is_empty() {
+        shapes.to_vec()
+    } else {
+        custom
+    };
     let shapes: Vec<_> = shapes
         .into_iter()
         .filter(|s| s.0.contains(only.as_str()))

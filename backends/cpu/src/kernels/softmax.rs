@@ -33,6 +33,21 @@ pub fn exp_approx(x: f32) -> f32 {
 /// and sets `corr` = exp(m_old - m_new), the factor earlier partial outputs must be scaled
 /// by. Start a row with m = -inf, l = 0 (corr is then 0).
 pub fn online_softmax_tile_auto(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
+    online_softmax_tile_body(x, m, l, corr)
+}
+
+/// [`online_softmax_tile_auto`] compiled for AVX2 + FMA: the same operations (Rust contracts no
+/// mul + add into an FMA, and `floor` is exact in `vroundps`), so the same bits, in 8 lanes.
+/// Compiled for the baseline x86-64 instead, `floor` has no instruction and each exp is scalar:
+/// on a Zen 3 without AVX-512 the ViT's attention at 4096 patches was 63% of the bucket's run.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn online_softmax_tile_avx2(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
+    online_softmax_tile_body(x, m, l, corr)
+}
+
+#[inline(always)]
+fn online_softmax_tile_body(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f32) {
     let mut mx = [f32::NEG_INFINITY; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
@@ -76,6 +91,11 @@ pub fn online_softmax_tile(x: &mut [f32], m: &mut f32, l: &mut f32, corr: &mut f
     {
         // SAFETY: the features were detected on this CPU.
         return unsafe { avx512::online_softmax_tile(x, m, l, corr) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the features were detected on this CPU.
+        return unsafe { online_softmax_tile_avx2(x, m, l, corr) };
     }
     online_softmax_tile_auto(x, m, l, corr)
 }
@@ -327,6 +347,43 @@ mod tests {
         assert!((c1 - c2).abs() <= 1e-5 * c2, "corr {c1} vs {c2}");
         for (i, (a, b)) in x.iter().zip(&y).enumerate() {
             assert!((a - b).abs() <= 1e-5 * b + 1e-30, "{i}: {a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn the_avx2_tile_is_the_portable_one_bit_for_bit() {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma"))
+            {
+                eprintln!("skipped: this CPU has no AVX2 + FMA");
+                return;
+            }
+            // Lengths around the 8-lane step, a large max, masked entries, the exp's clamps,
+            // and a running state from an earlier tile.
+            for n in [1usize, 7, 8, 9, 203, 512] {
+                let mut x: Vec<f32> = (0..n)
+                    .map(|i| ((i * 53 % 97) as f32 * 0.29).cos() * 40.0)
+                    .collect();
+                x[n / 2] = f32::NEG_INFINITY;
+                if n > 8 {
+                    x[3] = -200.0;
+                    x[5] = 95.0;
+                }
+                let mut y = x.clone();
+                let (mut m1, mut l1, mut c1) = (30.0, 3.0, 0.0);
+                let (mut m2, mut l2, mut c2) = (30.0, 3.0, 0.0);
+                // SAFETY: the features were detected above.
+                unsafe { online_softmax_tile_avx2(&mut x, &mut m1, &mut l1, &mut c1) };
+                online_softmax_tile_auto(&mut y, &mut m2, &mut l2, &mut c2);
+                assert_eq!(
+                    (m1, l1.to_bits(), c1.to_bits()),
+                    (m2, l2.to_bits(), c2.to_bits())
+                );
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&x), bits(&y), "n {n}");
+            }
         }
     }
 
