@@ -21,6 +21,15 @@ fn vlm_bin() -> String {
     })
 }
 
+/// Panics with the command's stderr unless it exited 0.
+fn assert_succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn up_then_generate_then_drain() {
     let vlm = vlm_bin();
@@ -77,11 +86,7 @@ fn up_then_generate_then_drain() {
         ])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("tokens: ["));
 
     unsafe {
@@ -119,11 +124,7 @@ fn a_part_that_dies_while_loading_is_named_at_once() {
         .arg(&model)
         .output()
         .unwrap();
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
-    );
+    assert_succeeded(&made);
     let weights = model.join("model.safetensors");
     let len = std::fs::metadata(&weights).unwrap().len();
     std::fs::OpenOptions::new()
