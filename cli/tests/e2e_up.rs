@@ -21,6 +21,21 @@ fn vlm_bin() -> String {
     })
 }
 
+/// `vlm up` on free ports, caching in `cache`, logging warnings only.
+fn vlm_up(vlm: &str, cache: &std::path::Path) -> Command {
+    let mut c = Command::new(vlm);
+    c.args([
+        "up",
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "127.0.0.1:0",
+    ])
+    .env("XDG_CACHE_HOME", cache)
+    .env("RUST_LOG", "warn");
+    c
+}
+
 /// Panics with the command's stderr unless it exited 0.
 fn assert_succeeded(out: &std::process::Output) {
     assert!(
@@ -35,16 +50,7 @@ fn up_then_generate_then_drain() {
     let vlm = vlm_bin();
     let vlm = vlm.as_str();
     let cache = tempfile::tempdir().unwrap();
-    let mut up = Command::new(vlm)
-        .args([
-            "up",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
-        .env("XDG_CACHE_HOME", cache.path())
-        .env("RUST_LOG", "warn")
+    let mut up = vlm_up(vlm, cache.path())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -133,18 +139,9 @@ fn a_part_that_dies_while_loading_is_named_at_once() {
         .unwrap()
         .set_len(len / 2)
         .unwrap();
-    let out = Command::new(&vlm)
-        .args([
-            "up",
-            "--listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-        ])
+    let out = vlm_up(&vlm, dir.path())
         .args(["--ready-timeout-s", "120", "--model"])
         .arg(&model)
-        .env("XDG_CACHE_HOME", dir.path())
-        .env("RUST_LOG", "warn")
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
