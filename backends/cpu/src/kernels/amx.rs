@@ -109,10 +109,16 @@ mod x86 {
 
     /// 32 rows x 32 columns: `out` (row stride `ldo` f32) = A[0..32] · B panel over `chunks` x 16
     /// inner pairs. A: bf16 rows `lda` u16 apart; B: a packed panel (see the module comment).
+    /// `prefetch_b`: B is coming from memory (the first row group's pass over a run of panels,
+    /// whose later groups then find it in L2), so prefetch it `PREFETCH_CHUNKS` ahead, on
+    /// into the next panel, which follows in memory. Without it that pass waits on DRAM: the
+    /// 2B prefill, weights always cold, ran its GEMMs at about half the rate of the
+    /// `bf16_gemm` bench, whose B stays in L3 between repeats.
     ///
     /// # Safety
     /// [`configure`] ran on this thread; A valid for 32 rows of `chunks * 32` values, B for
     /// `chunks * 16` pairs of a panel, `out` for 32 rows of 32 f32 at stride `ldo`.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn tiles_32(
         chunks: usize,
         a: *const u16,
@@ -120,6 +126,7 @@ mod x86 {
         b: *const u16,
         out: *mut f32,
         ldo: usize,
+        prefetch_b: bool,
     ) {
         let lda_b = 2 * lda;
         unsafe {
@@ -133,6 +140,9 @@ mod x86 {
             for c in 0..chunks {
                 let a0 = a.add(c * 2 * TILE_PAIRS);
                 let b0 = b.add(c * B_CHUNK);
+                if prefetch_b {
+                    prefetch_chunk(b0.wrapping_add(PREFETCH_CHUNKS * B_CHUNK));
+                }
                 // Tiles are not renamed: a load waits for the products that read its tile.
                 // Interleaved, the next step's A0 and B0 loads overlap the last two products.
                 asm!(
@@ -227,6 +237,21 @@ mod x86 {
         }
     }
 
+    /// Prefetches one 16-pair chunk of a panel (32 lines) into L1. A prefetch never faults, so
+    /// `at` may point past the operand (the last chunks of the last panel).
+    #[inline(always)]
+    fn prefetch_chunk(at: *const u16) {
+        let at = at as *const i8;
+        for line in 0..B_CHUNK * 2 / 64 {
+            // SAFETY: prefetching reads nothing architecturally.
+            unsafe {
+                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                    at.wrapping_add(64 * line),
+                )
+            };
+        }
+    }
+
     /// [`tiles_32`] for the first 16 rows only (`out` rows 0..16).
     ///
     /// # Safety
@@ -248,12 +273,7 @@ mod x86 {
                 // Few rows: the product streams B from memory. Tile loads are not renamed, so
                 // each waits for the products that read the previous one; prefetching B
                 // `PREFETCH_CHUNKS` ahead keeps enough lines in flight.
-                let ahead = b0.add(PREFETCH_CHUNKS * B_CHUNK) as *const i8;
-                for line in 0..B_CHUNK * 2 / 64 {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        ahead.add(64 * line),
-                    );
-                }
+                prefetch_chunk(b0.wrapping_add(PREFETCH_CHUNKS * B_CHUNK));
                 asm!(
                     "tileloadd tmm6, [{b0} + {bs}*1]",
                     "tileloadd tmm7, [{b1} + {bs}*1]",

@@ -11,7 +11,8 @@
 //! the rows of the block, so a panel is read from memory once per task and then from L1/L2.
 //! On AMX tiles a block holds many more rows (up to [`AMX_A_BLOCK_BYTES`]) and the loops turn:
 //! each 32-row group of the block passes over the task's panels (up to [`AMX_B_RUN_BYTES`],
-//! kept in L2), so the weights stream from memory once per block instead of once per 96 rows.
+//! kept in L2), so the weights stream from memory once per block instead of once per 96 rows;
+//! the first group's pass, the one that brings them in, prefetches them ahead of the tiles.
 //! Each C element is a sum over the inner pairs in one fixed order whatever `m`, the task split or
 //! the thread count is: one sequence decoded alone or in a batch gets bit-identical results.
 use super::aligned::AlignedU16;
@@ -345,7 +346,7 @@ unsafe fn gemm_any(
                             let cols = NR.min(b.n - p * NR);
                             let bp = b.data[p * b.panel_stride..].as_ptr();
                             let cp = c_ptr.get().add((r0 + g) * ldc + p * NR);
-                            group.panel_amx(bp, cp, cols);
+                            group.panel_amx(bp, cp, cols, g == 0);
                         }
                         g += AMX_ROWS;
                     }
@@ -420,7 +421,7 @@ impl Block {
     /// All rows against one panel on AMX tiles, 32 rows at a time over the whole 16-pair
     /// chunks; the register tile adds the pairs left over. A must be readable for whole groups
     /// of 16 / 32 rows (the scratch is sized so).
-    unsafe fn panel_amx(&self, bp: *const u16, cp: *mut f32, cols: usize) {
+    unsafe fn panel_amx(&self, bp: *const u16, cp: *mut f32, cols: usize, prefetch_b: bool) {
         let chunks = self.pairs / TILE_PAIRS;
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         if chunks > 0 {
@@ -444,7 +445,7 @@ impl Block {
                         (out.0.as_mut_ptr(), NR)
                     };
                     if group > TILE_ROWS {
-                        super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo);
+                        super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo, prefetch_b);
                     } else {
                         super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
                     }
