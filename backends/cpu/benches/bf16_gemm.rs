@@ -5,7 +5,10 @@
 //!     cargo bench -p vlm-backend-cpu --bench bf16_gemm    (VLM_BENCH_AMX=0: the AVX512 path)
 //!
 //! `VLM_BENCH_SHAPES=decode` keeps the shapes whose name holds it; `VLM_BENCH_MKN="m,k,n;..."`
-//! times those shapes instead (named `custom`).
+//! times those shapes instead (named `custom`). `VLM_BENCH_COLD_MB=256` gives each timed call
+//! another copy of B, cycling over that many MB (more than the L3), so the weights come from
+//! memory as in the model, whose 3.4 GB never stay in cache; by default one B is reused and
+//! stays in L3 when it fits.
 //!
 //! With AMX tiles it also times the fused ViT attention task (`kernels/attention_amx.rs`): 256
 //! query rows of one 64-wide head against 4096 keys.
@@ -94,6 +97,14 @@ fn main() {
             .collect();
         let packed = PackedB::from_rows(&w, n, k, k);
         drop(w);
+        // $VLM_BENCH_COLD_MB: copies of B to cycle over, one per call.
+        let cold_mb = std::env::var("VLM_BENCH_COLD_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0);
+        let copies = (cold_mb << 20).div_ceil(packed.bytes()).max(1);
+        let packed: Vec<PackedB> = (0..copies).map(|_| packed.clone()).collect();
+        let mut next = 0usize;
         let a: Vec<f32> = (0..m * k)
             .map(|i| ((i % 113) as f32 - 56.0) / 100.0)
             .collect();
@@ -110,7 +121,10 @@ fn main() {
                 k,
                 a.as_ptr(),
                 k,
-                packed.view().with_amx(use_amx()),
+                {
+                    next += 1;
+                    packed[next % copies].view().with_amx(use_amx())
+                },
                 c.as_mut_ptr(),
                 ldc,
                 false,
@@ -118,10 +132,11 @@ fn main() {
             )
         });
         let gflops = 2.0 * (m * n * k) as f64 / s / 1e9;
-        let gbs = packed.bytes() as f64 / s / 1e9;
+        let gbs = packed[0].bytes() as f64 / s / 1e9;
         println!(
-            "{what:20} {m:5}x{k:5}->{n:6}: {:8.3} ms  {gflops:7.1} GFLOP/s  {gbs:6.1} GB/s weights",
-            s * 1e3
+            "{what:20} {m:5}x{k:5}->{n:6}: {:8.3} ms  {gflops:7.1} GFLOP/s  {gbs:6.1} GB/s weights{}",
+            s * 1e3,
+            if copies > 1 { " (cold B)" } else { "" }
         );
         // f32 gemm crate on the same shape (what the f32 paths use).
         if m > 16 {

@@ -427,7 +427,9 @@ impl Block {
         if chunks > 0 {
             #[repr(align(64))]
             struct Out([f32; AMX_ROWS * NR]);
-            let mut out = Out([0.0; AMX_ROWS * NR]);
+            // Left unset: the tiles store every row that `write_rows` then reads.
+            let mut out = std::mem::MaybeUninit::<Out>::uninit();
+            let out_ptr = out.as_mut_ptr() as *mut f32;
             let mut r = 0;
             while r < self.rows {
                 let group = AMX_ROWS.min(self.rows - r);
@@ -439,18 +441,14 @@ impl Block {
                     // A whole 32x32 block that overwrites C is stored by the tiles straight
                     // into C; otherwise through `out` (the same sums, then [+]= into C).
                     let direct = group == AMX_ROWS && cols == NR && !self.accumulate;
-                    let (o, ldo) = if direct {
-                        (c, self.ldc)
-                    } else {
-                        (out.0.as_mut_ptr(), NR)
-                    };
+                    let (o, ldo) = if direct { (c, self.ldc) } else { (out_ptr, NR) };
                     if group > TILE_ROWS {
                         super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo, prefetch_b);
                     } else {
                         super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
                     }
                     if !direct {
-                        x86::write_rows(out.0.as_ptr(), group, c, self.ldc, cols, self.accumulate);
+                        x86::write_rows(out_ptr, group, c, self.ldc, cols, self.accumulate);
                     }
                 }
                 r += group;
