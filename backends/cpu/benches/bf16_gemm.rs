@@ -46,6 +46,17 @@ fn main() {
             "AVX512-BF16 register tile"
         }
     );
+    // The tiles' rate on this core now (it moves within minutes on a shared VM: compare
+    // figures taken at a similar probe).
+    let probe = || {
+        if let Some(p) = amx::probe().filter(|_| use_amx()) {
+            println!(
+                "AMX probe (one thread): products {:.0} GFLOP/s, the tile step on L1-resident operands {:.0} GFLOP/s",
+                p.products, p.with_loads
+            );
+        }
+    };
+    probe();
     // (what, rows, in, out)
     let shapes = [
         ("prefill512 qkv", 512, 2048, 4096),
@@ -172,6 +183,7 @@ fn main() {
             );
         }
     }
+    probe();
 }
 
 /// One fused attention task of the 2B ViT: 256 query rows, 4096 keys, hd 64 (the 4096 bucket);

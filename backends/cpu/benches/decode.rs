@@ -154,7 +154,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
 
         // Prefill `context` tokens in chunks; first one untimed warm-up pass.
-        let mut prefill_s = f64::MAX;
+        let mut prefill_runs = Vec::new();
         let runs = env_usize("VLM_BENCH_PREFILL_RUNS", 2);
         for (i, (_, kv)) in caches.iter_mut().enumerate() {
             // Every cache gets the context once; the first is also timed `runs` times.
@@ -174,15 +174,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     start = end;
                 }
                 if i == 0 {
-                    prefill_s = prefill_s.min(t.elapsed().as_secs_f64());
+                    prefill_runs.push(t.elapsed().as_secs_f64());
                 }
             }
         }
         if runs > 0 {
+            let prefill_s = prefill_runs.iter().copied().fold(f64::MAX, f64::min);
+            let each: Vec<String> = prefill_runs.iter().map(|s| format!("{s:.2}")).collect();
             println!(
-                "prefill {context} tokens (chunks of {chunk}): {prefill_s:.3} s ({:.0} tok/s)",
-                context as f64 / prefill_s
+                "prefill {context} tokens (chunks of {chunk}): {prefill_s:.3} s ({:.0} tok/s); runs {} s",
+                context as f64 / prefill_s,
+                each.join(", ")
             );
+            // The tiles' rate on this core now: on a shared VM it moves within minutes, and
+            // the prefill with it (see `amx::probe`).
+            if let Some(p) = vlm_backend_cpu::kernels::amx::probe() {
+                println!(
+                    "AMX probe after the prefill (one thread): products {:.0} GFLOP/s, the GEMM's tile step on L1-resident operands {:.0} GFLOP/s",
+                    p.products, p.with_loads
+                );
+            }
         }
 
         for &b in &batches {

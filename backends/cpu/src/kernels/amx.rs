@@ -34,6 +34,30 @@ pub fn available() -> bool {
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use x86::{configure, qk_32_hd64, tiles_16, tiles_32};
 
+/// What this core's tiles deliver right now, in GFLOP/s on one thread (see [`probe`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// `tdpbf16ps` alone, back to back on four accumulators: the compute peak.
+    pub products: f64,
+    /// [`tiles_32`] (the GEMM's step) on operands that stay in L1: peak with the tile loads.
+    pub with_loads: f64,
+}
+
+/// Times the tiles for a few milliseconds on the calling thread. The benches print it next to
+/// their figures: on this project's VMs the products' rate held steady while the same kernel on
+/// L1-resident operands ran anywhere from about a quarter of it to all of it within minutes
+/// (the load path is shared with whatever else runs on the core), so a bench figure is only
+/// comparable with one taken while `with_loads` was similar. None without AMX.
+pub fn probe() -> Option<Probe> {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    if available() {
+        // SAFETY: the tiles are granted (available), configured here, and the buffers below
+        // cover what the steps read and write.
+        return Some(unsafe { x86::probe() });
+    }
+    None
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod x86 {
     use super::TILE_PAIRS;
@@ -237,6 +261,66 @@ mod x86 {
         }
     }
 
+    /// See [`super::probe`]. Best of 7 rounds each, alternating.
+    ///
+    /// # Safety
+    /// [`super::available`] must be true.
+    pub(super) unsafe fn probe() -> super::Probe {
+        use crate::kernels::aligned::AlignedU16;
+        const CHUNKS: usize = 8;
+        const ROUNDS: usize = 4000;
+        unsafe { configure() };
+        // A: 32 rows of 8 chunks (16 KiB), B: one panel's 8 chunks (16 KiB), out: 32 x 32.
+        let lda = CHUNKS * 2 * TILE_PAIRS;
+        let mut a = AlignedU16::zeroed(32 * lda);
+        let mut b = AlignedU16::zeroed(CHUNKS * B_CHUNK);
+        for (i, v) in a.iter_mut().chain(b.iter_mut()).enumerate() {
+            *v = 0x3f80 + (i % 7) as u16; // 1.0 .. 1.05
+        }
+        #[repr(align(64))]
+        struct Out([f32; 32 * NR]);
+        let mut out = Out([0.0; 32 * NR]);
+        let flop = (ROUNDS * CHUNKS * 4 * 16 * 16 * 32 * 2) as f64;
+        let (mut products, mut with_loads) = (0f64, 0f64);
+        for _ in 0..7 {
+            let t = std::time::Instant::now();
+            for _ in 0..ROUNDS * CHUNKS {
+                // SAFETY: tile registers only.
+                unsafe {
+                    asm!(
+                        "tdpbf16ps tmm0, tmm4, tmm6",
+                        "tdpbf16ps tmm1, tmm4, tmm7",
+                        "tdpbf16ps tmm2, tmm5, tmm6",
+                        "tdpbf16ps tmm3, tmm5, tmm7",
+                        options(nostack, nomem)
+                    )
+                };
+            }
+            products = products.max(flop / t.elapsed().as_secs_f64() / 1e9);
+            let t = std::time::Instant::now();
+            for _ in 0..ROUNDS {
+                // SAFETY: a, b and out are sized as tiles_32 reads and writes them.
+                unsafe {
+                    tiles_32(
+                        CHUNKS,
+                        a.as_ptr(),
+                        lda,
+                        b.as_ptr(),
+                        out.0.as_mut_ptr(),
+                        NR,
+                        false,
+                    )
+                };
+            }
+            with_loads = with_loads.max(flop / t.elapsed().as_secs_f64() / 1e9);
+        }
+        std::hint::black_box(&out);
+        super::Probe {
+            products,
+            with_loads,
+        }
+    }
+
     /// Prefetches one 16-pair chunk of a panel (32 lines) into L1. A prefetch never faults, so
     /// `at` may point past the operand (the last chunks of the last panel).
     #[inline(always)]
@@ -296,6 +380,23 @@ mod x86 {
                 s = in(reg) ldo * 4,
                 options(nostack)
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_probe_reports_rates_where_the_tiles_are() {
+        match probe() {
+            Some(p) => {
+                for rate in [p.products, p.with_loads] {
+                    assert!(rate.is_finite() && rate > 0.0, "{p:?}");
+                }
+            }
+            None => assert!(!available(), "tiles available but no probe"),
         }
     }
 }

@@ -429,7 +429,8 @@ impl Block {
             struct Out([f32; AMX_ROWS * NR]);
             // Left unset: the tiles store every row that `write_rows` then reads.
             let mut out = std::mem::MaybeUninit::<Out>::uninit();
-            let out_ptr = out.as_mut_ptr() as *mut f32;
+            // SAFETY: a place inside `out`, not read: only its address is taken.
+            let out_ptr = unsafe { std::ptr::addr_of_mut!((*out.as_mut_ptr()).0) } as *mut f32;
             let mut r = 0;
             while r < self.rows {
                 let group = AMX_ROWS.min(self.rows - r);
