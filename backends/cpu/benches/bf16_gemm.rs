@@ -49,7 +49,7 @@ fn main() {
     // The tiles' rate on this core now (it moves within minutes on a shared VM: compare
     // figures taken at a similar probe).
     let probe = || {
-        if let Some(p) = amx::probe().filter(|_| use_amx()) {
+        if let Some(p) = use_amx().then(amx::probe).flatten() {
             println!(
                 "AMX probe (one thread): products {:.0} GFLOP/s, the tile step on L1-resident operands {:.0} GFLOP/s",
                 p.products, p.with_loads

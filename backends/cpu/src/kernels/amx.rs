@@ -135,9 +135,9 @@ mod x86 {
     /// inner pairs. A: bf16 rows `lda` u16 apart; B: a packed panel (see the module comment).
     /// `prefetch_b`: B is coming from memory (the first row group's pass over a run of panels,
     /// whose later groups then find it in L2), so prefetch it `PREFETCH_CHUNKS` ahead, on
-    /// into the next panel, which follows in memory. Without it that pass waits on DRAM: in the
-    /// 2B prefill (weights always cold) the product ran at ~475 GFLOP/s on 2 cores, against
-    /// up to 893 in the `bf16_gemm` bench on the same shapes, whose B stays in L3 between repeats.
+    /// into the next panel, which follows in memory. Without it that pass waits on DRAM (the
+    /// model's weights are always cold). In a single-thread loop over cold B (2026-12-03) it was
+    /// ahead in 7 of 7 runs, by 0.2-47%; in the model the VM's spread hid it (README).
     ///
     /// # Safety
     /// [`configure`] ran on this thread; A valid for 32 rows of `chunks * 32` values, B for

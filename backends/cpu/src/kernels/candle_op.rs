@@ -34,13 +34,13 @@ impl CustomOp1 for PackedMatmul {
         if k == 0 {
             return Ok((CpuStorage::F32(vec![0f32; m * n]), Shape::from((m, n))));
         }
-        // Not zeroed first: the product overwrites every value (zeroing the outputs was ~4% of
-        // a 256-token prefill, in the `memset` of a profile).
+        // Not zeroed first: the product overwrites every value (in a 256-token prefill's
+        // profile the zeroing, `memset`, fell from 6.1% to 1.55% of the samples).
         let mut out: Vec<f32> = Vec::with_capacity(m * n);
         // SAFETY: x holds (m, k), out has room for (m, n); both row-major and disjoint. With
         // `accumulate` false and k > 0 the product writes each of C's m x n values before it
-        // reads any (`matches_rounded_reference_on_all_edges` checks it on every edge), so the vector
-        // is whole when its length is set.
+        // reads any (`matches_rounded_reference_on_all_edges` checks that on every edge), so
+        // the vector is whole when its length is set.
         unsafe {
             crate::kernels::bf16_gemm::gemm(
                 m,
