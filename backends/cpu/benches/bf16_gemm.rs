@@ -8,7 +8,9 @@
 //! times those shapes instead (named `custom`). `VLM_BENCH_COLD_MB=256` gives each timed call
 //! another copy of B, cycling over that many MB (more than the L3), so the weights come from
 //! memory as in the model, whose 3.4 GB never stay in cache; by default one B is reused and
-//! stays in L3 when it fits.
+//! stays in L3 when it fits. `VLM_BENCH_AB_SUBRUN=1048576` also times every shape with AMX
+//! sub-runs of that many bytes (`BView::with_amx_subrun`), alternating call by call with the
+//! default, and prints both medians: an A/B that the VM's drift does not decide.
 //!
 //! With AMX tiles it also times the fused ViT attention task (`kernels/attention_amx.rs`): 256
 //! query rows of one 64-wide head against 4096 keys.
@@ -126,29 +128,57 @@ fn main() {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
         let mut c = vec![0f32; m * ldc];
-        let s = time(|| unsafe {
+        let mut call = |subrun: Option<usize>| unsafe {
+            next += 1;
+            let b = packed[next % copies].view().with_amx(use_amx());
             vlm_backend_cpu::kernels::bf16_gemm::gemm(
                 m,
                 k,
                 a.as_ptr(),
                 k,
-                {
-                    next += 1;
-                    packed[next % copies].view().with_amx(use_amx())
-                },
+                subrun.map_or(b, |bytes| b.with_amx_subrun(bytes)),
                 c.as_mut_ptr(),
                 ldc,
                 false,
                 true,
             )
-        });
-        let gflops = 2.0 * (m * n * k) as f64 / s / 1e9;
-        let gbs = packed[0].bytes() as f64 / s / 1e9;
-        println!(
-            "{what:20} {m:5}x{k:5}->{n:6}: {:8.3} ms  {gflops:7.1} GFLOP/s  {gbs:6.1} GB/s weights{}",
-            s * 1e3,
-            if copies > 1 { " (cold B)" } else { "" }
-        );
+        };
+        let report = |label: &str, s: f64| {
+            let gflops = 2.0 * (m * n * k) as f64 / s / 1e9;
+            let gbs = packed[0].bytes() as f64 / s / 1e9;
+            println!(
+                "{what:20} {m:5}x{k:5}->{n:6}: {:8.3} ms  {gflops:7.1} GFLOP/s  {gbs:6.1} GB/s weights{}{label}",
+                s * 1e3,
+                if copies > 1 { " (cold B)" } else { "" }
+            );
+        };
+        // $VLM_BENCH_AB_SUBRUN: the default against sub-runs of this many bytes, alternated.
+        let ab = std::env::var("VLM_BENCH_AB_SUBRUN")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(bytes) = ab.filter(|_| use_amx()) {
+            let (mut base, mut alt) = (Vec::new(), Vec::new());
+            call(None);
+            call(Some(bytes));
+            for _ in 0..15 {
+                for (times, subrun) in [(&mut base, None), (&mut alt, Some(bytes))] {
+                    let t = Instant::now();
+                    call(subrun);
+                    times.push(t.elapsed().as_secs_f64());
+                }
+            }
+            let median = |v: &mut Vec<f64>| {
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            report("  (default sub-runs, median of 15)", median(&mut base));
+            report(
+                &format!("  (sub-runs of {bytes} B, median of 15, alternated)"),
+                median(&mut alt),
+            );
+        } else {
+            report("", time(|| call(None)));
+        }
         // f32 gemm crate on the same shape (what the f32 paths use).
         if m > 16 {
             let wf: Vec<f32> = vec![0.01; n * k];

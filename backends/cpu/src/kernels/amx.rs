@@ -34,6 +34,30 @@ pub fn available() -> bool {
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 pub(crate) use x86::{configure, qk_32_hd64, tiles_16, tiles_32};
 
+/// What [`tiles_32`] prefetches while it runs. Prefetches never fault, so the addresses may
+/// run past an operand.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BPrefetch {
+    /// B is coming from memory (the first row group's pass over a run of panels, whose later
+    /// groups then find it in L2): fetch it into L1 a few steps ahead of the tiles, on into the
+    /// next panel, which follows in memory. Without it that pass waits on DRAM.
+    pub ahead: bool,
+    /// Into L2: `l2_lines` cache lines per tile step, from `l2` on (step `c` fetches lines
+    /// `c * l2_lines..(c + 1) * l2_lines`): the next run of panels, spread over the passes that
+    /// find their own panels in L2 already, so that run starts warm.
+    pub l2: *const u8,
+    pub l2_lines: usize,
+}
+
+impl BPrefetch {
+    /// Nothing: operands that are warm already (attention, the probe).
+    pub const NONE: BPrefetch = BPrefetch {
+        ahead: false,
+        l2: std::ptr::null(),
+        l2_lines: 0,
+    };
+}
+
 /// What this core's tiles deliver right now, in GFLOP/s on one thread (see [`probe`]).
 #[derive(Clone, Copy, Debug)]
 pub struct Probe {
@@ -60,7 +84,7 @@ pub fn probe() -> Option<Probe> {
 
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
 mod x86 {
-    use super::TILE_PAIRS;
+    use super::{BPrefetch, TILE_PAIRS};
     use crate::kernels::packed::NR;
     use std::arch::asm;
 
@@ -133,11 +157,7 @@ mod x86 {
 
     /// 32 rows x 32 columns: `out` (row stride `ldo` f32) = A[0..32] · B panel over `chunks` x 16
     /// inner pairs. A: bf16 rows `lda` u16 apart; B: a packed panel (see the module comment).
-    /// `prefetch_b`: B is coming from memory (the first row group's pass over a run of panels,
-    /// whose later groups then find it in L2), so prefetch it `PREFETCH_CHUNKS` ahead, on
-    /// into the next panel, which follows in memory. Without it that pass waits on DRAM (the
-    /// model's weights are always cold). In a single-thread loop over cold B (2026-12-03) it was
-    /// ahead in 7 of 7 runs, by 0.2-47%; in the model the VM's spread hid it (README).
+    /// `prefetch` says what to fetch alongside (see [`BPrefetch`]).
     ///
     /// # Safety
     /// [`configure`] ran on this thread; A valid for 32 rows of `chunks * 32` values, B for
@@ -150,7 +170,7 @@ mod x86 {
         b: *const u16,
         out: *mut f32,
         ldo: usize,
-        prefetch_b: bool,
+        prefetch: BPrefetch,
     ) {
         let lda_b = 2 * lda;
         unsafe {
@@ -164,8 +184,17 @@ mod x86 {
             for c in 0..chunks {
                 let a0 = a.add(c * 2 * TILE_PAIRS);
                 let b0 = b.add(c * B_CHUNK);
-                if prefetch_b {
+                if prefetch.ahead {
                     prefetch_chunk(b0.wrapping_add(PREFETCH_CHUNKS * B_CHUNK));
+                }
+                for line in 0..prefetch.l2_lines {
+                    // SAFETY: prefetching reads nothing architecturally.
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                        prefetch
+                            .l2
+                            .wrapping_add(64 * (c * prefetch.l2_lines + line))
+                            as *const i8,
+                    );
                 }
                 // Tiles are not renamed: a load waits for the products that read its tile.
                 // Interleaved, the next step's A0 and B0 loads overlap the last two products.
@@ -308,7 +337,7 @@ mod x86 {
                         b.as_ptr(),
                         out.0.as_mut_ptr(),
                         NR,
-                        false,
+                        BPrefetch::NONE,
                     )
                 };
             }

@@ -142,7 +142,7 @@ pub unsafe fn attend(
                                 k.panel(t0 / NR + p),
                                 s.s[p * NR..].as_mut_ptr(),
                                 LS,
-                                false,
+                                super::amx::BPrefetch::NONE,
                             )
                         };
                     }
@@ -175,7 +175,7 @@ pub unsafe fn attend(
                             v.panel(vp).add(t0 * NR),
                             s.pv[vp * NR..].as_mut_ptr(),
                             hd,
-                            false,
+                            super::amx::BPrefetch::NONE,
                         )
                     };
                 }

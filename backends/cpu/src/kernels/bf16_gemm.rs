@@ -11,12 +11,14 @@
 //! the rows of the block, so a panel is read from memory once per task and then from L1/L2.
 //! On AMX tiles a block holds many more rows (up to [`AMX_A_BLOCK_BYTES`]) and the loops turn:
 //! each 32-row group of the block passes over the task's panels (up to [`AMX_B_RUN_BYTES`],
-//! kept in L2), so the weights stream from memory once per block instead of once per 96 rows;
-//! the first group's pass, the one that brings them in, prefetches them ahead of the tiles.
+//! kept in L2), so the weights stream from memory once per block instead of once per 96 rows.
+//! The panels are taken [`AMX_B_SUBRUN_BYTES`] at a time: the first group's pass over a sub-run
+//! prefetches it ahead of the tiles, and the passes of the groups after it bring the next
+//! sub-run into L2, so only a task's first sub-run waits on memory.
 //! Each C element is a sum over the inner pairs in one fixed order whatever `m`, the task split or
 //! the thread count is: one sequence decoded alone or in a batch gets bit-identical results.
 use super::aligned::AlignedU16;
-use super::amx::{TILE_PAIRS, TILE_ROWS};
+use super::amx::{BPrefetch, TILE_PAIRS, TILE_ROWS};
 use super::packed::{bf16_bits, PackedB, NR};
 use super::ptr::SendPtr;
 use std::cell::RefCell;
@@ -39,6 +41,12 @@ const AMX_A_BLOCK_BYTES: usize = 8 << 20;
 /// AMX: bytes of B panels one task keeps in L2 while every 32-row group of its block passes
 /// over them (half a Sapphire Rapids core's 2 MiB).
 const AMX_B_RUN_BYTES: usize = 1 << 20;
+/// AMX: a task's panels are taken this many bytes at a time (two panels at k 2048): every group
+/// passes over one sub-run while the next one is prefetched into L2 (see `BPrefetch`), so only
+/// the first sub-run of a task waits on memory. In-process A/B against one sub-run per task
+/// (`VLM_BENCH_AB_SUBRUN=1048576` in the `bf16_gemm` bench, cold B, 2026-12-03): ahead in 18 of
+/// 24 pairs over the prefill and ViT shapes; 128 and 512 KiB were no better.
+const AMX_B_SUBRUN_BYTES: usize = 256 << 10;
 
 /// Whether this CPU runs the kernel (AVX512-F + AVX512-BF16). Whether it is used is the
 /// backend's option (`kernels.bf16_dot`, see `crate::options`).
@@ -67,6 +75,8 @@ pub struct BView<'a> {
     /// Products with this operand run on AMX tiles ([`super::amx`]) rather than the AVX512
     /// register tile.
     amx: bool,
+    /// AMX: bytes of panels per sub-run ([`AMX_B_SUBRUN_BYTES`] unless a bench says otherwise).
+    amx_subrun: usize,
 }
 
 impl<'a> BView<'a> {
@@ -83,6 +93,7 @@ impl<'a> BView<'a> {
             pairs: kp / 2,
             n,
             amx: false,
+            amx_subrun: AMX_B_SUBRUN_BYTES,
         }
     }
     /// Products with this operand on AMX tiles when `on` and the CPU granted them (the
@@ -90,6 +101,15 @@ impl<'a> BView<'a> {
     pub fn with_amx(self, on: bool) -> BView<'a> {
         BView {
             amx: on && super::amx::available(),
+            ..self
+        }
+    }
+    /// AMX sub-runs of `bytes` of panels instead of [`AMX_B_SUBRUN_BYTES`]: for the benches'
+    /// in-process A/B of the blocking (1 MiB or more: one run per task, no L2 prefetch).
+    /// The results are the same bits whatever the value.
+    pub fn with_amx_subrun(self, bytes: usize) -> BView<'a> {
+        BView {
+            amx_subrun: bytes,
             ..self
         }
     }
@@ -335,20 +355,50 @@ unsafe fn gemm_any(
                     // rows inner, read B once per block of 96 rows: 6 times the weights per
                     // 512-token chunk. In-process A/B, same bits: 0.97-1.6x on the prefill and
                     // ViT shapes (ViT fc2 unchanged), `cargo bench -p vlm-backend-cpu --bench bf16_gemm`.)
-                    let mut g = 0;
-                    while g < rows {
-                        let group = Block {
-                            rows: AMX_ROWS.min(rows - g),
-                            a: a16.add(g * lda16),
-                            ..block
+                    let chunks = b.pairs / TILE_PAIRS;
+                    let groups = rows.div_ceil(AMX_ROWS);
+                    let sub = (b.amx_subrun / (2 * b.panel_stride)).clamp(1, PANELS_PER_TASK);
+                    let mut q0 = p0;
+                    while q0 < p1 {
+                        let q1 = (q0 + sub).min(p1);
+                        // The next sub-run's panels go to L2 while the groups after the first
+                        // pass over this one's (the first is busy bringing these in).
+                        let next = b.data[(q1.min(panels - 1)) * b.panel_stride..].as_ptr();
+                        let next_lines = ((q1 + sub).min(p1) - q1) * b.panel_stride * 2 / 64;
+                        let steps = (groups - 1) * (q1 - q0) * chunks;
+                        let per_step = if steps > 0 {
+                            next_lines.div_ceil(steps)
+                        } else {
+                            0
                         };
-                        for p in p0..p1 {
-                            let cols = NR.min(b.n - p * NR);
-                            let bp = b.data[p * b.panel_stride..].as_ptr();
-                            let cp = c_ptr.get().add((r0 + g) * ldc + p * NR);
-                            group.panel_amx(bp, cp, cols, g == 0);
+                        for gi in 0..groups {
+                            let g = gi * AMX_ROWS;
+                            let group = Block {
+                                rows: AMX_ROWS.min(rows - g),
+                                a: a16.add(g * lda16),
+                                ..block
+                            };
+                            for p in q0..q1 {
+                                let cols = NR.min(b.n - p * NR);
+                                let bp = b.data[p * b.panel_stride..].as_ptr();
+                                let cp = c_ptr.get().add((r0 + g) * ldc + p * NR);
+                                let prefetch = if gi == 0 {
+                                    BPrefetch {
+                                        ahead: true,
+                                        ..BPrefetch::NONE
+                                    }
+                                } else {
+                                    let step0 = ((gi - 1) * (q1 - q0) + (p - q0)) * chunks;
+                                    BPrefetch {
+                                        ahead: false,
+                                        l2: (next as *const u8).wrapping_add(64 * step0 * per_step),
+                                        l2_lines: per_step,
+                                    }
+                                };
+                                group.panel_amx(bp, cp, cols, prefetch);
+                            }
                         }
-                        g += AMX_ROWS;
+                        q0 = q1;
                     }
                     return;
                 }
@@ -421,7 +471,7 @@ impl Block {
     /// All rows against one panel on AMX tiles, 32 rows at a time over the whole 16-pair
     /// chunks; the register tile adds the pairs left over. A must be readable for whole groups
     /// of 16 / 32 rows (the scratch is sized so).
-    unsafe fn panel_amx(&self, bp: *const u16, cp: *mut f32, cols: usize, prefetch_b: bool) {
+    unsafe fn panel_amx(&self, bp: *const u16, cp: *mut f32, cols: usize, prefetch: BPrefetch) {
         let chunks = self.pairs / TILE_PAIRS;
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         if chunks > 0 {
@@ -444,7 +494,7 @@ impl Block {
                     let direct = group == AMX_ROWS && cols == NR && !self.accumulate;
                     let (o, ldo) = if direct { (c, self.ldc) } else { (out_ptr, NR) };
                     if group > TILE_ROWS {
-                        super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo, prefetch_b);
+                        super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo, prefetch);
                     } else {
                         super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
                     }
@@ -919,6 +969,25 @@ mod tests {
                 &alone[..],
                 "({m},{n},{k})"
             );
+            // Sub-runs of one panel, of a whole task (no L2 prefetch) and the default: the
+            // blocking moves the loads, not the sums.
+            for subrun in [1, 1 << 20] {
+                let mut c = vec![0.25f32; m * n];
+                unsafe {
+                    gemm(
+                        m,
+                        k,
+                        a.as_ptr(),
+                        k,
+                        packed.view().with_amx(true).with_amx_subrun(subrun),
+                        c.as_mut_ptr(),
+                        n,
+                        true,
+                        true,
+                    );
+                }
+                assert_eq!(c, run(false, false), "({m},{n},{k}) sub-runs of {subrun} B");
+            }
         }
     }
 }
