@@ -8,14 +8,15 @@
 //! times those shapes instead (named `custom`). `VLM_BENCH_COLD_MB=256` gives each timed call
 //! another copy of B, cycling over that many MB (more than the L3), so the weights come from
 //! memory as in the model, whose 3.4 GB never stay in cache; by default one B is reused and
-//! stays in L3 when it fits. `VLM_BENCH_AB_SUBRUN=1048576` also times every shape with AMX
-//! sub-runs of that many bytes (`BView::with_amx_subrun`), alternating call by call with the
-//! default, and prints both medians: an A/B that the VM's drift does not decide.
+//! stays in L3 when it fits. `VLM_BENCH_AB_SUBRUN=1048576` and/or `VLM_BENCH_AB_A_BLOCK=1048576`
+//! also time every shape with AMX sub-runs / A blocks of that many bytes
+//! (`BView::with_amx_blocking`), alternating call by call with the default, and print both
+//! medians: an A/B that the VM's drift does not decide.
 //!
 //! With AMX tiles it also times the fused ViT attention task (`kernels/attention_amx.rs`): 256
 //! query rows of one 64-wide head against 4096 keys.
 use std::time::Instant;
-use vlm_backend_cpu::kernels::{amx, bf16_dot_available, PackedB};
+use vlm_backend_cpu::kernels::{amx, bf16_dot_available, bf16_gemm::AmxBlocking, PackedB};
 
 /// Whether the products run on AMX tiles: where the CPU has them, unless VLM_BENCH_AMX=0 (the
 /// bench's stand-in for the backend's `kernels.amx: off`).
@@ -128,7 +129,7 @@ fn main() {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
         let mut c = vec![0f32; m * ldc];
-        let mut call = |subrun: Option<usize>| unsafe {
+        let mut call = |blocking: Option<AmxBlocking>| unsafe {
             next += 1;
             let b = packed[next % copies].view().with_amx(use_amx());
             vlm_backend_cpu::kernels::bf16_gemm::gemm(
@@ -136,7 +137,7 @@ fn main() {
                 k,
                 a.as_ptr(),
                 k,
-                subrun.map_or(b, |bytes| b.with_amx_subrun(bytes)),
+                blocking.map_or(b, |blocking| b.with_amx_blocking(blocking)),
                 c.as_mut_ptr(),
                 ldc,
                 false,
@@ -152,18 +153,25 @@ fn main() {
                 if copies > 1 { " (cold B)" } else { "" }
             );
         };
-        // $VLM_BENCH_AB_SUBRUN: the default against sub-runs of this many bytes, alternated.
-        let ab = std::env::var("VLM_BENCH_AB_SUBRUN")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok());
-        if let Some(bytes) = ab.filter(|_| use_amx()) {
-            let (mut base, mut alt) = (Vec::new(), Vec::new());
+        // $VLM_BENCH_AB_SUBRUN / $VLM_BENCH_AB_A_BLOCK: the default against this, alternated.
+        let bytes = |var: &str| {
+            std::env::var(var)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+        };
+        let (subrun, a_block) = (bytes("VLM_BENCH_AB_SUBRUN"), bytes("VLM_BENCH_AB_A_BLOCK"));
+        let alt = AmxBlocking {
+            subrun_bytes: subrun.unwrap_or(AmxBlocking::default().subrun_bytes),
+            a_block_bytes: a_block.unwrap_or(AmxBlocking::default().a_block_bytes),
+        };
+        if use_amx() && (subrun.is_some() || a_block.is_some()) {
+            let (mut base, mut alt_times) = (Vec::new(), Vec::new());
             call(None);
-            call(Some(bytes));
+            call(Some(alt));
             for _ in 0..15 {
-                for (times, subrun) in [(&mut base, None), (&mut alt, Some(bytes))] {
+                for (times, blocking) in [(&mut base, None), (&mut alt_times, Some(alt))] {
                     let t = Instant::now();
-                    call(subrun);
+                    call(blocking);
                     times.push(t.elapsed().as_secs_f64());
                 }
             }
@@ -171,10 +179,13 @@ fn main() {
                 v.sort_by(f64::total_cmp);
                 v[v.len() / 2]
             };
-            report("  (default sub-runs, median of 15)", median(&mut base));
+            report("  (default blocking, median of 15)", median(&mut base));
             report(
-                &format!("  (sub-runs of {bytes} B, median of 15, alternated)"),
-                median(&mut alt),
+                &format!(
+                    "  (A blocks of {} B, sub-runs of {} B, median of 15, alternated)",
+                    alt.a_block_bytes, alt.subrun_bytes
+                ),
+                median(&mut alt_times),
             );
         } else {
             report("", time(|| call(None)));

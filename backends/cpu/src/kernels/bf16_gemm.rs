@@ -75,8 +75,28 @@ pub struct BView<'a> {
     /// Products with this operand run on AMX tiles ([`super::amx`]) rather than the AVX512
     /// register tile.
     amx: bool,
-    /// AMX: bytes of panels per sub-run ([`AMX_B_SUBRUN_BYTES`] unless a bench says otherwise).
-    amx_subrun: usize,
+    /// AMX: how the product is blocked (the defaults unless a bench says otherwise).
+    amx_blocking: AmxBlocking,
+}
+
+/// How an AMX product is blocked. The results are the same bits whatever the values; they move
+/// only the loads. The defaults are the constants above; other values are for the benches'
+/// in-process A/Bs (`BView::with_amx_blocking`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AmxBlocking {
+    /// Bytes of converted A rows per block (each task's panels are read once per block).
+    pub a_block_bytes: usize,
+    /// Bytes of panels per sub-run (1 MiB or more: one run per task, no L2 prefetch).
+    pub subrun_bytes: usize,
+}
+
+impl Default for AmxBlocking {
+    fn default() -> Self {
+        AmxBlocking {
+            a_block_bytes: AMX_A_BLOCK_BYTES,
+            subrun_bytes: AMX_B_SUBRUN_BYTES,
+        }
+    }
 }
 
 impl<'a> BView<'a> {
@@ -93,7 +113,7 @@ impl<'a> BView<'a> {
             pairs: kp / 2,
             n,
             amx: false,
-            amx_subrun: AMX_B_SUBRUN_BYTES,
+            amx_blocking: AmxBlocking::default(),
         }
     }
     /// Products with this operand on AMX tiles when `on` and the CPU granted them (the
@@ -104,12 +124,10 @@ impl<'a> BView<'a> {
             ..self
         }
     }
-    /// AMX sub-runs of `bytes` of panels instead of [`AMX_B_SUBRUN_BYTES`]: for the benches'
-    /// in-process A/B of the blocking (1 MiB or more: one run per task, no L2 prefetch).
-    /// The results are the same bits whatever the value.
-    pub fn with_amx_subrun(self, bytes: usize) -> BView<'a> {
+    /// AMX products with this operand blocked so instead of the defaults (for the benches).
+    pub fn with_amx_blocking(self, amx_blocking: AmxBlocking) -> BView<'a> {
         BView {
-            amx_subrun: bytes,
+            amx_blocking,
             ..self
         }
     }
@@ -272,7 +290,7 @@ unsafe fn gemm_any(
     // multiple of the tile height), so that no block is a thin remainder.
     let height = if amx { AMX_ROWS } else { MR };
     let a_budget = if amx {
-        AMX_A_BLOCK_BYTES
+        b.amx_blocking.a_block_bytes
     } else {
         A_BLOCK_BYTES
     };
@@ -357,7 +375,8 @@ unsafe fn gemm_any(
                     // ViT shapes (ViT fc2 unchanged), `cargo bench -p vlm-backend-cpu --bench bf16_gemm`.)
                     let chunks = b.pairs / TILE_PAIRS;
                     let groups = rows.div_ceil(AMX_ROWS);
-                    let sub = (b.amx_subrun / (2 * b.panel_stride)).clamp(1, PANELS_PER_TASK);
+                    let sub = (b.amx_blocking.subrun_bytes / (2 * b.panel_stride))
+                        .clamp(1, PANELS_PER_TASK);
                     let mut q0 = p0;
                     while q0 < p1 {
                         let q1 = (q0 + sub).min(p1);
@@ -969,9 +988,10 @@ mod tests {
                 &alone[..],
                 "({m},{n},{k})"
             );
-            // Sub-runs of one panel, of a whole task (no L2 prefetch) and the default: the
-            // blocking moves the loads, not the sums.
-            for subrun in [1, 1 << 20] {
+            // Sub-runs of one panel, of a whole task (no L2 prefetch), blocks of 32 rows and
+            // the default: the blocking moves the loads, not the sums.
+            for (a_block_bytes, subrun_bytes) in [(8 << 20, 1), (8 << 20, 1 << 20), (1, 256 << 10)]
+            {
                 let mut c = vec![0.25f32; m * n];
                 unsafe {
                     gemm(
@@ -979,14 +999,21 @@ mod tests {
                         k,
                         a.as_ptr(),
                         k,
-                        packed.view().with_amx(true).with_amx_subrun(subrun),
+                        packed.view().with_amx(true).with_amx_blocking(AmxBlocking {
+                            a_block_bytes,
+                            subrun_bytes,
+                        }),
                         c.as_mut_ptr(),
                         n,
                         true,
                         true,
                     );
                 }
-                assert_eq!(c, run(false, false), "({m},{n},{k}) sub-runs of {subrun} B");
+                assert_eq!(
+                    c,
+                    run(false, false),
+                    "({m},{n},{k}) A blocks of {a_block_bytes} B, sub-runs of {subrun_bytes} B"
+                );
             }
         }
     }
