@@ -15,7 +15,10 @@ prompt is new, so no prefix or embedding cache helps either side):
   img512    one 512x512 image, 64 tokens: TTFT
   img1024   one 1024x1024 image, 8 tokens: TTFT
   conc8     8 concurrent requests, a 512x512 image each, 128 tokens: output tokens/s
-Prints one table per layout: medians over rounds (min-max in brackets) and ours / vLLM.
+Before each measured request the client waits until the machine's CPUs are idle (at most
+--settle-s): vLLM's workers spin for about a second after a request, and the other server must
+not pay for that. Prints one table per layout: medians over rounds (min-max in brackets) and
+ours / vLLM.
 `--against NAME=CONFIG` puts another of our layouts where vLLM was (an A/B of two configs of
 ours through the same client, alternated the same way; no vLLM needed).
 Standard library only on the client side; vLLM's own environment runs vLLM.
@@ -162,6 +165,29 @@ def run_kind(server, kind, seed):
     raise ValueError(kind)
 
 
+def cpu_times():
+    """(busy, total) jiffies of the whole machine, from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return sum(v) - idle, sum(v)
+
+
+def wait_idle(limit_s, busy_below=0.15, window_s=0.5):
+    """Waits (at most `limit_s`) until the machine's CPUs were busy less than `busy_below` of a
+    `window_s` window: the server measured before may still be spinning. vLLM's CPU workers keep
+    a core busy for about a second after each request (OpenMP threads waiting for work), and a
+    request sent to the other server in that second lost a core to it (our TTFT 1.9 s instead of
+    1.0 s right after a vLLM request, 2026-12-04). Each server alone is what a user measures."""
+    t0 = time.time()
+    while time.time() - t0 < limit_s:
+        b0, t_0 = cpu_times()
+        time.sleep(window_s)
+        b1, t_1 = cpu_times()
+        if t_1 > t_0 and (b1 - b0) / (t_1 - t_0) < busy_below:
+            return
+
+
 def summary(vals):
     vals = [v for v in vals if v is not None]
     if not vals:
@@ -190,6 +216,9 @@ def main():
     ap.add_argument("--ours-http", default="127.0.0.1:18200")
     ap.add_argument("--ours-grpc", default="127.0.0.1:18201")
     ap.add_argument("--ready-timeout", type=int, default=1800)
+    ap.add_argument("--settle-s", type=float, default=10.0,
+                    help="before each measured request, wait (at most this long) until the "
+                         "machine is idle: the other server may still be spinning")
     ap.add_argument("--logs", default=tempfile.gettempdir())
     a = ap.parse_args()
     layouts = [(o.split("=", 1) + [None])[:2] for o in (a.ours or ["default"])]
@@ -228,6 +257,7 @@ def main():
                         if r % 2:
                             order.reverse()
                         for side, server in order:
+                            wait_idle(a.settle_s)
                             m = run_kind(server, k, seed)
                             seed += 1
                             got[(side, k)].append(m)

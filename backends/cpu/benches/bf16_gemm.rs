@@ -129,9 +129,15 @@ fn main() {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
         let mut c = vec![0f32; m * ldc];
-        let mut call = |blocking: Option<AmxBlocking>| unsafe {
+        // $VLM_BENCH_AB_PREFETCH=0: the register tile without its next-panel L2 prefetch
+        // against the default, alternated.
+        let ab_kc = std::env::var("VLM_BENCH_AB_PREFETCH")
+            .ok()
+            .map(|v| v != "0");
+        let mut call = |blocking: Option<AmxBlocking>, kc: Option<bool>| unsafe {
             next += 1;
             let b = packed[next % copies].view().with_amx(use_amx());
+            let b = kc.map_or(b, |on| b.with_prefetch(on));
             vlm_backend_cpu::kernels::bf16_gemm::gemm(
                 m,
                 k,
@@ -164,14 +170,20 @@ fn main() {
             subrun_bytes: subrun.unwrap_or(AmxBlocking::default().subrun_bytes),
             a_block_bytes: a_block.unwrap_or(AmxBlocking::default().a_block_bytes),
         };
-        if use_amx() && (subrun.is_some() || a_block.is_some()) {
+        let amx_ab = use_amx() && (subrun.is_some() || a_block.is_some());
+        let kc_ab = ab_kc.filter(|_| !use_amx());
+        if amx_ab || kc_ab.is_some() {
+            let alt_blocking = amx_ab.then_some(alt);
             let (mut base, mut alt_times) = (Vec::new(), Vec::new());
-            call(None);
-            call(Some(alt));
+            call(None, None);
+            call(alt_blocking, kc_ab);
             for _ in 0..15 {
-                for (times, blocking) in [(&mut base, None), (&mut alt_times, Some(alt))] {
+                for (times, blocking, kc) in [
+                    (&mut base, None, None),
+                    (&mut alt_times, alt_blocking, kc_ab),
+                ] {
                     let t = Instant::now();
-                    call(blocking);
+                    call(blocking, kc);
                     times.push(t.elapsed().as_secs_f64());
                 }
             }
@@ -180,15 +192,16 @@ fn main() {
                 v[v.len() / 2]
             };
             report("  (default blocking, median of 15)", median(&mut base));
-            report(
-                &format!(
+            let label = match kc_ab {
+                Some(on) => format!("  (next-panel prefetch {on}, median of 15, alternated)"),
+                None => format!(
                     "  (A blocks of {} B, sub-runs of {} B, median of 15, alternated)",
                     alt.a_block_bytes, alt.subrun_bytes
                 ),
-                median(&mut alt_times),
-            );
+            };
+            report(&label, median(&mut alt_times));
         } else {
-            report("", time(|| call(None)));
+            report("", time(|| call(None, None)));
         }
         // f32 gemm crate on the same shape (what the f32 paths use).
         if m > 16 {

@@ -79,6 +79,16 @@ impl<K: Kernels> Attention<K> {
     /// x: (n, hidden) normalised input. Writes this step's K/V of `layer` into the cache and
     /// returns (n, hidden).
     pub(crate) fn forward(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
+        self.project(&self.attend(x, step, layer)?)
+    }
+
+    /// The o projection: (n, heads * head_dim) -> (n, hidden).
+    pub(crate) fn project(&self, y: &Tensor) -> Result<Tensor> {
+        self.o_proj.forward(y)
+    }
+
+    /// [`Self::forward`] before the o projection: (n, heads * head_dim).
+    pub(crate) fn attend(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
         let (cos, sin, rope) = (&step.cos, &step.sin, step.rope);
         let (n, _) = x.dims2()?;
         let (h, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
@@ -100,7 +110,7 @@ impl<K: Kernels> Attention<K> {
         let q = rope.apply(&self.q_norm.forward(&q)?, cos, sin)?;
         let k = rope.apply(&self.k_norm.forward(&k)?, cos, sin)?;
         // 2. cache write, then attention over the cache: (n, H*hd).
-        let y = self.k.attention(&AttnCall {
+        self.k.attention(&AttnCall {
             q: &q,
             k: &k,
             v: &v,
@@ -108,8 +118,6 @@ impl<K: Kernels> Attention<K> {
             layer,
             rows: &step.rows,
             scale: self.scale as f32,
-        })?;
-        // 3. (n, hidden)
-        self.o_proj.forward(&y)
+        })
     }
 }

@@ -45,4 +45,21 @@ impl<K: Kernels> DecoderLayer<K> {
             .forward(&self.post_attention_layernorm.forward(&x)?)?;
         Ok((x + h)?)
     }
+
+    /// [`Self::forward`] of the model's last layer in a prefill chunk, where only the last
+    /// row's output is read (the logits of the chunk's last position): every row's K/V still goes
+    /// to the cache and every row attends (a kernel's attention covers the chunk), but the o
+    /// projection and the MLP run on the last row alone. x: (n, hidden) -> (1, hidden), the
+    /// same values as the last row of `forward` (row-independent products).
+    pub(crate) fn forward_last_row(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
+        let n = x.dim(0)?;
+        let h = self.input_layernorm.forward(x)?;
+        let y = self.self_attn.attend(&h, step, layer)?;
+        let h = self.self_attn.project(&y.narrow(0, n - 1, 1)?)?;
+        let x = (x.narrow(0, n - 1, 1)? + h)?;
+        let h = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+        Ok((x + h)?)
+    }
 }

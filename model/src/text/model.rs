@@ -297,15 +297,26 @@ impl<K: Kernels> TextModel<K> {
             },
             kv,
         };
+        // The last layer's output is read at the last row only (the logits): it runs the o
+        // projection and the MLP on that row alone (`forward_last_row`).
+        let last = self.layers.len().saturating_sub(1);
         let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
-            x = layer.forward(&x, &step, i)?;
+            x = if i == last {
+                layer.forward_last_row(&x, &step, i)?
+            } else {
+                layer.forward(&x, &step, i)?
+            };
             if let Some(add) = deepstack.get(i) {
-                x = (x + add)?;
+                x = if i == last {
+                    (x + add.narrow(0, n - 1, 1)?)?
+                } else {
+                    (x + add)?
+                };
             }
         }
         // 4. (1, vocab)
-        self.logits(&x.narrow(0, n - 1, 1)?)
+        self.logits(&x.narrow(0, x.dim(0)? - 1, 1)?)
     }
 
     /// The chunk's image rows must be in bounds, not overlap, and cover exactly the rows whose

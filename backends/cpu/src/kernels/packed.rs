@@ -34,6 +34,13 @@ impl PackElem for bf16 {
         self.to_bits()
     }
 }
+/// bf16 bits already rounded (by the vector conversion, say).
+impl PackElem for u16 {
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        self
+    }
+}
 
 /// Panel-major storage of B (n columns, k inner) — see the module comment.
 #[derive(Debug, Clone, Default)]

@@ -23,8 +23,13 @@ pub fn exp_approx(x: f32) -> f32 {
     y = y * r + 1.666_666_5e-1;
     y = y * r + 0.5;
     let y = y * r2 + r + 1.0;
-    // 2^fx through the exponent bits; fx is in [-126, 128] after the clamp.
-    let scale = f32::from_bits((((fx as i32).wrapping_add(127)).clamp(1, 254) as u32) << 23);
+    // 2^fx through the exponent bits; fx is a whole number in [-126, 128] after the clamp. It
+    // is read as an integer by adding 1.5 * 2^23, which puts it in the low mantissa bits: the
+    // same value as `fx as i32`, but `as` (saturating, NaN to 0) stays scalar in vectorised
+    // loops, 16 conversions and branches per AVX-512 vector (`bias_gelu_tanh` on Zen 5: 1.05
+    // ns per element with `as`, 0.38 with this; a NaN x still gives NaN).
+    let fx_int = (fx + 12_582_912.0).to_bits() as i32 - 0x4B40_0000;
+    let scale = f32::from_bits((fx_int.wrapping_add(127).clamp(1, 254) as u32) << 23);
     y * scale
 }
 
