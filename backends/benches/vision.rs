@@ -1,5 +1,6 @@
 //! ViT timings per bucket: `cargo bench -p vlm-backends --bench vision -- [--buckets
-//! 1024,4096,16384] [--modes f32,candle-f32,f16] [--iters 1] [--warmup 1] [--profile]`. The
+//! 1024,4096,16384] [--modes f32,candle-f32,f16] [--iters 1] [--warmup 1] [--profile]
+//! [--tiles 256x512]`. The
 //! checkpoint is `$VLM_BENCH_MODEL` (e.g. the random 2B made by `vlm make-model --preset
 //! qwen3-vl-2b`), else the tiny test fixture. Measures only; asserts nothing about time.
 //!
@@ -39,6 +40,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .init();
     }
     let warmup = arg(&args, "--warmup", "1") != "0";
+    // `--tiles QxK`: the ViT attention's tiles (query rows, keys), `visual.kernels.attention_tiles`.
+    let tiles = arg(&args, "--tiles", "")
+        .split_once('x')
+        .map(|(q, k)| -> Result<[u32; 2], std::num::ParseIntError> { Ok([q.parse()?, k.parse()?]) })
+        .transpose()?;
     println!(
         "checkpoint {} | threads {} | buckets {buckets:?} | iters {iters} (warm-up run at the smallest bucket: {warmup})",
         dir.display(),
@@ -68,6 +74,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let kernels = KernelConfig {
             backend,
             profile,
+            attention_tiles: tiles.unwrap_or(KernelConfig::default().attention_tiles),
             ..KernelConfig::default()
         };
         let graphs = vlm_backends::load_vision(&vlm_backends::VisionLoad {
