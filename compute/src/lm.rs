@@ -71,6 +71,25 @@ pub trait LmBackend: Send {
     /// logits (vocab,) of each given row, in order.
     fn decode(&mut self, bucket: usize, rows: &[DecodeRow]) -> Result<Vec<Vec<f32>>>;
 
+    /// A step with both a decode batch and a prefill chunk: the chunk's last-token logits and
+    /// each decode row's, each `Result` as [`Self::prefill`] and [`Self::decode`] would give it.
+    /// This default runs the two apart (decode first); a backend that can run them through the
+    /// weights together, each product reading the weights once for both, overrides it.
+    fn prefill_and_decode(
+        &mut self,
+        chunk: &PrefillChunk,
+        bucket: usize,
+        rows: &[DecodeRow],
+    ) -> (Result<Vec<f32>>, Result<Vec<Vec<f32>>>) {
+        let decoded = self.decode(bucket, rows);
+        (self.prefill(chunk), decoded)
+    }
+
+    /// Whether [`Self::prefill_and_decode`] runs the two together (for `Info` and the logs).
+    fn mixes_steps(&self) -> bool {
+        false
+    }
+
     /// Runs every decode bucket once (all rows padding) and one prefill chunk of `chunk`
     /// tokens, so that buffers, thread pools and (on graph backends) compiled graphs exist
     /// before the first request.

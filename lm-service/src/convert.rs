@@ -67,6 +67,7 @@ pub fn info(i: &EngineInfo) -> pb::LmInfo {
             &i.backend.kernels,
         )),
         prefix_caching: i.deploy.prefix_caching,
+        mixed_steps: i.mixed_steps,
     }
 }
 

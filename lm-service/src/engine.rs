@@ -17,7 +17,7 @@ use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::Span;
 use vlm_compute::{build_chunk, BackendInfo, DecodeRow, HostDtype, ImageEmbeds, LmBackend};
-use vlm_compute::{PromptLayout, Qwen3VlConfig};
+use vlm_compute::{PrefillChunk, PromptLayout, Qwen3VlConfig};
 use vlm_config::DeployConfig;
 use vlm_service_kit::generation::{Finish, TokenLogprob, Usage};
 
@@ -45,6 +45,8 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// The compute backend, its devices and kernels.
     pub backend: BackendInfo,
+    /// A step's prefill chunk and decode rows share one forward pass.
+    pub mixed_steps: bool,
 }
 
 impl EngineInfo {
@@ -220,6 +222,7 @@ impl EngineHandle {
                         kv_bytes: memory.kv_bytes(),
                         weight_bytes: memory.weight_bytes,
                         backend: backend.info().clone(),
+                        mixed_steps: backend.mixes_steps(),
                     };
                     Ok::<_, LmError>((backend, pool, info))
                 })();
@@ -513,9 +516,8 @@ impl Engine {
             }
         }
 
-        // Decode.
-        let mut decoded: Option<Result<Vec<Vec<f32>>, LmError>> = None;
-        if let Some(d) = &plan.decode {
+        // The decode rows and the prefill chunk of this step, built before anything runs.
+        let decode_rows: Option<Result<Vec<DecodeRow>, LmError>> = plan.decode.as_ref().map(|d| {
             let rows: Vec<DecodeRow> = d
                 .rows
                 .iter()
@@ -529,49 +531,18 @@ impl Engine {
                     })
                 })
                 .collect();
-            // One step serves several requests: the step span stands alone, and each request's
-            // span records the graph its sequence ran in, so the request's trace shows it.
-            let span = tracing::info_span!("decode_step", graph = d.graph, rows = rows.len());
-            let _g = span.enter();
-            for r in &d.rows {
-                if let Some(s) = self.seqs.get(&r.seq) {
-                    s.req.span.record("graph", d.graph);
-                }
-            }
-            decoded = Some(if rows.len() == d.rows.len() {
-                // The rows' grammar masks are computed on a thread beside the forward pass
-                // (they depend only on the tokens so far); sampling then only applies them.
-                let mut guides: Vec<&mut Guide> = self
-                    .seqs
-                    .iter_mut()
-                    .filter(|(id, _)| d.rows.iter().any(|r| r.seq == **id))
-                    .filter_map(|(_, s)| s.sampler.guide_mut())
-                    .collect();
-                let backend = &mut self.backend;
-                std::thread::scope(|scope| {
-                    let masks = (!guides.is_empty())
-                        .then(|| scope.spawn(move || guides.iter_mut().for_each(|g| g.prepare())));
-                    let out = backend.decode(d.graph as usize, &rows);
-                    if let Some(h) = masks {
-                        let _ = h.join();
-                    }
-                    out.map_err(LmError::from)
-                })
+            if rows.len() == d.rows.len() {
+                Ok(rows)
             } else {
                 Err(LmError::internal("a decode row's sequence is missing"))
-            });
-            metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string())
-                .increment(1);
-        }
-
-        // Prefill chunk.
-        let mut prefilled: Option<Result<Vec<f32>, LmError>> = None;
-        if let Some(p) = &plan.prefill {
-            if let Some(s) = self.seqs.get(&p.seq) {
+            }
+        });
+        let chunk: Option<(tracing::Span, Result<PrefillChunk, LmError>)> =
+            plan.prefill.as_ref().and_then(|p| {
+                let s = self.seqs.get(&p.seq)?;
                 let span = tracing::info_span!(parent: &s.req.span, "prefill_chunk", start = p.start, len = p.len);
-                let _g = span.enter();
                 // A range the chunk builder refuses is a scheduler bug, not the caller's.
-                let r = build_chunk(
+                let c = build_chunk(
                     &s.req.layout,
                     &s.req.prompt,
                     &s.generated,
@@ -580,11 +551,80 @@ impl Engine {
                     p.len,
                     p.block_table.clone(),
                 )
-                .map_err(|e| LmError::internal(e.to_string()))
-                .and_then(|c| self.backend.prefill(&c).map_err(LmError::from));
-                metrics::counter!("vlm_lm_prefill_tokens_total").increment(p.len as u64);
-                prefilled = Some(r);
+                .map_err(|e| LmError::internal(e.to_string()));
+                Some((span, c))
+            });
+
+        // Decode, and the prefill chunk with it when there is one: the backend may run the two
+        // through the weights together (`LmBackend::prefill_and_decode`).
+        let mut decoded: Option<Result<Vec<Vec<f32>>, LmError>> = None;
+        let mut prefilled: Option<Result<Vec<f32>, LmError>> = None;
+        if let (Some(d), Some(rows)) = (&plan.decode, decode_rows) {
+            // One step serves several requests: the step span stands alone, and each request's
+            // span records the graph its sequence ran in, so the request's trace shows it.
+            let with_prefill = plan
+                .prefill
+                .as_ref()
+                .filter(|_| chunk.is_some())
+                .map_or(0, |p| p.len);
+            let span = tracing::info_span!(
+                "decode_step",
+                graph = d.graph,
+                rows = d.rows.len(),
+                with_prefill
+            );
+            let _g = span.enter();
+            for r in &d.rows {
+                if let Some(s) = self.seqs.get(&r.seq) {
+                    s.req.span.record("graph", d.graph);
+                }
             }
+            match rows {
+                Ok(rows) => {
+                    // The rows' grammar masks are computed on a thread beside the forward pass
+                    // (they depend only on the tokens so far); sampling then only applies them.
+                    let mut guides: Vec<&mut Guide> = self
+                        .seqs
+                        .iter_mut()
+                        .filter(|(id, _)| d.rows.iter().any(|r| r.seq == **id))
+                        .filter_map(|(_, s)| s.sampler.guide_mut())
+                        .collect();
+                    let backend = &mut self.backend;
+                    let chunk = chunk.as_ref();
+                    let (p, dec) = std::thread::scope(|scope| {
+                        let masks = (!guides.is_empty()).then(|| {
+                            scope.spawn(move || guides.iter_mut().for_each(|g| g.prepare()))
+                        });
+                        let out = match chunk {
+                            Some((pspan, Ok(c))) => {
+                                let _p = pspan.enter();
+                                let (p, dec) =
+                                    backend.prefill_and_decode(c, d.graph as usize, &rows);
+                                (Some(p.map_err(LmError::from)), dec)
+                            }
+                            _ => (None, backend.decode(d.graph as usize, &rows)),
+                        };
+                        if let Some(h) = masks {
+                            let _ = h.join();
+                        }
+                        out
+                    });
+                    prefilled = p;
+                    decoded = Some(dec.map_err(LmError::from));
+                }
+                Err(e) => decoded = Some(Err(e)),
+            }
+            metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string())
+                .increment(1);
+        }
+
+        // The prefill chunk, when the decode batch did not take it along.
+        if let (Some(p), Some((pspan, c))) = (&plan.prefill, chunk) {
+            if prefilled.is_none() {
+                let _g = pspan.enter();
+                prefilled = Some(c.and_then(|c| self.backend.prefill(&c).map_err(LmError::from)));
+            }
+            metrics::counter!("vlm_lm_prefill_tokens_total").increment(p.len as u64);
         }
 
         self.sched.update(plan);

@@ -237,6 +237,7 @@ pub async fn run(
             prefill_chunk = d.prefill_chunk_size,
             batch_size = d.batch_size,
             prefix_caching = d.prefix_caching,
+            mixed_steps = info.mixed_steps,
             cores = ?cores,
             backend = info.backend.backend,
             device = %info.backend.device,

@@ -32,6 +32,13 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     }
     /// x (rows, in) f32 -> x · Wᵀ (rows, out) f32.
     fn matmul(&self, x: &Tensor, w: &Self::Weight) -> Result<Tensor>;
+    /// Whether each row of [`Self::matmul`] by `w` comes out the same bits whatever other rows
+    /// share the call. A model whose products all do runs prefill chunks and decode rows
+    /// through the weights together (`TextModel::prefill_and_decode`) without changing any
+    /// sequence's numbers.
+    fn row_independent(&self, _w: &Self::Weight) -> bool {
+        false
+    }
     /// Rows `ids` of W (out, in) as (ids.len(), in) f32: the embedding lookup of a tied
     /// `lm_head`.
     fn rows_of(&self, w: &Self::Weight, ids: &[u32]) -> Result<Tensor>;

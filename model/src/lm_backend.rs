@@ -12,6 +12,8 @@ pub struct TextBackend<K: Kernels> {
     model: TextModel<K>,
     kv: PagedKvCache,
     info: BackendInfo,
+    /// Prefill chunks and decode rows share forward passes ([`TextModel::row_independent`]).
+    mixes: bool,
 }
 
 impl<K: Kernels> TextBackend<K> {
@@ -24,7 +26,13 @@ impl<K: Kernels> TextBackend<K> {
         info: BackendInfo,
     ) -> Result<Self> {
         let kv = model.new_kv_cache(num_blocks, block_len)?;
-        Ok(TextBackend { model, kv, info })
+        let mixes = model.row_independent();
+        Ok(TextBackend {
+            model,
+            kv,
+            info,
+            mixes,
+        })
     }
     pub fn model(&self) -> &TextModel<K> {
         &self.model
@@ -60,6 +68,41 @@ impl<K: Kernels> LmBackend for TextBackend<K> {
             Ok(logits.squeeze(0)?.to_dtype(DType::F32)?.to_vec1()?)
         };
         Ok(run()?)
+    }
+
+    /// Together when every product is row-independent (no sequence's numbers change), so the
+    /// decode rows ride along the chunk's products; apart otherwise, and again apart when the
+    /// joint forward fails, so that an error is charged to the part that caused it.
+    fn prefill_and_decode(
+        &mut self,
+        chunk: &PrefillChunk,
+        bucket: usize,
+        rows: &[DecodeRow],
+    ) -> (
+        vlm_compute::Result<Vec<f32>>,
+        vlm_compute::Result<Vec<Vec<f32>>>,
+    ) {
+        if self.mixes_steps() && !rows.is_empty() {
+            let mut joint = || -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
+                let (c, d) = self.model.prefill_and_decode(chunk, rows, &mut self.kv)?;
+                Ok((
+                    c.squeeze(0)?.to_dtype(DType::F32)?.to_vec1()?,
+                    d.to_dtype(DType::F32)?.to_vec2()?,
+                ))
+            };
+            // The inputs are checked before any compute, so an error here is one of the two
+            // parts' (a bad block table, an image row out of range): running them apart
+            // charges it to that part alone, as a step without the other would.
+            if let Ok((c, d)) = joint() {
+                return (Ok(c), Ok(d));
+            }
+        }
+        let decoded = self.decode(bucket, rows);
+        (self.prefill(chunk), decoded)
+    }
+
+    fn mixes_steps(&self) -> bool {
+        self.mixes
     }
 
     fn decode(&mut self, bucket: usize, rows: &[DecodeRow]) -> vlm_compute::Result<Vec<Vec<f32>>> {

@@ -119,6 +119,13 @@ impl Kernels for CpuKernels {
         })
     }
 
+    /// The bf16 kernel sums each row in one fixed order whatever the row count or split
+    /// (`a_row_alone_equals_the_same_row_in_a_batch`); the dense paths switch kernels by the
+    /// row count.
+    fn row_independent(&self, w: &CpuWeight) -> bool {
+        matches!(w, CpuWeight::Packed(_))
+    }
+
     fn rows_of(&self, w: &CpuWeight, ids: &[u32]) -> Result<Tensor> {
         match w {
             CpuWeight::Packed(p) => {

@@ -18,6 +18,9 @@ pub(crate) struct Step<'a> {
     pub sin: Tensor,
     pub rope: &'a MRope,
     pub rows: AttnRows<'a>,
+    /// A mixed step: the rows from the first `.0` on are decode rows of other sequences,
+    /// attending as `.1` says (`rows` then covers the first `.0`, a prefill chunk).
+    pub decode_tail: Option<(usize, AttnRows<'a>)>,
     pub kv: &'a PagedKvCache,
 }
 
@@ -76,6 +79,16 @@ impl<K: Kernels> Attention<K> {
         })
     }
 
+    /// Whether the backend multiplies each row by these weights independently of the others.
+    pub(crate) fn row_independent(&self) -> bool {
+        let w = |l: &Linear<K>| self.k.row_independent(l.weight());
+        let qkv = match &self.qkv {
+            Projections::Separate(q, k, v) => w(q) && w(k) && w(v),
+            Projections::Fused(f) => w(f),
+        };
+        qkv && w(&self.o_proj)
+    }
+
     /// x: (n, hidden) normalised input. Writes this step's K/V of `layer` into the cache and
     /// returns (n, hidden).
     pub(crate) fn forward(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
@@ -110,14 +123,36 @@ impl<K: Kernels> Attention<K> {
         let q = rope.apply(&self.q_norm.forward(&q)?, cos, sin)?;
         let k = rope.apply(&self.k_norm.forward(&k)?, cos, sin)?;
         // 2. cache write, then attention over the cache: (n, H*hd).
-        self.k.attention(&AttnCall {
-            q: &q,
-            k: &k,
-            v: &v,
-            kv: step.kv,
-            layer,
-            rows: &step.rows,
-            scale: self.scale as f32,
-        })
+        let call = |q: &Tensor, k: &Tensor, v: &Tensor, rows: &AttnRows| {
+            self.k.attention(&AttnCall {
+                q,
+                k,
+                v,
+                kv: step.kv,
+                layer,
+                rows,
+                scale: self.scale as f32,
+            })
+        };
+        match &step.decode_tail {
+            None => call(&q, &k, &v, &step.rows),
+            // The chunk's rows and the decode rows attend apart, each as in a step of its own.
+            Some((c, rows)) => {
+                let d = n - c;
+                let chunk = call(
+                    &q.narrow(0, 0, *c)?,
+                    &k.narrow(0, 0, *c)?,
+                    &v.narrow(0, 0, *c)?,
+                    &step.rows,
+                )?;
+                let decode = call(
+                    &q.narrow(0, *c, d)?,
+                    &k.narrow(0, *c, d)?,
+                    &v.narrow(0, *c, d)?,
+                    rows,
+                )?;
+                Ok(Tensor::cat(&[&chunk, &decode], 0)?)
+            }
+        }
     }
 }

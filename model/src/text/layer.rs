@@ -35,6 +35,12 @@ impl<K: Kernels> DecoderLayer<K> {
         })
     }
 
+    /// Whether the backend multiplies each row by this layer's weights independently of the
+    /// others.
+    pub(crate) fn row_independent(&self) -> bool {
+        self.self_attn.row_independent() && self.mlp.row_independent()
+    }
+
     /// x: (n, hidden) -> (n, hidden); `layer` is this layer's index (its KV-cache slot).
     pub(crate) fn forward(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
@@ -46,17 +52,24 @@ impl<K: Kernels> DecoderLayer<K> {
         Ok((x + h)?)
     }
 
-    /// [`Self::forward`] of the model's last layer in a prefill chunk, where only the last
-    /// row's output is read (the logits of the chunk's last position): every row's K/V still goes
-    /// to the cache and every row attends (a kernel's attention covers the chunk), but the o
-    /// projection and the MLP run on the last row alone. x: (n, hidden) -> (1, hidden), the
-    /// same values as the last row of `forward` (row-independent products).
-    pub(crate) fn forward_last_row(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
+    /// [`Self::forward`] of the model's last layer where only rows `from..` of its output are
+    /// read (the logits of a prefill chunk's last position, and of the decode rows after it in
+    /// a mixed step): every row's K/V still goes to the cache and every row attends (a kernel's
+    /// attention covers the chunk), but the o projection and the MLP run on rows `from..` alone.
+    /// x: (n, hidden) -> (n - from, hidden), the values of those rows of `forward` where the
+    /// products are row-independent.
+    pub(crate) fn forward_rows_from(
+        &self,
+        x: &Tensor,
+        step: &Step,
+        layer: usize,
+        from: usize,
+    ) -> Result<Tensor> {
         let n = x.dim(0)?;
         let h = self.input_layernorm.forward(x)?;
         let y = self.self_attn.attend(&h, step, layer)?;
-        let h = self.self_attn.project(&y.narrow(0, n - 1, 1)?)?;
-        let x = (x.narrow(0, n - 1, 1)? + h)?;
+        let h = self.self_attn.project(&y.narrow(0, from, n - from)?)?;
+        let x = (x.narrow(0, from, n - from)? + h)?;
         let h = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&x)?)?;

@@ -22,6 +22,16 @@ enum GateUp<K: Kernels> {
 }
 
 impl<K: Kernels> Mlp<K> {
+    /// Whether the backend multiplies each row by these weights independently of the others.
+    pub(crate) fn row_independent(&self) -> bool {
+        let w = |l: &Linear<K>| self.k.row_independent(l.weight());
+        let gate_up = match &self.gate_up {
+            GateUp::Separate(g, u) => w(g) && w(u),
+            GateUp::Fused(f, _) => w(f),
+        };
+        gate_up && w(&self.down_proj)
+    }
+
     /// `vb` at `...layers.{i}.mlp`.
     pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);

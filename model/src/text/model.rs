@@ -15,7 +15,7 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
 use vlm_compute::Position3;
-use vlm_compute::{PrefillChunk, Qwen3VlConfig, TextConfig};
+use vlm_compute::{DecodeRow, PrefillChunk, Qwen3VlConfig, TextConfig};
 
 /// `embed_tokens`: (vocab, hidden) in the weight storage dtype; looked-up rows are f32. When
 /// the checkpoint ties `lm_head` to it, the rows are read from the head's weight (one copy).
@@ -215,6 +215,29 @@ impl<K: Kernels> TextModel<K> {
         self.prefill_chunk(c, kv)
     }
 
+    /// One prefill chunk and one decode row of each of `decode` (other sequences) in one
+    /// forward: each product reads the weights once for both, so the decode rows cost little
+    /// next to the chunk. Returns the chunk's last-token logits (1, vocab) and the decode rows'
+    /// (decode.len(), vocab): what [`Self::prefill`] and [`Self::decode`] give apart, to the
+    /// bit where [`Self::row_independent`].
+    pub fn prefill_and_decode(
+        &self,
+        c: &PrefillChunk,
+        decode: &[DecodeRow],
+        kv: &mut PagedKvCache,
+    ) -> Result<(Tensor, Tensor)> {
+        self.check_cache(kv)?;
+        let logits = self.chunk_step(c, decode, kv)?;
+        Ok((logits.narrow(0, 0, 1)?, logits.narrow(0, 1, decode.len())?))
+    }
+
+    /// Whether the backend computes each row of every product independently of the others
+    /// (then a mixed step changes no sequence's numbers; see [`Kernels::row_independent`]).
+    pub fn row_independent(&self) -> bool {
+        let layers_ok = self.layers.iter().all(|l| l.row_independent());
+        layers_ok && self.k.row_independent(self.lm_head.weight())
+    }
+
     /// One decode step of a padded batch: (rows.len(), vocab) f32.
     pub fn decode(&self, d: &DecodeBatch, kv: &mut PagedKvCache) -> Result<Tensor> {
         self.check_cache(kv)?;
@@ -241,6 +264,18 @@ impl<K: Kernels> TextModel<K> {
     }
 
     fn prefill_chunk(&self, c: &PrefillChunk, kv: &PagedKvCache) -> Result<Tensor> {
+        self.chunk_step(c, &[], kv)
+    }
+
+    /// A prefill chunk and, after its rows, one decode row for each of `decode` (other
+    /// sequences) through the layers together: the logits of the chunk's last token, then of
+    /// each decode row, (1 + decode.len(), vocab).
+    fn chunk_step(
+        &self,
+        c: &PrefillChunk,
+        decode: &[DecodeRow],
+        kv: &PagedKvCache,
+    ) -> Result<Tensor> {
         let n = c.tokens.len();
         if n == 0 || c.positions.len() != n {
             return Err(ModelError::invalid(format!(
@@ -251,10 +286,24 @@ impl<K: Kernels> TextModel<K> {
         }
         kv.check_table(&c.block_table, c.start + n, "prefill chunk")?;
         self.check_image_rows(c)?;
+        for (i, r) in decode.iter().enumerate() {
+            kv.check_table(
+                &r.block_table,
+                r.context_len + 1,
+                &format!("decode row {i}"),
+            )?;
+        }
         let hidden = self.cfg.hidden_size;
+        let rows = n + decode.len();
 
-        // 1. (n, hidden): token embeddings, image rows replaced by the vision embeddings.
-        let x = self.embed_tokens(&c.tokens)?;
+        // 1. (rows, hidden): token embeddings, image rows replaced by the vision embeddings.
+        let tokens: Vec<u32> = c
+            .tokens
+            .iter()
+            .copied()
+            .chain(decode.iter().map(|r| r.token))
+            .collect();
+        let x = self.embed_tokens(&tokens)?;
         let host_rows = |t: &vlm_compute::HostTensor, start: usize, len: usize| -> Result<Tensor> {
             let mut rows = vec![0f32; len * hidden];
             t.rows_to_f32(start, &mut rows)?;
@@ -267,11 +316,11 @@ impl<K: Kernels> TextModel<K> {
                 r.dst_start,
             )?;
         }
-        // 2. Per deepstack level, (n, hidden) zero except at the image rows.
+        // 2. Per deepstack level, (rows, hidden) zero except at the image rows.
         let mut deepstack = Vec::new();
         if !c.images.is_empty() {
             for level in 0..self.deepstack_levels {
-                let add = Tensor::zeros((n, hidden), DType::F32, &self.device)?;
+                let add = Tensor::zeros((rows, hidden), DType::F32, &self.device)?;
                 for r in &c.images {
                     let rows = host_rows(&r.image.deepstack[level], r.src_start, r.len)?;
                     add.slice_set(&rows, 0, r.dst_start)?;
@@ -280,12 +329,22 @@ impl<K: Kernels> TextModel<K> {
             }
         }
         // 3. layers.
-        let (cos, sin) = self.rope.tables(&c.positions, &self.device)?;
+        let positions: Vec<Position3> = c
+            .positions
+            .iter()
+            .copied()
+            .chain(decode.iter().map(|r| [r.position; 3]))
+            .collect();
+        let (cos, sin) = self.rope.tables(&positions, &self.device)?;
         let mask = if n > 1 {
             Some(causal_mask(c.start, n, &self.device)?)
         } else {
             None
         };
+        let decode_rows: Vec<Option<(usize, &[u32])>> = decode
+            .iter()
+            .map(|r| Some((r.context_len, r.block_table.as_slice())))
+            .collect();
         let step = Step {
             cos,
             sin,
@@ -295,28 +354,31 @@ impl<K: Kernels> TextModel<K> {
                 table: &c.block_table,
                 mask: mask.as_ref(),
             },
+            decode_tail: (!decode.is_empty()).then(|| (n, AttnRows::Decode(&decode_rows))),
             kv,
         };
-        // The last layer's output is read at the last row only (the logits): it runs the o
-        // projection and the MLP on that row alone (`forward_last_row`).
+        // The last layer's output is read at the chunk's last row and the decode rows only
+        // (the logits): it runs the o projection and the MLP on those alone.
         let last = self.layers.len().saturating_sub(1);
         let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
             x = if i == last {
-                layer.forward_last_row(&x, &step, i)?
+                layer.forward_rows_from(&x, &step, i, n - 1)?
             } else {
                 layer.forward(&x, &step, i)?
             };
             if let Some(add) = deepstack.get(i) {
                 x = if i == last {
-                    (x + add.narrow(0, n - 1, 1)?)?
+                    (x + add.narrow(0, n - 1, rows - (n - 1))?)?
                 } else {
                     (x + add)?
                 };
             }
         }
-        // 4. (1, vocab)
-        self.logits(&x.narrow(0, x.dim(0)? - 1, 1)?)
+        // 4. (1 + decode.len(), vocab): the rows from the chunk's last on (with no layers, x
+        // still holds every chunk row).
+        let kept = 1 + decode.len();
+        self.logits(&x.narrow(0, x.dim(0)? - kept, kept)?)
     }
 
     /// The chunk's image rows must be in bounds, not overlap, and cover exactly the rows whose
@@ -419,6 +481,7 @@ impl<K: Kernels> TextModel<K> {
             sin,
             rope: &self.rope,
             rows: AttnRows::Decode(&rows),
+            decode_tail: None,
             kv,
         };
         let mut x = x;
