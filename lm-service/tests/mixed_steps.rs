@@ -105,15 +105,13 @@ fn schedule(b: &mut dyn LmBackend, a: &Seq, s: &Seq, joint: bool) -> Vec<Vec<f32
         start += CHUNK;
     }
     // Both decoding: reads the K/V every earlier step wrote.
-    let mut b_ctx = s.prompt.len();
-    for _ in 0..3 {
+    for b_ctx in s.prompt.len()..s.prompt.len() + 3 {
         let d = b
             .decode(2, &[a.row(a_tok, a_ctx), s.row(b_tok, b_ctx)])
             .unwrap();
         a_tok = vlm_compute::argmax(&d[0]);
         b_tok = vlm_compute::argmax(&d[1]);
         a_ctx += 1;
-        b_ctx += 1;
         out.extend(d);
     }
     out
