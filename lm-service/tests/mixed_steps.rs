@@ -6,37 +6,15 @@
 //! A bad block table in one part fails that part alone.
 mod support;
 
-use support::{text_prompt, tiny_dir};
+use support::{text_prompt, tiny_dir, tiny_image_embeds, tiny_lm_backend};
 use vlm_compute::{build_chunk, DecodeRow, ImageEmbeds, LmBackend, PromptLayout, Qwen3VlConfig};
-use vlm_config::{Dtype, KernelConfig};
+use vlm_config::Dtype;
 
 const BLOCK: usize = 16;
 const CHUNK: usize = 24;
 
 fn backend(dtype: Dtype) -> Box<dyn LmBackend> {
-    vlm_backends::load_lm(&vlm_backends::LmLoad {
-        model_dir: &tiny_dir(),
-        dtype,
-        kernels: &KernelConfig::default(),
-        num_blocks: 64,
-        block_len: BLOCK,
-        devices: &[0],
-    })
-    .unwrap()
-}
-
-/// One image's embeddings from the oracle's exact ViT (tiny checkpoint, f32).
-fn image() -> ImageEmbeds {
-    use vlm_backend_cpu::{CpuKernels, CpuOptions};
-    let oracle = vlm_model::oracle::Oracle::load(
-        &CpuKernels::new(CpuOptions::detect()),
-        &tiny_dir(),
-        vlm_model::DType::F32,
-    )
-    .unwrap();
-    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let pv = vlm_preprocess::preprocess_bytes(&bytes, &Default::default()).unwrap();
-    oracle.encode_images(&[pv]).unwrap().remove(0)
+    tiny_lm_backend(dtype, BLOCK)
 }
 
 /// A sequence the test drives: its prompt, layout, images and blocks.
@@ -119,7 +97,7 @@ fn schedule(b: &mut dyn LmBackend, a: &Seq, s: &Seq, joint: bool) -> Vec<Vec<f32
 
 fn sequences() -> (Seq, Seq) {
     let cfg = Qwen3VlConfig::from_dir(&tiny_dir()).unwrap();
-    let img = image();
+    let img = tiny_image_embeds();
     let a_prompt = text_prompt(20, 2);
     // B: text, an image, text; three chunks.
     let mut b_prompt = text_prompt(10, 5);

@@ -10,37 +10,15 @@
 //! agree to 1e-6 and the tokens exactly.
 mod support;
 
-use support::{text_prompt, tiny_dir};
+use support::{text_prompt, tiny_dir, tiny_image_embeds, tiny_lm_backend};
 use vlm_compute::{build_chunk, DecodeRow, ImageEmbeds, LmBackend, PromptLayout, Qwen3VlConfig};
-use vlm_config::{Dtype, KernelConfig};
+use vlm_config::Dtype;
 
 const BLOCK: usize = 16;
 const CHUNK: usize = 32;
 
 fn backend(dtype: Dtype) -> Box<dyn LmBackend> {
-    vlm_backends::load_lm(&vlm_backends::LmLoad {
-        model_dir: &tiny_dir(),
-        dtype,
-        kernels: &KernelConfig::default(),
-        num_blocks: 64,
-        block_len: BLOCK,
-        devices: &[0],
-    })
-    .unwrap()
-}
-
-/// One image's embeddings from the oracle's exact ViT (tiny checkpoint, f32).
-fn image() -> ImageEmbeds {
-    use vlm_backend_cpu::{CpuKernels, CpuOptions};
-    let oracle = vlm_model::oracle::Oracle::load(
-        &CpuKernels::new(CpuOptions::detect()),
-        &tiny_dir(),
-        vlm_model::DType::F32,
-    )
-    .unwrap();
-    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let pv = vlm_preprocess::preprocess_bytes(&bytes, &Default::default()).unwrap();
-    oracle.encode_images(&[pv]).unwrap().remove(0)
+    tiny_lm_backend(dtype, BLOCK)
 }
 
 /// Prefills `prompt` from cache index `from` (the tokens before it are in `table`'s blocks
@@ -92,7 +70,7 @@ fn max_rel(a: &[f32], b: &[f32]) -> f32 {
 #[test]
 fn cached_prefix_blocks_give_the_logits_of_a_full_computation() {
     let cfg = Qwen3VlConfig::from_dir(&tiny_dir()).unwrap();
-    let img = image();
+    let img = tiny_image_embeds();
     // Turn 1: text, the image, text; 4+ full blocks, ending mid-block.
     let mut turn1 = text_prompt(7, 3);
     turn1.push(cfg.vision_start_token_id);

@@ -293,3 +293,34 @@ pub async fn wait_serving(p: &Proc) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The tiny checkpoint's LM backend as the engine loads it: `dtype` weights, 64 KV blocks of
+/// `block_len` tokens, on core 0.
+pub fn tiny_lm_backend(
+    dtype: vlm_config::Dtype,
+    block_len: usize,
+) -> Box<dyn vlm_compute::LmBackend> {
+    vlm_backends::load_lm(&vlm_backends::LmLoad {
+        model_dir: &tiny_dir(),
+        dtype,
+        kernels: &vlm_config::KernelConfig::default(),
+        num_blocks: 64,
+        block_len,
+        devices: &[0],
+    })
+    .unwrap()
+}
+
+/// One image's embeddings from the oracle's exact ViT (tiny checkpoint, f32).
+pub fn tiny_image_embeds() -> vlm_compute::ImageEmbeds {
+    use vlm_backend_cpu::{CpuKernels, CpuOptions};
+    let oracle = vlm_model::oracle::Oracle::load(
+        &CpuKernels::new(CpuOptions::detect()),
+        &tiny_dir(),
+        vlm_model::DType::F32,
+    )
+    .unwrap();
+    let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
+    let pv = vlm_preprocess::preprocess_bytes(&bytes, &Default::default()).unwrap();
+    oracle.encode_images(&[pv]).unwrap().remove(0)
+}
