@@ -198,6 +198,94 @@ async fn refusals_name_their_limit() {
         .unwrap();
 }
 
+/// Two loops sending an LM replica long requests (4000 tokens each), one after the other, until
+/// stopped: from the moment both have started, one of them is always running.
+struct Background {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    loops: Vec<tokio::task::JoinHandle<usize>>,
+}
+
+impl Background {
+    fn start(lm_addr: &str, tag: &str) -> Background {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let loops = (0..2)
+            .map(|j| {
+                let (addr, tag, stop) = (lm_addr.to_string(), tag.to_string(), stop.clone());
+                tokio::spawn(async move {
+                    let mut lm = pb::lm_client::LmClient::new(channel(&addr).await);
+                    let mut sent = 0;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let mut s = lm
+                            .generate(pb::LmGenerateRequest {
+                                request_id: format!("{tag}-load-{j}-{sent}"),
+                                input_ids: (100..164).collect(),
+                                images: Vec::new(),
+                                vision_replica: String::new(),
+                                sampling: Some(pb::SamplingParams {
+                                    max_tokens: 4000,
+                                    temperature: 0.0,
+                                    ignore_eos: true,
+                                    ..Default::default()
+                                }),
+                            })
+                            .await
+                            .unwrap()
+                            .into_inner();
+                        while s.message().await.unwrap().is_some() {}
+                        sent += 1;
+                    }
+                    sent
+                })
+            })
+            .collect();
+        Background { stop, loops }
+    }
+
+    /// Stops both loops once their current requests end; how many requests they sent.
+    async fn stop(self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut sent = 0;
+        for l in self.loops {
+            sent += l.await.unwrap();
+        }
+        sent
+    }
+}
+
+/// A process stopped (SIGSTOP) until this is dropped (SIGCONT).
+struct Frozen(libc::pid_t);
+
+impl Frozen {
+    fn new(pid: u32) -> Frozen {
+        // SAFETY: kill(2) on a child process of this test.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+        Frozen(pid as libc::pid_t)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// Waits (at most 30 s) until the gateway's gauge `name` reads `value`.
+async fn wait_for_gauge(http: &str, name: &str, value: f64) {
+    let t = Instant::now();
+    loop {
+        let got = scrape(http).sum(name);
+        if got == Some(value) {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{name} is {got:?}, not {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Beyond in-flight + queue: RESOURCE_EXHAUSTED / 429 at once, while admitted requests finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn overload_is_refused_at_once_and_admitted_requests_complete() {
@@ -208,16 +296,26 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
         r.sampling.as_mut().unwrap().ignore_eos = true;
         r
     };
-    // One running (first message seen), one queued. The running one asks for nearly the whole
-    // context (4000 tokens: seconds even on the tiny model), so it is still running when the
-    // third request comes.
-    let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
-    let mut running = client.generate(long(4000)).await.unwrap().into_inner();
-    let first = running.message().await.unwrap().unwrap();
-    assert!(!first.token_ids.is_empty());
+    // One running, one queued. The LM is frozen (SIGSTOP) meanwhile, so the running one stays
+    // in flight waiting for its first token however fast the model is (the tiny one decodes its
+    // 4000 tokens in well under a second). The freeze is far shorter than the gateway's 2 s poll
+    // timeout, so the LM stays in rotation.
+    let lm = Frozen::new(c.lms[0].pid());
+    let addr = c.grpc();
+    let running = tokio::spawn(async move {
+        let mut client = pb::gateway_client::GatewayClient::new(channel(&addr).await);
+        let mut stream = client.generate(long(4000)).await?.into_inner();
+        let (mut n, mut finish) = (0, 0);
+        while let Some(m) = stream.message().await? {
+            n += m.token_ids.len();
+            finish = m.finish_reason;
+        }
+        Ok::<_, tonic::Status>((n, finish))
+    });
+    wait_for_gauge(&c.http(), "vlm_gateway_in_flight", 1.0).await;
     let addr = c.grpc();
     let queued = tokio::spawn(async move { generate(&addr, long(50)).await });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_gauge(&c.http(), "vlm_gateway_queue_depth", 1.0).await;
 
     let t = Instant::now();
     let e = generate(&c.grpc(), long(10))
@@ -247,12 +345,8 @@ async fn overload_is_refused_at_once_and_admitted_requests_complete() {
     );
     assert!(t.elapsed() < Duration::from_secs(30));
 
-    let mut n = first.token_ids.len();
-    let mut finish = 0;
-    while let Some(m) = running.message().await.unwrap() {
-        n += m.token_ids.len();
-        finish = m.finish_reason;
-    }
+    drop(lm); // the LM runs again: both admitted requests complete
+    let (n, finish) = running.await.unwrap().unwrap();
     assert_eq!(n, 4000);
     assert_eq!(finish, pb::FinishReason::Length as i32);
     let q = queued.await.unwrap().unwrap();
@@ -572,7 +666,7 @@ fn chat(addr: &str, messages: &serde_json::Value, stream: bool) -> (String, serd
 async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
     let _g = serial();
     let config = write_config("e2e-prefix-routing.yaml", &prefix_config());
-    // Fast polls: the gateway sees the other request's blocks before turn 2.
+    // Fast polls: the gateway sees the other requests' blocks before turn 2.
     let c = Cluster::start_config(&config, 2, &["--poll-ms", "100"], &[]).await;
     let lm_metrics: Vec<String> = c.lms.iter().map(|l| l.addr("metrics")).collect();
     let routes = |route: &str| {
@@ -615,26 +709,22 @@ async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
             "{variant}: turn 1 is {prompt1} tokens, under two 32-token blocks"
         );
 
-        // Load the replica that holds the prefix: a long request sent to it directly (not
-        // through the gateway), holding KV blocks while turn 2 is routed.
+        // Load the replica that holds the prefix with long requests sent to it directly (not
+        // through the gateway), holding KV blocks while turn 2 is routed. The tiny model
+        // decodes 4000 tokens in well under a second, so two loops keep sending them until turn
+        // 2 is done: one of them is always running.
         let mut lm = pb::lm_client::LmClient::new(channel(&c.lms[p].addr("grpc")).await);
-        let mut other = lm
-            .generate(pb::LmGenerateRequest {
-                request_id: format!("{variant}-other"),
-                input_ids: (100..164).collect(),
-                images: Vec::new(),
-                vision_replica: String::new(),
-                sampling: Some(pb::SamplingParams {
-                    max_tokens: 4000,
-                    temperature: 0.0,
-                    ignore_eos: true,
-                    ..Default::default()
-                }),
-            })
+        let load = Background::start(&c.lms[p].addr("grpc"), variant);
+        while lm
+            .load(pb::LoadRequest {})
             .await
             .unwrap()
-            .into_inner();
-        other.message().await.unwrap().unwrap();
+            .into_inner()
+            .running
+            < 2
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         let idle = pb::lm_client::LmClient::new(channel(&c.lms[1 - p].addr("grpc")).await)
             .load(pb::LoadRequest {})
             .await
@@ -662,14 +752,10 @@ async fn a_conversation_stays_on_the_lm_replica_holding_its_prefix() {
             &lm_requests(&lm_metrics),
             &format!("{variant} turn 2"),
         );
-        // The other request outlived turn 2: by load, replica `p` was the worse choice
+        // The long requests outlived turn 2: by load, replica `p` was the worse choice
         // throughout.
-        let still = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
-        assert!(
-            still.running >= 1,
-            "{variant}: the long request ended before turn 2 did; the test proves nothing: {still:?}"
-        );
-        drop(other); // cancels the long request
+        let sent = load.stop().await;
+        assert!(sent >= 2, "{variant}: {sent} long requests");
         assert_eq!(
             q, p,
             "{variant}: turn 2 went to LM replica {q}, turn 1 to {p} (its prefix is cached there)"

@@ -51,6 +51,12 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
         Ok((candle_nn::ops::silu(&gate)? * up)?)
     }
 
+    /// x (n, heads, head_dim) rotated by the tables of its n rows, cos and sin (n, head_dim/2)
+    /// (`q*cos + rotate_half(q)*sin`): candle's `rope_thd` by default, the reference's form.
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        crate::text::rope_rows(x, cos, sin)
+    }
+
     /// The KV cache dtype for weights stored as `weights`.
     fn kv_dtype(&self, weights: DType) -> DType;
 

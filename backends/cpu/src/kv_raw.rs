@@ -49,6 +49,24 @@ pub(crate) fn write_decode_rows(
     Ok(())
 }
 
+/// Writes a prefill chunk's k, v (n, kv_heads, head_dim) f32 at cache indices
+/// `start..start + n` of the sequence with block table `table`: [`write_decode_rows`] with one
+/// row per token, in one pass (candle's write transposes, converts and copies in four, on one
+/// thread), the same bits.
+pub(crate) fn write_chunk_rows(
+    kv: &PagedKvCache,
+    layer: usize,
+    table: &[u32],
+    start: usize,
+    k: &[f32],
+    v: &[f32],
+) -> Result<()> {
+    let geo = kv.geometry();
+    let n = k.len() / (geo.kv_heads * geo.head_dim);
+    let rows: Vec<Option<(usize, &[u32])>> = (start..start + n).map(|c| Some((c, table))).collect();
+    write_decode_rows(kv, layer, &rows, k, v)
+}
+
 /// Runs `f` on one layer's K and V storage as slices (a CPU cache).
 pub(crate) fn with_layer<R>(
     kv: &PagedKvCache,
@@ -81,16 +99,33 @@ struct WriteRows<'a> {
     hd: usize,
 }
 
+/// Rows from which [`WriteRows`] runs its kv heads in parallel (a prefill chunk; a decode
+/// step's few rows stay on the calling thread).
+const PARALLEL_ROWS: usize = 32;
+
 impl WriteRows<'_> {
-    fn copy<T>(&self, cache: &mut [T], convert: impl Fn(f32) -> T) {
-        for (r, &dst) in self.dsts.iter().enumerate() {
-            let row = &self.src[r * self.row_len..(r + 1) * self.row_len];
-            for (h, head) in row.chunks_exact(self.hd).enumerate() {
+    fn copy<T: Copy + Send + Sync>(&self, cache: &mut [T], convert: impl Fn(f32) -> T + Sync) {
+        use rayon::prelude::*;
+        let heads = self.row_len / self.hd;
+        let end = cache.len();
+        let base = crate::kernels::SendPtr(cache.as_mut_ptr());
+        let head = |h: usize| {
+            for (r, &dst) in self.dsts.iter().enumerate() {
+                let src = &self.src[r * self.row_len + h * self.hd..][..self.hd];
                 let at = dst + h * self.head_stride;
-                for (c, &x) in cache[at..at + self.hd].iter_mut().zip(head) {
+                assert!(at + self.hd <= end, "kv-write-rows: row {r} past the cache");
+                // SAFETY: in bounds (checked); each head writes its own runs (`head_stride`
+                // apart, a run no longer than it), so the tasks never touch the same values.
+                let out = unsafe { std::slice::from_raw_parts_mut(base.get().add(at), self.hd) };
+                for (c, &x) in out.iter_mut().zip(src) {
                     *c = convert(x);
                 }
             }
+        };
+        if self.dsts.len() >= PARALLEL_ROWS && heads > 1 {
+            (0..heads).into_par_iter().for_each(head);
+        } else {
+            (0..heads).for_each(head);
         }
     }
 }

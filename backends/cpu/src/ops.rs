@@ -15,7 +15,7 @@ use crate::kernels::chunk_attention::chunk_attention;
 use crate::kernels::cpu_view::CpuF32;
 use crate::kernels::decode_attention::decode_attention;
 use crate::kernels::{matmul_packed, PackedB};
-use crate::kv_raw::{with_layer, write_decode_rows, KvLayer};
+use crate::kv_raw::{with_layer, write_chunk_rows, write_decode_rows, KvLayer};
 use crate::options::CpuOptions;
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
@@ -24,6 +24,8 @@ use vlm_model::{Kernels, Result};
 
 /// Rows up to which a dense weight is streamed with the decode gemv.
 pub const SMALL_ROWS: usize = 16;
+/// Values from which rope runs its rows in parallel.
+const ROPE_PARALLEL_MIN: usize = 1 << 15;
 
 /// The CPU backend's kernels and the options they were chosen with.
 #[derive(Debug, Clone)]
@@ -143,6 +145,58 @@ impl Kernels for CpuKernels {
         }
     }
 
+    /// candle's `rope_thd` runs a batch of one on one thread, head by head down each
+    /// dimension: here rows in parallel, each head's halves as contiguous runs. The same
+    /// products and sums per value, so the same bits (`rope_matches_candle_bit_for_bit`).
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        use rayon::prelude::*;
+        let (n, h, d) = x.dims3()?;
+        if [x.dtype(), cos.dtype(), sin.dtype()] != [DType::F32; 3]
+            || cos.dims() != [n, d / 2]
+            || sin.dims() != [n, d / 2]
+            || d % 2 != 0
+        {
+            return vlm_model::text::rope_rows(x, cos, sin);
+        }
+        let (x, cos, sin) = (x.contiguous()?, cos.contiguous()?, sin.contiguous()?);
+        let (xv, cv, sv) = (
+            CpuF32::new(&x, "rope input")?,
+            CpuF32::new(&cos, "rope cos")?,
+            CpuF32::new(&sin, "rope sin")?,
+        );
+        let (xs, cs, ss) = (xv.slice(), cv.slice(), sv.slice());
+        let half = d / 2;
+        let mut out = vec![0f32; n * h * d];
+        let row = |t: usize, o: &mut [f32], src: &[f32]| {
+            let (c, s) = (&cs[t * half..(t + 1) * half], &ss[t * half..(t + 1) * half]);
+            for (oh, xh) in o.chunks_exact_mut(d).zip(src.chunks_exact(d)) {
+                let (x1, x2) = xh.split_at(half);
+                let (o1, o2) = oh.split_at_mut(half);
+                for k in 0..half {
+                    o1[k] = x1[k] * c[k] - x2[k] * s[k];
+                    o2[k] = x1[k] * s[k] + x2[k] * c[k];
+                }
+            }
+        };
+        // A decode step's few rows are not worth waking the other threads for.
+        if n * h * d < ROPE_PARALLEL_MIN {
+            for (t, (o, src)) in out
+                .chunks_exact_mut(h * d)
+                .zip(xs.chunks_exact(h * d))
+                .enumerate()
+            {
+                row(t, o, src);
+            }
+        } else {
+            out.par_chunks_mut(h * d)
+                .zip(xs.par_chunks(h * d))
+                .enumerate()
+                .for_each(|(t, (o, src))| row(t, o, src));
+        }
+        drop((xv, cv, sv));
+        Ok(Tensor::from_vec(out, (n, h, d), x.device())?)
+    }
+
     /// One pass over [gate | up] rows.
     fn silu_mul(&self, y: &Tensor, inter: usize) -> Result<Tensor> {
         use rayon::prelude::*;
@@ -182,7 +236,9 @@ impl Kernels for CpuKernels {
             AttnRows::Chunk { start, table, .. }
                 if self.opts.bf16_dot && kv.dtype() == DType::BF16 =>
             {
-                kv.write(layer, table, *start, k, v)?;
+                let (k, v) = (k.contiguous()?, v.contiguous()?);
+                let (kd, vd) = (CpuF32::new(&k, "k")?, CpuF32::new(&v, "v")?);
+                write_chunk_rows(kv, layer, table, *start, kd.slice(), vd.slice())?;
                 on_cache_memory(q, kv, layer, |cache, geo, qd, out| match cache {
                     KvLayer::F32(kc, vc) => {
                         chunk_attention(kc, vc, geo, h, qd, *start, table, scale, amx, out)
@@ -222,4 +278,57 @@ fn on_cache_memory(
         f(cache, kv.geometry(), qd.slice(), &mut out)
     })?;
     Ok(Tensor::from_vec(out, (n, h * hd), q.device())?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_matches_candle_bit_for_bit() {
+        let k = CpuKernels::new(CpuOptions::detect());
+        // A decode-sized and a prefill-sized call (serial and parallel), head_dim 128.
+        for (n, h) in [(3usize, 2usize), (300, 4)] {
+            let d = 128;
+            let val = |i: usize| ((i * 2654435761) % 2003) as f32 / 1001.0 - 1.0;
+            let x = Tensor::from_vec(
+                (0..n * h * d).map(val).collect::<Vec<_>>(),
+                (n, h, d),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let ang: Vec<f32> = (0..n * d / 2).map(|i| val(i + 7) * 3.0).collect();
+            let cos = Tensor::from_vec(
+                ang.iter().map(|a| a.cos()).collect::<Vec<_>>(),
+                (n, d / 2),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let sin = Tensor::from_vec(
+                ang.iter().map(|a| a.sin()).collect::<Vec<_>>(),
+                (n, d / 2),
+                &Device::Cpu,
+            )
+            .unwrap();
+            let got: Vec<f32> = k
+                .rope(&x, &cos, &sin)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let want: Vec<f32> = vlm_model::text::rope_rows(&x, &cos, &sin)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "n {n}"
+            );
+        }
+    }
 }

@@ -3,7 +3,6 @@
 use super::kv_cache::PagedKvCache;
 use super::linear::Linear;
 use super::norm::RmsNorm;
-use super::rope::MRope;
 use super::step::{AttnCall, AttnRows};
 use crate::error::{ModelError, Result};
 use crate::kernels::Kernels;
@@ -16,7 +15,6 @@ pub(crate) struct Step<'a> {
     /// (n, head_dim/2) rotary tables of the step's rows.
     pub cos: Tensor,
     pub sin: Tensor,
-    pub rope: &'a MRope,
     pub rows: AttnRows<'a>,
     /// A mixed step: the rows from the first `.0` on are decode rows of other sequences,
     /// attending as `.1` says (`rows` then covers the first `.0`, a prefill chunk).
@@ -102,7 +100,7 @@ impl<K: Kernels> Attention<K> {
 
     /// [`Self::forward`] before the o projection: (n, heads * head_dim).
     pub(crate) fn attend(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
-        let (cos, sin, rope) = (&step.cos, &step.sin, step.rope);
+        let (cos, sin) = (&step.cos, &step.sin);
         let (n, _) = x.dims2()?;
         let (h, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         // 1. projections, (n, heads, hd); q/k norm per head, then rope.
@@ -120,8 +118,8 @@ impl<K: Kernels> Attention<K> {
         let q = q.reshape((n, h, hd))?;
         let k = k.reshape((n, nkv, hd))?;
         let v = v.reshape((n, nkv, hd))?;
-        let q = rope.apply(&self.q_norm.forward(&q)?, cos, sin)?;
-        let k = rope.apply(&self.k_norm.forward(&k)?, cos, sin)?;
+        let q = self.k.rope(&self.q_norm.forward(&q)?, cos, sin)?;
+        let k = self.k.rope(&self.k_norm.forward(&k)?, cos, sin)?;
         // 2. cache write, then attention over the cache: (n, H*hd).
         let call = |q: &Tensor, k: &Tensor, v: &Tensor, rows: &AttnRows| {
             self.k.attention(&AttnCall {

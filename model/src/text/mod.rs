@@ -29,5 +29,5 @@ pub use linear::Linear;
 pub use mlp::Mlp;
 pub use model::TextModel;
 pub use norm::RmsNorm;
-pub use rope::MRope;
+pub use rope::{rope_rows, MRope};
 pub use step::{causal_mask, AttnCall, AttnRows};

@@ -348,7 +348,6 @@ impl<K: Kernels> TextModel<K> {
         let step = Step {
             cos,
             sin,
-            rope: &self.rope,
             rows: AttnRows::Chunk {
                 start: c.start,
                 table: &c.block_table,
@@ -479,7 +478,6 @@ impl<K: Kernels> TextModel<K> {
         let step = Step {
             cos,
             sin,
-            rope: &self.rope,
             rows: AttnRows::Decode(&rows),
             decode_tail: None,
             kv,

@@ -70,11 +70,18 @@ impl MRope {
 
     /// Rotates x: (n, heads, head_dim) with the tables of n positions (`q*cos + rotate_half(q)*sin`).
     pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        let (n, h, d) = x.dims3()?;
-        let x4 = x.contiguous()?.reshape((1, n, h, d))?;
-        let y = candle_nn::rotary_emb::rope_thd(&x4, cos, sin)?;
-        Ok(y.reshape((n, h, d))?)
+        rope_rows(x, cos, sin)
     }
+}
+
+/// x (n, heads, head_dim) rotated by per-row tables cos, sin (n, head_dim/2), candle's
+/// `rope_thd`: for k < d/2, `out[k] = x[k]·cos[k] - x[k+d/2]·sin[k]` and
+/// `out[k+d/2] = x[k]·sin[k] + x[k+d/2]·cos[k]`.
+pub fn rope_rows(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (n, h, d) = x.dims3()?;
+    let x4 = x.contiguous()?.reshape((1, n, h, d))?;
+    let y = candle_nn::rotary_emb::rope_thd(&x4, cos, sin)?;
+    Ok(y.reshape((n, h, d))?)
 }
 
 #[cfg(test)]
