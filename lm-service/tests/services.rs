@@ -151,15 +151,20 @@ async fn wait_idle(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn cancelled_stream_and_deadline_free_their_blocks() {
-    let lm = start_lm(&batching_config());
+    // A context of 4096 so that a request runs long enough to be seen running: the tiny
+    // model makes 400 tokens in a few ms on a fast machine.
+    let lm = start_lm(&json!({
+        "max_seq_len": 4096, "kvcache_partition_len": 32,
+        "batch_size": 8, "decoder_batch_sizes": [1, 2, 4, 8], "prefill_chunk_size": 64
+    }));
     let mut client = lm_client(&lm).await;
-    // Caller goes away after two events. The tiny model makes 400 tokens in tens of ms, and
-    // a slow reader gets them merged into few messages: when a loaded machine let it finish
-    // before the load was read, it is tried again.
+    // Caller goes away after two events. A slow reader gets the tokens merged into few
+    // messages: when a loaded machine let it finish before the load was read, it is tried
+    // again.
     let (stream, busy) = 'caught: {
         for _ in 0..5 {
             let mut stream = client
-                .generate(request(text_prompt(100, 9), vec![], "", greedy(400)))
+                .generate(request(text_prompt(100, 9), vec![], "", greedy(3900)))
                 .await
                 .unwrap()
                 .into_inner();
@@ -172,7 +177,7 @@ async fn cancelled_stream_and_deadline_free_their_blocks() {
             }
             wait_idle(&mut client).await;
         }
-        panic!("the 400-token request was never seen running");
+        panic!("the 3900-token request was never seen running");
     };
     assert!(busy.free_kv_blocks < busy.total_kv_blocks);
     assert!(busy.tokens_in_flight > 100);
@@ -181,22 +186,32 @@ async fn cancelled_stream_and_deadline_free_their_blocks() {
     assert_eq!(idle.tokens_in_flight, 0);
 
     // A deadline (grpc-timeout) that passes mid-stream: the engine drops the sequence at its
-    // next step, frees its blocks and ends the stream with CANCELLED.
-    let mut req = tonic::Request::new(request(text_prompt(30, 10), vec![], "", greedy(480)));
-    req.set_timeout(Duration::from_millis(30));
-    let mut s = client.generate(req).await.unwrap().into_inner();
-    let mut tokens = 0;
-    let mut finish = 0;
-    while let Some(ev) = s.message().await.unwrap() {
-        tokens += ev.token_ids.len();
-        finish = ev.finish_reason;
+    // next step, frees its blocks and ends the stream with CANCELLED. A fast machine makes the
+    // 3900 tokens inside 30 ms, so a request that finished first is tried with a shorter one.
+    let mut cancelled = None;
+    for ms in [30, 10, 3, 1] {
+        let mut req = tonic::Request::new(request(text_prompt(30, 10), vec![], "", greedy(3900)));
+        req.set_timeout(Duration::from_millis(ms));
+        let mut s = client.generate(req).await.unwrap().into_inner();
+        let mut tokens = 0;
+        let mut finish = 0;
+        while let Some(ev) = s.message().await.unwrap() {
+            tokens += ev.token_ids.len();
+            finish = ev.finish_reason;
+        }
+        if finish == FinishReason::Cancelled as i32 {
+            cancelled = Some(tokens);
+            break;
+        }
+        assert_eq!(
+            (finish, tokens),
+            (FinishReason::Length as i32, 3900),
+            "a {ms} ms deadline neither cancelled nor let the request finish"
+        );
+        wait_idle(&mut client).await;
     }
-    assert_eq!(
-        finish,
-        FinishReason::Cancelled as i32,
-        "after {tokens} tokens"
-    );
-    assert!(tokens < 480);
+    let tokens = cancelled.expect("no deadline down to 1 ms passed before 3900 tokens");
+    assert!(tokens < 3900);
     wait_idle(&mut client).await;
     // Still serving.
     let (t, _) = generate(
