@@ -252,24 +252,6 @@ impl Background {
     }
 }
 
-/// A process stopped (SIGSTOP) until this is dropped (SIGCONT).
-struct Frozen(libc::pid_t);
-
-impl Frozen {
-    fn new(pid: u32) -> Frozen {
-        // SAFETY: kill(2) on a child process of this test.
-        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
-        Frozen(pid as libc::pid_t)
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        // SAFETY: as in `new`.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
-}
-
 /// Waits (at most 30 s) until the gateway's gauge `name` reads `value`.
 async fn wait_for_gauge(http: &str, name: &str, value: f64) {
     let t = Instant::now();
@@ -391,17 +373,26 @@ async fn client_disconnect_frees_lm_blocks() {
     let idle = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
     assert_eq!(idle.free_kv_blocks, idle.total_kv_blocks);
 
-    let mut req = grpc_request(&[png(128, 128, 4)], "go on forever", 3000);
-    req.sampling.as_mut().unwrap().ignore_eos = true;
-    {
+    // The tiny model makes the 3000 tokens in well under a second: a request that finished
+    // before the LM's load was read is tried again.
+    let mut seen_busy = false;
+    for _ in 0..5 {
+        let mut req = grpc_request(&[png(128, 128, 4)], "go on forever", 3000);
+        req.sampling.as_mut().unwrap().ignore_eos = true;
         let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
         let mut stream = client.generate(req).await.unwrap().into_inner();
         stream.message().await.unwrap().unwrap();
         stream.message().await.unwrap().unwrap();
         let busy = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
-        assert!(busy.free_kv_blocks < busy.total_kv_blocks, "{busy:?}");
-        // Dropping the stream and the client: the caller goes away.
+        if busy.running == 1 {
+            assert!(busy.free_kv_blocks < busy.total_kv_blocks, "{busy:?}");
+            seen_busy = true;
+            // Dropping the stream and the client: the caller goes away.
+            break;
+        }
+        while stream.message().await.unwrap().is_some() {}
     }
+    assert!(seen_busy, "the 3000-token request was never seen running");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let l = lm.load(pb::LoadRequest {}).await.unwrap().into_inner();
@@ -461,6 +452,9 @@ async fn lm_dying_after_the_first_token_is_unavailable() {
     let mut client = pb::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
     let mut stream = client.generate(req).await.unwrap().into_inner();
     stream.message().await.unwrap().unwrap();
+    // Stopped first, so that it cannot finish the 3000 tokens (well under a second for the
+    // tiny model) between the first token and the kill.
+    let _frozen = Frozen::new(c.lms[0].pid());
     c.lms[0].kill();
     let err = loop {
         match stream.message().await {

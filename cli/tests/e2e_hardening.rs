@@ -258,6 +258,9 @@ async fn requests_cancelled_before_their_first_token_are_counted() {
     let mut client = vlm_proto::v1::gateway_client::GatewayClient::new(channel(&c.grpc()).await);
     let mut running = client.generate(long).await.unwrap().into_inner();
     running.message().await.unwrap().unwrap();
+    // The LM stands still from here, so the long request cannot finish (the tiny model makes
+    // its 4000 tokens in well under a second) and free the slot before the callers give up.
+    let frozen = Frozen::new(c.lms[0].pid());
     // Eight callers give up while queued behind it.
     let waits: Vec<_> = (0..8)
         .map(|i| {
@@ -285,6 +288,7 @@ async fn requests_cancelled_before_their_first_token_are_counted() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(cancelled(), before + 9.0);
+    drop(frozen);
 }
 
 /// With `--internal-token-file` (here through VLM_INTERNAL_TOKEN_FILE, for all three): the

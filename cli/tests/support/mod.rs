@@ -881,3 +881,21 @@ pub fn try_http(
     }
     Ok((status, String::from_utf8_lossy(&body).to_string()))
 }
+
+/// A process stopped (SIGSTOP) until this is dropped (SIGCONT).
+pub struct Frozen(libc::pid_t);
+
+impl Frozen {
+    pub fn new(pid: u32) -> Frozen {
+        // SAFETY: kill(2) on a child process of this test.
+        assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+        Frozen(pid as libc::pid_t)
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as in `new`.
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
