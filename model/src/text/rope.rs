@@ -67,11 +67,6 @@ impl MRope {
             Tensor::from_vec(sin, (n, half), device)?,
         ))
     }
-
-    /// Rotates x: (n, heads, head_dim) with the tables of n positions (`q*cos + rotate_half(q)*sin`).
-    pub fn apply(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        rope_rows(x, cos, sin)
-    }
 }
 
 /// x (n, heads, head_dim) rotated by per-row tables cos, sin (n, head_dim/2), candle's
