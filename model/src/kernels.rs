@@ -57,6 +57,11 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
         crate::text::rope_rows(x, cos, sin)
     }
 
+    /// a + b, same shape (the residual adds).
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        Ok((a + b)?)
+    }
+
     /// The KV cache dtype for weights stored as `weights`.
     fn kv_dtype(&self, weights: DType) -> DType;
 
@@ -64,4 +69,10 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// attention of q over the cache, (n, heads * head_dim): causal within a chunk, GQA,
     /// softmax(q·kᵀ · scale)·v.
     fn attention(&self, call: &AttnCall) -> Result<Tensor>;
+
+    /// Runs one forward step (`f`): a backend may prepare its threads for the step's many
+    /// short kernels and release them after (the CPU backend keeps its pool spinning).
+    fn step<R>(&self, f: impl FnOnce() -> R) -> R {
+        f()
+    }
 }

@@ -77,6 +77,14 @@ fn parse_dtype(s: &str) -> DType {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // The steps run on a pool thread, as the LM engine's do (`pool.install`): the calling
+    // thread is one of the pool's, not a thread waiting outside it.
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    pool.install(|| run().map_err(|e| e.to_string()))?;
+    Ok(())
+}
+
+fn run() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::var_os("VLM_BENCH_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| {

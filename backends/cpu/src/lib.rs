@@ -17,6 +17,7 @@ pub mod lm;
 pub mod ops;
 pub mod options;
 pub mod sizing;
+pub mod step_spin;
 pub mod vit;
 
 pub use ops::{CpuKernels, CpuWeight};

@@ -26,6 +26,9 @@ use vlm_model::{Kernels, Result};
 pub const SMALL_ROWS: usize = 16;
 /// Values from which rope runs its rows in parallel.
 const ROPE_PARALLEL_MIN: usize = 1 << 15;
+/// Values from which [`CpuKernels::add`] splits over the pool, and its chunk.
+const ADD_PARALLEL_MIN: usize = 1 << 16;
+const ADD_CHUNK: usize = 1 << 14;
 
 /// The CPU backend's kernels and the options they were chosen with.
 #[derive(Debug, Clone)]
@@ -75,6 +78,10 @@ impl Kernels for CpuKernels {
 
     fn name(&self) -> &'static str {
         "cpu"
+    }
+
+    fn step<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::step_spin::during(f)
     }
     fn device(&self) -> &Device {
         &self.device
@@ -215,6 +222,39 @@ impl Kernels for CpuKernels {
         Ok(Tensor::from_vec(out, (n, inter), y.device())?)
     }
 
+    /// In parallel over the pool from [`ADD_PARALLEL_MIN`] values (candle's own split would
+    /// run on its separate thread pool, which the step's spinning threads starve).
+    fn add(&self, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        use rayon::prelude::*;
+        let n = a.elem_count();
+        if a.dtype() != DType::F32 || b.dtype() != DType::F32 || a.dims() != b.dims() {
+            return Ok((a + b)?);
+        }
+        let (a, b) = (a.contiguous()?, b.contiguous()?);
+        let (av, bv) = (CpuF32::new(&a, "add lhs")?, CpuF32::new(&b, "add rhs")?);
+        let (x, y) = (av.slice(), bv.slice());
+        let mut out: Vec<f32> = Vec::with_capacity(n);
+        type Parts<'a> = (&'a mut [std::mem::MaybeUninit<f32>], (&'a [f32], &'a [f32]));
+        let sum = |(o, (x, y)): Parts| {
+            for ((o, x), y) in o.iter_mut().zip(x).zip(y) {
+                o.write(x + y);
+            }
+        };
+        let spare = &mut out.spare_capacity_mut()[..n];
+        if n < ADD_PARALLEL_MIN {
+            sum((spare, (x, y)));
+        } else {
+            spare
+                .par_chunks_mut(ADD_CHUNK)
+                .zip(x.par_chunks(ADD_CHUNK).zip(y.par_chunks(ADD_CHUNK)))
+                .for_each(sum);
+        }
+        // SAFETY: every one of the n values was written above.
+        unsafe { out.set_len(n) };
+        drop((av, bv));
+        Ok(Tensor::from_vec(out, a.dims(), a.device())?)
+    }
+
     fn kv_dtype(&self, weights: DType) -> DType {
         vlm_model::dtype::kv_dtype(weights)
     }
@@ -283,6 +323,48 @@ fn on_cache_memory(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn add_matches_candle_bit_for_bit() {
+        let k = CpuKernels::new(CpuOptions::detect());
+        let val = |i: usize| ((i * 2654435761) % 2003) as f32 / 7.0 - 140.0;
+        // Serial and parallel sizes, a length not a multiple of the chunk, and a transposed
+        // (non-contiguous) operand.
+        for (r, c) in [(3usize, 2048usize), (273, 2048), (37, 3001)] {
+            let t = |off: usize| {
+                Tensor::from_vec(
+                    (0..r * c).map(|i| val(i + off)).collect::<Vec<_>>(),
+                    (r, c),
+                    &Device::Cpu,
+                )
+                .unwrap()
+            };
+            let (a, b) = (t(0), t(11));
+            let bt = Tensor::from_vec(
+                (0..r * c).map(|i| val(i + 5)).collect::<Vec<_>>(),
+                (c, r),
+                &Device::Cpu,
+            )
+            .unwrap()
+            .t()
+            .unwrap();
+            for b in [&b, &bt] {
+                let got: Vec<f32> = k
+                    .add(&a, b)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                let want: Vec<f32> = (&a + b).unwrap().flatten_all().unwrap().to_vec1().unwrap();
+                assert_eq!(got.len(), want.len());
+                assert!(got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()));
+            }
+        }
+    }
 
     #[test]
     fn rope_matches_candle_bit_for_bit() {

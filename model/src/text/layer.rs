@@ -14,6 +14,7 @@ pub struct DecoderLayer<K: Kernels> {
     mlp: Mlp<K>,
     input_layernorm: RmsNorm,
     post_attention_layernorm: RmsNorm,
+    k: K,
 }
 
 impl<K: Kernels> DecoderLayer<K> {
@@ -32,6 +33,7 @@ impl<K: Kernels> DecoderLayer<K> {
                 cfg.rms_norm_eps,
                 vb.pp("post_attention_layernorm"),
             )?,
+            k: k.clone(),
         })
     }
 
@@ -45,11 +47,11 @@ impl<K: Kernels> DecoderLayer<K> {
     pub(crate) fn forward(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
         let h = self.input_layernorm.forward(x)?;
         let h = self.self_attn.forward(&h, step, layer)?;
-        let x = (x + h)?;
+        let x = self.k.add(x, &h)?;
         let h = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&x)?)?;
-        Ok((x + h)?)
+        self.k.add(&x, &h)
     }
 
     /// [`Self::forward`] of the model's last layer where only rows `from..` of its output are
@@ -69,10 +71,10 @@ impl<K: Kernels> DecoderLayer<K> {
         let h = self.input_layernorm.forward(x)?;
         let y = self.self_attn.attend(&h, step, layer)?;
         let h = self.self_attn.project(&y.narrow(0, from, n - from)?)?;
-        let x = (x.narrow(0, from, n - from)? + h)?;
+        let x = self.k.add(&x.narrow(0, from, n - from)?, &h)?;
         let h = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&x)?)?;
-        Ok((x + h)?)
+        self.k.add(&x, &h)
     }
 }

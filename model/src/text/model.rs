@@ -202,17 +202,17 @@ impl<K: Kernels> TextModel<K> {
     /// each row, (rows, vocab) f32: one row for a prefill chunk, the bucket size for decode.
     pub fn forward(&self, input: &BatchInput, kv: &mut PagedKvCache) -> Result<Tensor> {
         self.check_cache(kv)?;
-        match input {
+        self.k.step(|| match input {
             BatchInput::Prefill(chunk) => self.prefill_chunk(chunk, kv),
             BatchInput::Decode(batch) => self.decode_batch(batch, kv),
-        }
+        })
     }
 
     /// One prefill chunk: its K/V written into `kv`, the logits (1, vocab) f32 of its last
     /// token.
     pub fn prefill(&self, c: &PrefillChunk, kv: &mut PagedKvCache) -> Result<Tensor> {
         self.check_cache(kv)?;
-        self.prefill_chunk(c, kv)
+        self.k.step(|| self.prefill_chunk(c, kv))
     }
 
     /// One prefill chunk and one decode row of each of `decode` (other sequences) in one
@@ -227,7 +227,7 @@ impl<K: Kernels> TextModel<K> {
         kv: &mut PagedKvCache,
     ) -> Result<(Tensor, Tensor)> {
         self.check_cache(kv)?;
-        let logits = self.chunk_step(c, decode, kv)?;
+        let logits = self.k.step(|| self.chunk_step(c, decode, kv))?;
         Ok((logits.narrow(0, 0, 1)?, logits.narrow(0, 1, decode.len())?))
     }
 
@@ -241,7 +241,7 @@ impl<K: Kernels> TextModel<K> {
     /// One decode step of a padded batch: (rows.len(), vocab) f32.
     pub fn decode(&self, d: &DecodeBatch, kv: &mut PagedKvCache) -> Result<Tensor> {
         self.check_cache(kv)?;
-        self.decode_batch(d, kv)
+        self.k.step(|| self.decode_batch(d, kv))
     }
 
     fn check_cache(&self, kv: &PagedKvCache) -> Result<()> {
@@ -368,9 +368,9 @@ impl<K: Kernels> TextModel<K> {
             };
             if let Some(add) = deepstack.get(i) {
                 x = if i == last {
-                    (x + add.narrow(0, n - 1, rows - (n - 1))?)?
+                    self.k.add(&x, &add.narrow(0, n - 1, rows - (n - 1))?)?
                 } else {
-                    (x + add)?
+                    self.k.add(&x, add)?
                 };
             }
         }
