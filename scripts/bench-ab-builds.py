@@ -16,7 +16,6 @@ import argparse
 import collections
 import importlib.util
 import os
-import statistics
 import types
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -62,7 +61,7 @@ def main():
                     server.stop()
     print()
     for (kind, metric, name), vals in sorted(results.items()):
-        med, text = bench.summary(vals)
+        _, text = bench.summary(vals)
         print(f"{kind:8} {metric:14} {name:8} {text}")
 
 

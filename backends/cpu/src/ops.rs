@@ -79,10 +79,6 @@ impl Kernels for CpuKernels {
     fn name(&self) -> &'static str {
         "cpu"
     }
-
-    fn step<R>(&self, f: impl FnOnce() -> R) -> R {
-        crate::step_spin::during(f)
-    }
     fn device(&self) -> &Device {
         &self.device
     }
@@ -253,6 +249,11 @@ impl Kernels for CpuKernels {
         unsafe { out.set_len(n) };
         drop((av, bv));
         Ok(Tensor::from_vec(out, a.dims(), a.device())?)
+    }
+
+    /// The pool's other threads stay awake through the step (see `step_spin`).
+    fn step<R>(&self, f: impl FnOnce() -> R) -> R {
+        crate::step_spin::during(f)
     }
 
     fn kv_dtype(&self, weights: DType) -> DType {
