@@ -30,6 +30,17 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn fuse(&self, _parts: &[&Self::Weight]) -> Option<Self::Weight> {
         None
     }
+    /// One weight for an MLP's gate and up (both (inter, in)) that [`Self::gate_up_silu`]
+    /// takes: by default [`Self::fuse`] of the two (outputs side by side); a backend may lay
+    /// it out for a product that applies the SiLU itself. `None` keeps them separate.
+    fn fuse_gate_up(&self, gate: &Self::Weight, up: &Self::Weight) -> Option<Self::Weight> {
+        self.fuse(&[gate, up])
+    }
+    /// x (rows, in) f32 -> silu(x · gateᵀ) * (x · upᵀ) (rows, inter) for a weight from
+    /// [`Self::fuse_gate_up`] (`Qwen3VLTextMLP` before its down projection).
+    fn gate_up_silu(&self, x: &Tensor, w: &Self::Weight, inter: usize) -> Result<Tensor> {
+        self.silu_mul(&self.matmul(x, w)?, inter)
+    }
     /// x (rows, in) f32 -> x · Wᵀ (rows, out) f32.
     fn matmul(&self, x: &Tensor, w: &Self::Weight) -> Result<Tensor>;
     /// Whether each row of [`Self::matmul`] by `w` comes out the same bits whatever other rows
@@ -55,6 +66,12 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// (`q*cos + rotate_half(q)*sin`): candle's `rope_thd` by default, the reference's form.
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
         crate::text::rope_rows(x, cos, sin)
+    }
+
+    /// x (..., dim) f32 contiguous -> x / sqrt(mean(x²) + eps) * w over the last dim, w (dim,)
+    /// f32 (`Qwen3VLTextRMSNorm`): candle's `rms_norm` by default.
+    fn rms_norm(&self, x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(candle_nn::ops::rms_norm(x, w, eps)?)
     }
 
     /// a + b, same shape (the residual adds).

@@ -118,8 +118,8 @@ impl<K: Kernels> Attention<K> {
         let q = q.reshape((n, h, hd))?;
         let k = k.reshape((n, nkv, hd))?;
         let v = v.reshape((n, nkv, hd))?;
-        let q = self.k.rope(&self.q_norm.forward(&q)?, cos, sin)?;
-        let k = self.k.rope(&self.k_norm.forward(&k)?, cos, sin)?;
+        let q = self.k.rope(&self.q_norm.forward(&self.k, &q)?, cos, sin)?;
+        let k = self.k.rope(&self.k_norm.forward(&self.k, &k)?, cos, sin)?;
         // 2. cache write, then attention over the cache: (n, H*hd).
         let call = |q: &Tensor, k: &Tensor, v: &Tensor, rows: &AttnRows| {
             self.k.attention(&AttnCall {

@@ -45,12 +45,12 @@ impl<K: Kernels> DecoderLayer<K> {
 
     /// x: (n, hidden) -> (n, hidden); `layer` is this layer's index (its KV-cache slot).
     pub(crate) fn forward(&self, x: &Tensor, step: &Step, layer: usize) -> Result<Tensor> {
-        let h = self.input_layernorm.forward(x)?;
+        let h = self.input_layernorm.forward(&self.k, x)?;
         let h = self.self_attn.forward(&h, step, layer)?;
         let x = self.k.add(x, &h)?;
         let h = self
             .mlp
-            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+            .forward(&self.post_attention_layernorm.forward(&self.k, &x)?)?;
         self.k.add(&x, &h)
     }
 
@@ -68,13 +68,13 @@ impl<K: Kernels> DecoderLayer<K> {
         from: usize,
     ) -> Result<Tensor> {
         let n = x.dim(0)?;
-        let h = self.input_layernorm.forward(x)?;
+        let h = self.input_layernorm.forward(&self.k, x)?;
         let y = self.self_attn.attend(&h, step, layer)?;
         let h = self.self_attn.project(&y.narrow(0, from, n - from)?)?;
         let x = self.k.add(&x.narrow(0, from, n - from)?, &h)?;
         let h = self
             .mlp
-            .forward(&self.post_attention_layernorm.forward(&x)?)?;
+            .forward(&self.post_attention_layernorm.forward(&self.k, &x)?)?;
         self.k.add(&x, &h)
     }
 }

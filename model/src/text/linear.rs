@@ -54,6 +54,19 @@ impl<K: Kernels> Linear<K> {
         })
     }
 
+    /// The MLP's gate and up as one layer for [`Self::forward_gate_up_silu`]
+    /// ([`Kernels::fuse_gate_up`]); `None` when the backend keeps them apart.
+    pub fn fuse_gate_up(gate: &Linear<K>, up: &Linear<K>) -> Option<Linear<K>> {
+        let weight = gate.k.fuse_gate_up(&gate.weight, &up.weight)?;
+        let (out_dim, in_dim) = gate.k.weight_dims(&weight);
+        Some(Linear {
+            k: gate.k.clone(),
+            weight,
+            in_dim,
+            out_dim,
+        })
+    }
+
     /// The weight as the backend holds it.
     pub fn weight(&self) -> &K::Weight {
         &self.weight
@@ -67,6 +80,22 @@ impl<K: Kernels> Linear<K> {
 
     /// x: (..., in_dim) f32 -> (..., out_dim) f32.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.rows_through(x, self.out_dim, |x2| self.k.matmul(x2, &self.weight))
+    }
+
+    /// A [`Self::fuse_gate_up`] layer: x (..., in_dim) -> silu(gate) * up (..., inter).
+    pub fn forward_gate_up_silu(&self, x: &Tensor, inter: usize) -> Result<Tensor> {
+        self.rows_through(x, inter, |x2| self.k.gate_up_silu(x2, &self.weight, inter))
+    }
+
+    /// x (..., in_dim) as contiguous f32 rows through `f`, whose (rows, width) result is
+    /// reshaped back to (..., width).
+    fn rows_through(
+        &self,
+        x: &Tensor,
+        width: usize,
+        f: impl FnOnce(&Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let last = dims.last().copied().unwrap_or(0);
         if last != self.in_dim {
@@ -77,10 +106,10 @@ impl<K: Kernels> Linear<K> {
         }
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_dim))?.to_dtype(DType::F32)?;
-        let y = self.k.matmul(&x2.contiguous()?, &self.weight)?;
+        let y = f(&x2.contiguous()?)?;
         let mut out_dims = dims;
         if let Some(l) = out_dims.last_mut() {
-            *l = self.out_dim;
+            *l = width;
         }
         Ok(y.reshape(out_dims)?)
     }

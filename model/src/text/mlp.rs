@@ -13,8 +13,9 @@ pub struct Mlp<K: Kernels> {
     down_proj: Linear<K>,
 }
 
-/// gate and up projections: two layers, or one with both weights stacked (when the backend
-/// fuses them), whose output `[gate | up]` goes through the backend's silu-multiply.
+/// gate and up projections: two layers, or one holding both weights (when the backend fuses
+/// them, [`Kernels::fuse_gate_up`]) whose product gives silu(gate)·up
+/// ([`Kernels::gate_up_silu`]).
 #[derive(Debug, Clone)]
 enum GateUp<K: Kernels> {
     Separate(Linear<K>, Linear<K>),
@@ -37,7 +38,7 @@ impl<K: Kernels> Mlp<K> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
         let gate = Linear::load(k, &vb.pp("gate_proj"), d, i)?;
         let up = Linear::load(k, &vb.pp("up_proj"), d, i)?;
-        let gate_up = match Linear::fuse(&[&gate, &up]) {
+        let gate_up = match Linear::fuse_gate_up(&gate, &up) {
             Some(fused) => GateUp::Fused(fused, i),
             None => GateUp::Separate(gate, up),
         };
@@ -55,7 +56,7 @@ impl<K: Kernels> Mlp<K> {
                 let gate = candle_nn::ops::silu(&gate.forward(x)?)?; // (n, inter)
                 (gate * up.forward(x)?)?
             }
-            GateUp::Fused(gate_up, inter) => self.k.silu_mul(&gate_up.forward(x)?, *inter)?,
+            GateUp::Fused(gate_up, inter) => gate_up.forward_gate_up_silu(x, *inter)?,
         };
         self.down_proj.forward(&h)
     }

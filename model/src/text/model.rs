@@ -491,6 +491,6 @@ impl<K: Kernels> TextModel<K> {
 
     /// x: (rows, hidden) -> (rows, vocab) f32.
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        self.lm_head.forward(&self.norm.forward(x)?)
+        self.lm_head.forward(&self.norm.forward(&self.k, x)?)
     }
 }

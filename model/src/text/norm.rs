@@ -1,5 +1,6 @@
 //! `Qwen3VLTextRMSNorm`: `x * rsqrt(mean(x^2) + eps) * w`, in f32 (the activations are f32).
 use crate::error::Result;
+use crate::kernels::Kernels;
 use candle_core::{DType, Tensor};
 use candle_nn::VarBuilder;
 
@@ -20,9 +21,9 @@ impl RmsNorm {
         })
     }
 
-    /// x: (..., dim) -> (..., dim) f32, normalised over the last dim.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// x: (..., dim) -> (..., dim) f32, normalised over the last dim by the backend's kernel.
+    pub fn forward<K: Kernels>(&self, k: &K, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?.contiguous()?;
-        Ok(candle_nn::ops::rms_norm(&x, &self.weight, self.eps)?)
+        k.rms_norm(&x, &self.weight, self.eps)
     }
 }

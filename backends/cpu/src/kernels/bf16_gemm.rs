@@ -55,7 +55,7 @@ const AMX_B_RUN_BYTES: usize = 1 << 20;
 /// 24 pairs over the prefill and ViT shapes; 128 and 512 KiB were no better.
 const AMX_B_SUBRUN_BYTES: usize = 256 << 10;
 
-/// Whether this CPU runs the kernel (AVX512-F + AVX512-BF16). Whether it is used is the
+/// Whether this CPU runs the kernel (AVX512-F, -DQ and -BF16). Whether it is used is the
 /// backend's option (`kernels.bf16_dot`, see `crate::options`).
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -63,6 +63,7 @@ pub fn available() -> bool {
         #[cfg(target_arch = "x86_64")]
         {
             std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512dq")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -241,7 +242,19 @@ pub unsafe fn gemm(
     accumulate: bool,
     parallel: bool,
 ) {
-    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, accumulate, parallel) }
+    unsafe {
+        gemm_any(
+            m,
+            k,
+            ASource::F32(a, lda),
+            b,
+            c,
+            ldc,
+            accumulate,
+            false,
+            parallel,
+        )
+    }
 }
 
 /// [`gemm`] with A already rounded to bf16 (bits, row stride `lda`, `b.k()` values per row
@@ -263,7 +276,47 @@ pub unsafe fn gemm_bf16_a(
     parallel: bool,
 ) {
     let k = 2 * b.pairs;
-    unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, accumulate, parallel) }
+    unsafe {
+        gemm_any(
+            m,
+            k,
+            ASource::Bf16(a, lda),
+            b,
+            c,
+            ldc,
+            accumulate,
+            false,
+            parallel,
+        )
+    }
+}
+
+/// C (m, n/2) = silu(A · gate) * (A · up) for B an interleaved gate/up packing of n columns
+/// (`PackedB::interleave_gate_up`): the SiLU and the product with up are applied to the
+/// register tile's sums before they are stored (the same operations as
+/// `softmax::silu_mul_row` on the plain product's output, so the same bits), and the product
+/// never writes the (m, n) gate/up values. Not on AMX tiles (their sums go through C).
+///
+/// # Safety
+/// As [`gemm`], with `c` valid for `m` rows of `ldc` >= n/2 values.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_gate_up_silu(
+    m: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    parallel: bool,
+) {
+    assert!(
+        !b.amx && b.n.is_multiple_of(NR) && ldc >= b.n / 2,
+        "gate/up SiLU product: AMX {} n {} ldc {ldc}",
+        b.amx,
+        b.n
+    );
+    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, false, true, parallel) }
 }
 
 /// The left operand: f32 rows rounded per row block into a scratch, or bf16 rows as given.
@@ -285,6 +338,7 @@ unsafe fn gemm_any(
     c: *mut f32,
     ldc: usize,
     accumulate: bool,
+    silu: bool,
     parallel: bool,
 ) {
     assert!(available(), "bf16 gemm on a CPU without AVX512-BF16");
@@ -380,6 +434,7 @@ unsafe fn gemm_any(
                     lda: lda16,
                     ldc,
                     accumulate,
+                    silu,
                 };
                 if amx {
                     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -440,7 +495,9 @@ unsafe fn gemm_any(
                 for p in p0..p1 {
                     let cols = NR.min(b.n - p * NR);
                     let bp = b.data[p * b.panel_stride..].as_ptr();
-                    let cp = c_ptr.get().add(r0 * ldc + p * NR);
+                    // A gate/up panel writes its 16 outputs.
+                    let width = if silu { NR / 2 } else { NR };
+                    let cp = c_ptr.get().add(r0 * ldc + p * width);
                     // The task's next panel goes to L2 while the row tiles pass over this one
                     // (not for a few rows: one tile then streams the panel once, and the
                     // hardware prefetcher keeps up; in-process A/B, cold B: 1 row 15% slower
@@ -473,6 +530,8 @@ struct Block {
     lda: usize,
     ldc: usize,
     accumulate: bool,
+    /// The panels are interleaved gate/up: store silu(gate)·up (see [`gemm_gate_up_silu`]).
+    silu: bool,
 }
 
 impl Block {
@@ -519,6 +578,7 @@ impl Block {
                     self.ldc,
                     cols,
                     accumulate,
+                    self.silu,
                     pf,
                 )
             };
@@ -627,6 +687,7 @@ unsafe fn tile(
     ldc: usize,
     cols: usize,
     acc: bool,
+    silu: bool,
     pf: L2Prefetch,
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -646,11 +707,11 @@ unsafe fn tile(
             2 => micro::<2>,
             _ => micro::<1>,
         };
-        f(pairs, a, lda, b, c, ldc, cols, acc, pf)
+        f(pairs, a, lda, b, c, ldc, cols, acc, silu, pf)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (mr, pairs, a, lda, b, c, ldc, cols, acc, pf);
+        let _ = (mr, pairs, a, lda, b, c, ldc, cols, acc, silu, pf);
         unreachable!("bf16 gemm needs x86-64 AVX512-BF16")
     }
 }
@@ -729,9 +790,10 @@ mod x86 {
     }
 
     /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
-    /// pairs of A. Columns past `cols` are neither read nor written in C.
+    /// pairs of A. Columns past `cols` are neither read nor written in C. With `silu` the two
+    /// halves are a gate and an up column block: C gets silu(gate)·up, 16 columns a row.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
     pub(super) unsafe fn micro<const R: usize>(
         pairs: usize,
         a: *const u16,
@@ -741,6 +803,7 @@ mod x86 {
         ldc: usize,
         cols: usize,
         accumulate: bool,
+        silu: bool,
         pf: L2Prefetch,
     ) {
         let mut lo = [_mm512_setzero_ps(); R];
@@ -772,6 +835,13 @@ mod x86 {
                 lo[r] = _mm512_dpbf16_ps(lo[r], av, b0);
                 hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
             }
+        }
+        if silu {
+            for r in 0..R {
+                let v = crate::kernels::softmax::avx512::silu_mul_16(lo[r], hi[r]);
+                _mm512_storeu_ps(c.add(r * ldc), v);
+            }
+            return;
         }
         let masks = col_masks(cols);
         for r in 0..R {
@@ -923,6 +993,68 @@ mod tests {
             );
         }
         assert_eq!(&batch[3 * n..4 * n], &one[..]);
+    }
+
+    #[test]
+    fn gate_up_silu_equals_the_product_then_the_silu() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        let val = |i: usize, s: usize| (((i * s) % 97) as f32 - 48.0) / 19.0;
+        // Odd k (a padded pair), rows below, at and past the 12-row tile, several tasks.
+        for (inter, k, m) in [(48, 7, 1), (64, 130, 12), (32, 64, 13), (16 * 24, 33, 29)] {
+            let g: Vec<f32> = (0..inter * k).map(|i| val(i, 7)).collect();
+            let u: Vec<f32> = (0..inter * k).map(|i| val(i, 11)).collect();
+            let (gp, up) = (
+                PackedB::from_rows(&g, inter, k, k),
+                PackedB::from_rows(&u, inter, k, k),
+            );
+            let both = PackedB::interleave_gate_up(&gp, &up).unwrap();
+            let a: Vec<f32> = (0..m * k).map(|i| val(i, 5) / 4.0).collect();
+            // [gate | up] per row, each product on its own.
+            let mut plain = vec![0f32; m * 2 * inter];
+            let mut fused = vec![f32::NAN; m * inter];
+            unsafe {
+                let c = plain.as_mut_ptr();
+                gemm(m, k, a.as_ptr(), k, gp.view(), c, 2 * inter, false, true);
+                gemm(
+                    m,
+                    k,
+                    a.as_ptr(),
+                    k,
+                    up.view(),
+                    c.add(inter),
+                    2 * inter,
+                    false,
+                    true,
+                );
+                gemm_gate_up_silu(
+                    m,
+                    k,
+                    a.as_ptr(),
+                    k,
+                    both.view(),
+                    fused.as_mut_ptr(),
+                    inter,
+                    true,
+                );
+            }
+            let mut want = vec![0f32; m * inter];
+            for r in 0..m {
+                let y = &plain[r * 2 * inter..(r + 1) * 2 * inter];
+                crate::kernels::softmax::silu_mul_row(
+                    &y[..inter],
+                    &y[inter..],
+                    &mut want[r * inter..(r + 1) * inter],
+                );
+            }
+            assert_eq!(
+                fused.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "inter {inter} k {k} m {m}"
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! The CPU kernels as candle ops on contiguous CPU tensors: the bf16 GEMM for packed weights,
-//! the decode gemv and the widening prefill matmul for dense ones.
+//! The CPU kernels as candle ops on contiguous CPU tensors: the bf16 GEMM for packed weights
+//! (and its gate/up form with the SiLU applied), the decode gemv and the widening prefill
+//! matmul for dense ones.
 use super::gemv::{gemv, Isa};
 use super::packed::PackedB;
 use super::tiled::matmul_widening;
@@ -26,6 +27,12 @@ impl CustomOp1 for PackedMatmul {
         let (n, k2) = (self.0.n(), self.0.k());
         if k != k2 {
             candle_core::bail!("{}: inner dims {k} vs {k2}", self.name());
+        }
+        if self.0.gate_up() {
+            candle_core::bail!(
+                "{}: an interleaved gate/up weight multiplies through gate_up_silu",
+                self.name()
+            );
         }
         let x = match (s, l.contiguous_offsets()) {
             (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
@@ -56,6 +63,84 @@ impl CustomOp1 for PackedMatmul {
             out.set_len(m * n);
         }
         Ok((CpuStorage::F32(out), Shape::from((m, n))))
+    }
+}
+
+/// x (m, k) -> silu(x · gateᵀ) * (x · upᵀ) (m, inter) for an interleaved gate/up packing
+/// ([`PackedB::interleave_gate_up`] of two (inter, k) weights).
+pub fn gate_up_silu(x: &Tensor, w: &Arc<PackedB>, inter: usize) -> candle_core::Result<Tensor> {
+    x.to_dtype(DType::F32)?
+        .contiguous()?
+        .apply_op1_no_bwd(&GateUpSilu(w.clone(), inter))
+}
+
+/// candle op: x (m, k) f32 contiguous through an interleaved gate/up packing -> (m, inter).
+struct GateUpSilu(Arc<PackedB>, usize);
+
+impl CustomOp1 for GateUpSilu {
+    fn name(&self) -> &'static str {
+        "packed-bf16-gate-up-silu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        use super::packed::NR;
+        let (m, k) = l.shape().dims2()?;
+        let (w, inter) = (&self.0, self.1);
+        if !w.gate_up() || w.n() != 2 * inter || k != w.k() || k == 0 {
+            candle_core::bail!(
+                "{}: x (_, {k}) through a weight of ({}, {}) for {inter} outputs",
+                self.name(),
+                w.n(),
+                w.k()
+            );
+        }
+        let x = match (s, l.contiguous_offsets()) {
+            (CpuStorage::F32(x), Some((a, b))) => &x[a..b],
+            _ => candle_core::bail!("{}: lhs must be contiguous f32", self.name()),
+        };
+        let mut out: Vec<f32> = Vec::with_capacity(m * inter);
+        if w.amx() {
+            // The tiles' sums go through memory: the plain product, then the SiLU per half.
+            let mut y: Vec<f32> = Vec::with_capacity(m * 2 * inter);
+            // SAFETY: as in `PackedMatmul`: every value of y is written before its length is
+            // set.
+            unsafe {
+                super::bf16_gemm::gemm(
+                    m,
+                    k,
+                    x.as_ptr(),
+                    k,
+                    w.view(),
+                    y.as_mut_ptr(),
+                    2 * inter,
+                    false,
+                    true,
+                );
+                y.set_len(m * 2 * inter);
+            }
+            out.resize(m * inter, 0.0);
+            let half = NR / 2;
+            for (o, y) in out.chunks_exact_mut(half).zip(y.chunks_exact(NR)) {
+                super::softmax::silu_mul_row(&y[..half], &y[half..], o);
+            }
+        } else {
+            // SAFETY: x holds (m, k), out has room for (m, inter); the product writes every
+            // value (16 per panel and row, inter = 16 x panels) before the length is set.
+            unsafe {
+                super::bf16_gemm::gemm_gate_up_silu(
+                    m,
+                    k,
+                    x.as_ptr(),
+                    k,
+                    w.view(),
+                    out.as_mut_ptr(),
+                    inter,
+                    true,
+                );
+                out.set_len(m * inter);
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((m, inter))))
     }
 }
 

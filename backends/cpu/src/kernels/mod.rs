@@ -1,7 +1,7 @@
 //! Every CPU kernel, in one place: the bf16 GEMM (AMX tiles or the AVX512-BF16 register tile)
 //! and the packed weight layout it reads, the decode gemv, the widening prefill matmul, the
-//! paged attention forms (chunked prefill, decode), the ViT's fused AMX attention, the softmax
-//! and the vector and elementwise passes. Which of them runs is decided once, at load, from the
+//! paged attention forms (chunked prefill, decode), the ViT's fused AMX attention, the softmax,
+//! RMSNorm and the vector and elementwise passes. Which of them runs is decided once, at load, from the
 //! backend's options ([`crate::CpuOptions`]); nothing here reads the environment.
 pub mod aligned;
 pub mod amx;
@@ -13,8 +13,10 @@ pub mod chunk_attention;
 pub(crate) mod cpu_view;
 pub mod decode_attention;
 pub mod gemv;
+pub(crate) mod multiversion;
 pub mod packed;
 pub mod ptr;
+pub mod rms_norm;
 pub mod softmax;
 pub mod tiled;
 pub mod vec;

@@ -53,6 +53,9 @@ pub struct PackedB {
     ///
     /// [`BView::with_amx`]: super::bf16_gemm::BView::with_amx
     amx: bool,
+    /// A gate and an up weight interleaved ([`PackedB::interleave_gate_up`]): each panel's
+    /// first 16 columns are gate columns, its last 16 the up columns of the same outputs.
+    gate_up: bool,
 }
 
 impl PackedB {
@@ -102,6 +105,7 @@ impl PackedB {
             k,
             data,
             amx: false,
+            gate_up: false,
         }
     }
 
@@ -139,7 +143,48 @@ impl PackedB {
             k,
             data,
             amx: parts[0].amx,
+            gate_up: false,
         })
+    }
+
+    /// The gate and up weights of an MLP (both (inter, k)) in one packing whose panel p holds
+    /// gate columns 16p..16p+16 then up columns 16p..16p+16: one register tile then sums a
+    /// gate value and its up value side by side, and the product can write silu(gate)·up
+    /// directly (`bf16_gemm::gemm_gate_up_silu`). `None` unless both have the same shape
+    /// with a whole number of 16-column halves.
+    pub fn interleave_gate_up(gate: &PackedB, up: &PackedB) -> Option<PackedB> {
+        let (n, k) = (gate.n, gate.k);
+        if up.n != n || up.k != k || n == 0 || !n.is_multiple_of(NR / 2) {
+            return None;
+        }
+        let half = NR / 2;
+        let panels = n / half;
+        let mut data = AlignedU16::zeroed(panels * gate.panel_len());
+        // Per pair row of a panel, NR columns x 2 values: 16 columns of a source are 32
+        // consecutive u16 of its panel (16p..16p+16 never straddles two source panels).
+        let row = 2 * NR;
+        for p in 0..panels {
+            let (src_panel, src_col) = ((p * half) / NR, (p * half) % NR);
+            let dst = &mut data[p * gate.panel_len()..(p + 1) * gate.panel_len()];
+            for q in 0..Self::kp(k) / 2 {
+                let from = src_panel * gate.panel_len() + q * row + 2 * src_col;
+                dst[q * row..q * row + NR].copy_from_slice(&gate.data[from..from + NR]);
+                dst[q * row + NR..(q + 1) * row].copy_from_slice(&up.data[from..from + NR]);
+            }
+        }
+        Some(PackedB {
+            n: 2 * n,
+            k,
+            data,
+            amx: gate.amx,
+            gate_up: true,
+        })
+    }
+
+    /// Whether this is an [`Self::interleave_gate_up`] packing (whose plain product gives
+    /// its columns interleaved in halves of panels).
+    pub fn gate_up(&self) -> bool {
+        self.gate_up
     }
 
     /// Column j of B (row j of the original (n, k) weight) widened to f32: the embedding
@@ -210,6 +255,33 @@ pub fn pack_inner_row<T: PackElem>(dst: &mut [u16], k: usize, i: usize, values: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gate_up_interleaves_halves_of_panels() {
+        let (n, k) = (48, 7);
+        let val = |i: usize| ((i % 61) as f32 * 0.5) - 15.0;
+        let g: Vec<f32> = (0..n * k).map(val).collect();
+        let u: Vec<f32> = (0..n * k).map(|i| val(i + 5) * 2.0).collect();
+        let (gp, up) = (
+            PackedB::from_rows(&g, n, k, k),
+            PackedB::from_rows(&u, n, k, k),
+        );
+        let both = PackedB::interleave_gate_up(&gp, &up).unwrap();
+        assert!(both.gate_up() && both.n() == 2 * n);
+        let (mut got, mut want) = (vec![0f32; k], vec![0f32; k]);
+        for j in 0..2 * n {
+            let (p, c) = (j / NR, j % NR);
+            let (src, col) = if c < NR / 2 {
+                (&gp, p * NR / 2 + c)
+            } else {
+                (&up, p * NR / 2 + c - NR / 2)
+            };
+            both.column_f32(j, &mut got);
+            src.column_f32(col, &mut want);
+            assert_eq!(got, want, "column {j}");
+        }
+        assert!(PackedB::interleave_gate_up(&gp, &PackedB::from_rows(&g, 40, k, k)).is_none());
+    }
 
     #[test]
     fn rows_round_trip_and_inner_rows_agree() {

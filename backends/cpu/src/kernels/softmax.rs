@@ -168,7 +168,7 @@ fn silu_mul_row_portable(gate: &[f32], up: &[f32], out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     /// 2^t on 16 lanes for t >= -126 (clamped there; -inf gives 2^-126): 2^(t - floor t) by a
@@ -190,12 +190,21 @@ mod avx512 {
         _mm512_scalef_ps(y, t)
     }
 
+    /// silu(g) * u on 16 lanes: the one sequence of operations behind [`super::silu_mul_row`]
+    /// and the bf16 GEMM's fused SiLU epilogue, so that both give the same bits.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512dq")]
+    pub(crate) unsafe fn silu_mul_16(g: __m512, u: __m512) -> __m512 {
+        // exp(-g) = 2^(-g·log2 e); +inf for g < -88 gives g / inf = -0, as libm does.
+        let e = exp2_16(_mm512_mul_ps(g, _mm512_set1_ps(-std::f32::consts::LOG2_E)));
+        let s = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0), e));
+        _mm512_mul_ps(s, u)
+    }
+
     /// [`super::silu_mul_row`] on 16 lanes at a time (the tail masked).
     #[target_feature(enable = "avx512f,avx512dq")]
     pub(super) unsafe fn silu_mul_row(gate: &[f32], up: &[f32], out: &mut [f32]) {
         let n = out.len();
-        let neg_log2e = _mm512_set1_ps(-std::f32::consts::LOG2_E);
-        let one = _mm512_set1_ps(1.0);
         let mut i = 0;
         while i < n {
             let left = n - i;
@@ -208,10 +217,7 @@ mod avx512 {
             unsafe {
                 let g = _mm512_maskz_loadu_ps(mask, gate.as_ptr().add(i));
                 let u = _mm512_maskz_loadu_ps(mask, up.as_ptr().add(i));
-                // exp(-g) = 2^(-g·log2 e); +inf for g < -88 gives g / inf = -0, as libm does.
-                let e = exp2_16(_mm512_mul_ps(g, neg_log2e));
-                let s = _mm512_div_ps(g, _mm512_add_ps(one, e));
-                _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), mask, _mm512_mul_ps(s, u));
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), mask, silu_mul_16(g, u));
             }
             i += 16;
         }

@@ -8,6 +8,7 @@
 //! Accuracy: `exp` ~2e-7 relative (Cephes expf polynomial), `erf` ~1.5e-7 absolute
 //! (Abramowitz-Stegun 7.1.26); far inside the 1e-5 the bucketed path is held to.
 
+use super::multiversion::multiversion;
 pub use crate::kernels::softmax::{exp_approx, online_softmax_tile};
 
 /// `gelu_pytorch_tanh`: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
@@ -35,35 +36,6 @@ pub fn erf_approx(z: f32) -> f32 {
 #[inline(always)]
 pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf_approx(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-macro_rules! multiversion {
-    ($(#[$m:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $body:block) => {
-        $(#[$m])*
-        pub fn $name($($arg: $ty),*) {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
-                unsafe fn fast512($($arg: $ty),*) $body
-                if std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("avx512bw")
-                    && std::arch::is_x86_feature_detected!("avx512dq")
-                    && std::arch::is_x86_feature_detected!("avx512vl")
-                {
-                    // SAFETY: the features were detected on this CPU.
-                    return unsafe { fast512($($arg),*) };
-                }
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn fast($($arg: $ty),*) $body
-                if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                    // SAFETY: the features were detected on this CPU.
-                    return unsafe { fast($($arg),*) };
-                }
-            }
-            fn portable($($arg: $ty),*) $body
-            portable($($arg),*)
-        }
-    };
 }
 
 multiversion! {
