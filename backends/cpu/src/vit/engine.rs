@@ -6,7 +6,7 @@
 //! bucket of whole 32-row panels, attention runs fused instead ([`crate::kernels::attention_amx`]).
 use crate::kernels::bf16_gemm::to_bf16;
 use crate::kernels::cpu_view::CpuF32;
-use crate::kernels::packed::{pack_column, NR};
+use crate::kernels::packed::NR;
 use crate::kernels::vit_ops::{
     add_bias, bias_gelu_erf, bias_gelu_tanh, gemm_f32, layer_norm_row, online_softmax_tile, Mat,
 };
@@ -618,9 +618,14 @@ fn rope_split(
         .into_par_iter()
         .for_each(|blk| {
             let (mut krow, mut vrow) = (vec![0f32; hd], vec![0f32; hd]);
-            // bf16 rows to pack, rounded by the vector conversion.
-            let (mut kbits, mut vbits) = (vec![0u16; hd], vec![0u16; hd]);
             let (r0, r1) = (blk * ROPE_ROWS, ((blk + 1) * ROPE_ROWS).min(rows));
+            // bf16 K and V of the block's rows (every head), rounded by the vector conversion,
+            // packed per head once the block is done (see `pack_block`).
+            let (mut kbits, mut vbits) = if packed {
+                (vec![0u16; (r1 - r0) * d], vec![0u16; (r1 - r0) * d])
+            } else {
+                (Vec::new(), Vec::new())
+            };
             for r in r0..r1 {
                 let row = &qkv[r * 3 * d..(r + 1) * 3 * d];
                 let (c, s) = (
@@ -631,8 +636,7 @@ fn rope_split(
                     let (qo, ko, vo) = (head * hd, d + head * hd, 2 * d + head * hd);
                     let at = head * rows * hd + r * hd;
                     // SAFETY (all writes below): q, k and v hold (H, rows, hd); this task
-                    // writes rows r0..r1 of every head alone: q's and (f32) k's and v's rows
-                    // r, the packed K panel of rows r0..r1 and the packed V pairs of those rows.
+                    // writes rows r0..r1 of every head alone.
                     let q_out = unsafe { std::slice::from_raw_parts_mut(qp.get().add(at), hd) };
                     rope_row(&row[qo..qo + hd], &bias[qo..qo + hd], c, s, t.scale, q_out);
                     rope_row(&row[ko..ko + hd], &bias[ko..ko + hd], c, s, 1.0, &mut krow);
@@ -644,20 +648,9 @@ fn rope_split(
                         *o = sv + bv;
                     }
                     if packed {
-                        to_bf16(&krow, &mut kbits);
-                        to_bf16(&vrow, &mut vbits);
-                        // The head's slot holds 2 * rows * hd u16 (see `head_kv`).
-                        let slot = head * 2 * rows * hd;
-                        unsafe {
-                            let k16 = (kp.get() as *mut u16).add(slot);
-                            let panel = (r / NR) * PackedB::len_for(NR, hd);
-                            let k16 = std::slice::from_raw_parts_mut(
-                                k16.add(panel),
-                                PackedB::len_for(NR, hd),
-                            );
-                            pack_column(k16, hd, r % NR, &kbits);
-                            pack_inner_row_raw((vp.get() as *mut u16).add(slot), rows, r, &vbits);
-                        }
+                        let at = (r - r0) * d + head * hd;
+                        to_bf16(&krow, &mut kbits[at..at + hd]);
+                        to_bf16(&vrow, &mut vbits[at..at + hd]);
                     } else {
                         unsafe {
                             std::slice::from_raw_parts_mut(kp.get().add(at), hd)
@@ -668,19 +661,79 @@ fn rope_split(
                     }
                 }
             }
+            if packed {
+                for head in 0..heads {
+                    // SAFETY: the head's slot holds 2 * rows * hd u16 (see `head_kv`); this
+                    // task writes the K panel of rows r0..r1 and the V pairs of those rows.
+                    unsafe {
+                        let slot = head * 2 * rows * hd;
+                        let k16 = (kp.get() as *mut u16).add(slot);
+                        let v16 = (vp.get() as *mut u16).add(slot);
+                        pack_block(&kbits, &vbits, d, head * hd, hd, r0, r1, rows, k16, v16);
+                    }
+                }
+            }
         });
 }
 
-/// [`crate::kernels::packed::pack_inner_row`] through a raw pointer: tasks that each own some
-/// pairs of inner rows write the same panels, so none may hold a slice of them.
+/// Rows r0..r1 (one K panel: r0 a multiple of `NR`, at most `NR` rows) of one head into its
+/// packed K ((keys, hd) as B of q·kᵀ) and V ((hd, keys) as B of p·v), from `kbits` and `vbits`
+/// (the block's rows of every head, row stride `d`, this head's values from `col`). Both
+/// packings are written front to back, a whole panel row at a time (writing each row of the
+/// block as it came scattered its values over every head's panels: ~half of the split's time).
 ///
 /// # Safety
-/// `dst` must be valid for a packing of (values.len(), k), and no one else may write the pair
-/// of inner rows `i` belongs to.
-unsafe fn pack_inner_row_raw(dst: *mut u16, k: usize, i: usize, values: &[u16]) {
-    let panel_len = PackedB::len_for(NR, k);
-    for (j, &v) in values.iter().enumerate() {
-        unsafe { *dst.add((j / NR) * panel_len + ((i / 2) * NR + j % NR) * 2 + (i & 1)) = v };
+/// `k16` and `v16` must be valid for packings of (rows, hd) and (hd, rows), and no one else may
+/// write the K panel of rows r0..r1 or the V pairs of those rows.
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_block(
+    kbits: &[u16],
+    vbits: &[u16],
+    d: usize,
+    col: usize,
+    hd: usize,
+    r0: usize,
+    r1: usize,
+    rows: usize,
+    k16: *mut u16,
+    v16: *mut u16,
+) {
+    let n = r1 - r0;
+    fn row(bits: &[u16], r: usize, d: usize, col: usize, hd: usize) -> &[u16] {
+        &bits[r * d + col..r * d + col + hd]
+    }
+    // K: panel r0 / NR; its pair row i holds, for each key c, the values 2i and 2i + 1.
+    let panel = unsafe { k16.add((r0 / NR) * PackedB::len_for(NR, hd)) };
+    for i in 0..hd.div_ceil(2) {
+        let out = unsafe { std::slice::from_raw_parts_mut(panel.add(i * 2 * NR), 2 * n) };
+        for (c, pair) in out.chunks_exact_mut(2).enumerate() {
+            let key = row(kbits, c, d, col, hd);
+            pair[0] = key[2 * i];
+            pair[1] = if 2 * i + 1 < hd { key[2 * i + 1] } else { 0 };
+        }
+    }
+    // V: inner index = key; keys 2p and 2p + 1 interleave in pair row p of each panel.
+    let panel_len = PackedB::len_for(NR, rows);
+    for p in (r0 / 2)..r1.div_ceil(2) {
+        let (a, b) = (2 * p - r0, 2 * p + 1 - r0);
+        for j0 in (0..hd).step_by(NR) {
+            let w = NR.min(hd - j0);
+            let out = unsafe {
+                std::slice::from_raw_parts_mut(v16.add((j0 / NR) * panel_len + p * 2 * NR), 2 * w)
+            };
+            let first = &row(vbits, a, d, col, hd)[j0..j0 + w];
+            if b < n {
+                let second = &row(vbits, b, d, col, hd)[j0..j0 + w];
+                for ((o, &x), &y) in out.chunks_exact_mut(2).zip(first).zip(second) {
+                    o[0] = x;
+                    o[1] = y;
+                }
+            } else {
+                for (o, &x) in out.chunks_exact_mut(2).zip(first) {
+                    o[0] = x;
+                }
+            }
+        }
     }
 }
 
