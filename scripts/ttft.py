@@ -45,7 +45,9 @@ def one(url, model, image, max_tokens):
                 continue
             ev = json.loads(line[5:])
             delta = (ev.get("choices") or [{}])[0].get("delta", {})
-            if first is None and delta.get("content"):
+            # The gateway's first chunk comes with the first token (role + content, which may
+            # be "" for a token that ends inside a UTF-8 sequence).
+            if first is None and "content" in delta:
                 first = time.perf_counter() - t0
     return first, time.perf_counter() - t0
 
@@ -63,7 +65,10 @@ def main():
     one(a.url, model, image, 4)  # warm-up
     runs = [one(a.url, model, image, a.max_tokens) for _ in range(a.rounds)]
     ttft = [r[0] for r in runs if r[0] is not None]
-    print(f"image {a.size}x{a.size}: TTFT median {statistics.median(ttft):.3f} s "
+    what = f"image {a.size}x{a.size}" if a.size else "text"
+    if not ttft:
+        raise SystemExit(f"{what}: no content chunk in {a.rounds} rounds")
+    print(f"{what}: TTFT median {statistics.median(ttft):.3f} s "
           f"[{min(ttft):.3f}-{max(ttft):.3f}], total median {statistics.median(r[1] for r in runs):.3f} s "
           f"({a.rounds} rounds, {a.max_tokens} tokens)")
 

@@ -16,7 +16,11 @@
 //! With AMX tiles it also times the fused ViT attention task (`kernels/attention_amx.rs`): 256
 //! query rows of one 64-wide head against 4096 keys.
 use std::time::Instant;
-use vlm_backend_cpu::kernels::{amx, bf16_dot_available, bf16_gemm::AmxBlocking, PackedB};
+use vlm_backend_cpu::kernels::{
+    amx, bf16_dot_available,
+    bf16_gemm::{AmxBlocking, TilePrefetch},
+    PackedB,
+};
 
 /// Whether the products run on AMX tiles: where the CPU has them, unless VLM_BENCH_AMX=0 (the
 /// bench's stand-in for the backend's `kernels.amx: off`).
@@ -129,15 +133,20 @@ fn main() {
             .and_then(|v| v.parse::<usize>().ok())
             .unwrap_or(0);
         let mut c = vec![0f32; m * ldc];
-        // $VLM_BENCH_AB_PREFETCH=0: the register tile without its next-panel L2 prefetch
-        // against the default, alternated.
+        // $VLM_BENCH_AB_PREFETCH=0: the register tile without its L2 prefetch against the
+        // default, alternated; =next: decode rows with the next-panel prefetch rather than the
+        // in-stream one.
         let ab_kc = std::env::var("VLM_BENCH_AB_PREFETCH")
             .ok()
-            .map(|v| v != "0");
-        let mut call = |blocking: Option<AmxBlocking>, kc: Option<bool>| unsafe {
+            .map(|v| match v.as_str() {
+                "0" => TilePrefetch::Off,
+                "next" => TilePrefetch::NextPanel,
+                v => panic!("VLM_BENCH_AB_PREFETCH={v}: 0 or next"),
+            });
+        let mut call = |blocking: Option<AmxBlocking>, kc: Option<TilePrefetch>| unsafe {
             next += 1;
             let b = packed[next % copies].view().with_amx(use_amx());
-            let b = kc.map_or(b, |on| b.with_prefetch(on));
+            let b = kc.map_or(b, |kc| b.with_prefetch(kc));
             vlm_backend_cpu::kernels::bf16_gemm::gemm(
                 m,
                 k,
@@ -193,7 +202,7 @@ fn main() {
             };
             report("  (default blocking, median of 15)", median(&mut base));
             let label = match kc_ab {
-                Some(on) => format!("  (next-panel prefetch {on}, median of 15, alternated)"),
+                Some(kc) => format!("  (prefetch {kc:?}, median of 15, alternated)"),
                 None => format!(
                     "  (A blocks of {} B, sub-runs of {} B, median of 15, alternated)",
                     alt.a_block_bytes, alt.subrun_bytes

@@ -34,8 +34,19 @@ const PANELS_PER_TASK: usize = 8;
 /// 2B prefill of 273 tokens 0.95 / 0.95 / 1.02 s against 1.00 / 1.00 / 1.06 s with 512 KiB
 /// blocks; ViT at 1024 / 4096 patches 0-5% faster).
 const A_BLOCK_BYTES: usize = 2 << 20;
-/// Register tile: from this many rows on, a task prefetches its next panel into L2.
+/// Register tile: from this many rows on, a task prefetches B ahead of its tiles (below, one
+/// tile streams the panel faster than prefetches help: the hardware prefetcher keeps up).
 const PREFETCH_MIN_ROWS: usize = 5;
+/// Register tile, up to this many rows (decode batches): the first row tile prefetches its own
+/// panel [`STREAM_AHEAD_LINES`] ahead of its reads instead of the task's next panel, so a
+/// task's first panel is not read cold and lines are asked for a fixed distance ahead. Cold B,
+/// 2 threads, Zen 4, alternated call by call (`VLM_BENCH_AB_PREFETCH=next` in the `bf16_gemm`
+/// bench): 8 rows 0-28% faster on the 2B's shapes (12 of 13 pairs ahead, one equal; median
+/// 16%), 5-16 rows 10-15%, 24-32 rows 3-12%, 64 rows within 4%. 32 lines ahead was 4-17% slower
+/// than the next-panel scheme; 64-640 faster on most shapes, 96 on every one.
+const STREAM_MAX_ROWS: usize = 32;
+/// Lines (of 64 B) the in-stream prefetch runs ahead of the tile: 48 inner pairs of a panel.
+const STREAM_AHEAD_LINES: usize = 96;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
 /// Rows of A one AMX step covers (two 16-row tiles).
@@ -85,9 +96,23 @@ pub struct BView<'a> {
     amx: bool,
     /// AMX: how the product is blocked (the defaults unless a bench says otherwise).
     amx_blocking: AmxBlocking,
-    /// The register tile: each task's next panel is prefetched into L2 while the row tiles pass
-    /// over the current one (off only for the benches' A/B; the same bits either way).
-    prefetch: bool,
+    /// The register tile's L2 prefetch (other than the default only for the benches' A/B; the
+    /// same bits either way).
+    prefetch: TilePrefetch,
+}
+
+/// What the register tile prefetches into L2 (see `gemm_any`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum TilePrefetch {
+    /// Decode rows (`PREFETCH_MIN_ROWS..=STREAM_MAX_ROWS`): the panel itself, ahead of the
+    /// first row tile; more rows: each task's next panel while the row tiles pass over the
+    /// current one.
+    #[default]
+    Auto,
+    /// Each task's next panel, whatever the row count (from `PREFETCH_MIN_ROWS` rows).
+    NextPanel,
+    /// None.
+    Off,
 }
 
 /// How an AMX product is blocked. The results are the same bits whatever the values; they move
@@ -125,7 +150,7 @@ impl<'a> BView<'a> {
             n,
             amx: false,
             amx_blocking: AmxBlocking::default(),
-            prefetch: true,
+            prefetch: TilePrefetch::Auto,
         }
     }
     /// Products with this operand on AMX tiles when `on` and the CPU granted them (the
@@ -143,9 +168,8 @@ impl<'a> BView<'a> {
             ..self
         }
     }
-    /// Register-tile products with this operand without (false) the next-panel L2 prefetch
-    /// (for the benches).
-    pub fn with_prefetch(self, prefetch: bool) -> BView<'a> {
+    /// Register-tile products with this operand with that L2 prefetch (for the benches).
+    pub fn with_prefetch(self, prefetch: TilePrefetch) -> BView<'a> {
         BView { prefetch, ..self }
     }
     /// Whether products with this operand run on AMX tiles.
@@ -242,19 +266,8 @@ pub unsafe fn gemm(
     accumulate: bool,
     parallel: bool,
 ) {
-    unsafe {
-        gemm_any(
-            m,
-            k,
-            ASource::F32(a, lda),
-            b,
-            c,
-            ldc,
-            accumulate,
-            false,
-            parallel,
-        )
-    }
+    let store = Store::new(accumulate);
+    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, store, parallel) }
 }
 
 /// [`gemm`] with A already rounded to bf16 (bits, row stride `lda`, `b.k()` values per row
@@ -275,20 +288,8 @@ pub unsafe fn gemm_bf16_a(
     accumulate: bool,
     parallel: bool,
 ) {
-    let k = 2 * b.pairs;
-    unsafe {
-        gemm_any(
-            m,
-            k,
-            ASource::Bf16(a, lda),
-            b,
-            c,
-            ldc,
-            accumulate,
-            false,
-            parallel,
-        )
-    }
+    let (k, store) = (2 * b.pairs, Store::new(accumulate));
+    unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, store, parallel) }
 }
 
 /// C (m, n/2) = silu(A · gate) * (A · up) for B an interleaved gate/up packing of n columns
@@ -316,7 +317,30 @@ pub unsafe fn gemm_gate_up_silu(
         b.amx,
         b.n
     );
-    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, false, true, parallel) }
+    let store = Store::SiluMul;
+    unsafe { gemm_any(m, k, ASource::F32(a, lda), b, c, ldc, store, parallel) }
+}
+
+/// How the sums of a register tile go to C.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Store {
+    /// C = A·B.
+    Write,
+    /// C += A·B.
+    Add,
+    /// The panels are interleaved gate/up: C = silu(gate)·up, half the columns
+    /// (see [`gemm_gate_up_silu`]).
+    SiluMul,
+}
+
+impl Store {
+    fn new(accumulate: bool) -> Store {
+        if accumulate {
+            Store::Add
+        } else {
+            Store::Write
+        }
+    }
 }
 
 /// The left operand: f32 rows rounded per row block into a scratch, or bf16 rows as given.
@@ -337,8 +361,7 @@ unsafe fn gemm_any(
     b: BView<'_>,
     c: *mut f32,
     ldc: usize,
-    accumulate: bool,
-    silu: bool,
+    store: Store,
     parallel: bool,
 ) {
     assert!(available(), "bf16 gemm on a CPU without AVX512-BF16");
@@ -433,8 +456,7 @@ unsafe fn gemm_any(
                     a: a16,
                     lda: lda16,
                     ldc,
-                    accumulate,
-                    silu,
+                    store,
                 };
                 if amx {
                     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -496,15 +518,21 @@ unsafe fn gemm_any(
                     let cols = NR.min(b.n - p * NR);
                     let bp = b.data[p * b.panel_stride..].as_ptr();
                     // A gate/up panel writes its 16 outputs.
-                    let width = if silu { NR / 2 } else { NR };
+                    let width = if store == Store::SiluMul { NR / 2 } else { NR };
                     let cp = c_ptr.get().add(r0 * ldc + p * width);
-                    // The task's next panel goes to L2 while the row tiles pass over this one
-                    // (not for a few rows: one tile then streams the panel once, and the
-                    // hardware prefetcher keeps up; in-process A/B, cold B: 1 row 15% slower
-                    // with it, 8 rows 11% faster).
-                    let next = (b.prefetch && rows >= PREFETCH_MIN_ROWS && p + 1 < p1)
-                        .then(|| bp.add(b.panel_stride));
-                    block.panel_avx512(0, b.pairs, bp, cp, cols, accumulate, next);
+                    // The task's next panel goes to L2 while the row tiles pass over this one;
+                    // for decode rows, this panel a fixed distance ahead of the first tile (not
+                    // for a few rows: one tile then streams the panel once, and the hardware
+                    // prefetcher keeps up; in-process A/B, cold B: 1 row 15% slower with it).
+                    let decode_rows = rows <= STREAM_MAX_ROWS;
+                    let prefetch = match b.prefetch {
+                        _ if rows < PREFETCH_MIN_ROWS => PanelPrefetch::None,
+                        TilePrefetch::Off => PanelPrefetch::None,
+                        TilePrefetch::Auto if decode_rows => PanelPrefetch::Ahead,
+                        _ if p + 1 < p1 => PanelPrefetch::Next(bp.add(b.panel_stride)),
+                        _ => PanelPrefetch::None,
+                    };
+                    block.panel_avx512(0, b.pairs, bp, cp, cols, store, prefetch);
                 }
             }
         });
@@ -529,9 +557,7 @@ struct Block {
     a: *const u16,
     lda: usize,
     ldc: usize,
-    accumulate: bool,
-    /// The panels are interleaved gate/up: store silu(gate)·up (see [`gemm_gate_up_silu`]).
-    silu: bool,
+    store: Store,
 }
 
 impl Block {
@@ -545,26 +571,35 @@ impl Block {
         bp: *const u16,
         cp: *mut f32,
         cols: usize,
-        accumulate: bool,
-        next: Option<*const u16>,
+        store: Store,
+        prefetch: PanelPrefetch,
     ) {
-        // The next panel's lines, spread evenly over the row tiles.
-        let lines = if next.is_some() {
-            pairs * 2 * NR * 2 / 64
-        } else {
-            0
-        };
-        let per_tile = lines.div_ceil(self.rows.div_ceil(MR));
+        // The panel's lines over these pairs (a tile reads 2 x NR bf16 per pair).
+        let lines = pairs * 2 * NR * 2 / 64;
+        let tiles = self.rows.div_ceil(MR);
         let mut r = 0;
         while r < self.rows {
             let mr = MR.min(self.rows - r);
-            let done = (r / MR) * per_tile;
-            let pf = L2Prefetch {
-                // SAFETY: only an address: `prefetcht1` of any address is harmless.
-                start: next.map_or(std::ptr::null(), |n| {
-                    (n.wrapping_add(first * 2 * NR) as *const u8).wrapping_add(64 * done)
-                }),
-                lines: per_tile.min(lines.saturating_sub(done)),
+            // Only addresses: `prefetcht1` of any address is harmless.
+            let pf = match prefetch {
+                PanelPrefetch::None => L2Prefetch::NONE,
+                // The next panel's lines, spread evenly over the row tiles.
+                PanelPrefetch::Next(next) => {
+                    let per_tile = lines.div_ceil(tiles);
+                    let done = (r / MR) * per_tile;
+                    L2Prefetch {
+                        start: (next.wrapping_add(first * 2 * NR) as *const u8)
+                            .wrapping_add(64 * done),
+                        lines: per_tile.min(lines.saturating_sub(done)),
+                    }
+                }
+                // The first tile brings in what the tiles after it read from L2.
+                PanelPrefetch::Ahead if r == 0 => L2Prefetch {
+                    start: (bp.wrapping_add(first * 2 * NR) as *const u8)
+                        .wrapping_add(64 * STREAM_AHEAD_LINES),
+                    lines,
+                },
+                PanelPrefetch::Ahead => L2Prefetch::NONE,
             };
             // SAFETY: rows r..r + mr of A and C, pairs first..first + pairs of the panel.
             unsafe {
@@ -577,8 +612,7 @@ impl Block {
                     cp.add(r * self.ldc),
                     self.ldc,
                     cols,
-                    accumulate,
-                    self.silu,
+                    store,
                     pf,
                 )
             };
@@ -609,7 +643,7 @@ impl Block {
                     let c = cp.add(r * self.ldc);
                     // A whole 32x32 block that overwrites C is stored by the tiles straight
                     // into C; otherwise through `out` (the same sums, then [+]= into C).
-                    let direct = group == AMX_ROWS && cols == NR && !self.accumulate;
+                    let direct = group == AMX_ROWS && cols == NR && self.store == Store::Write;
                     let (o, ldo) = if direct { (c, self.ldc) } else { (out_ptr, NR) };
                     if group > TILE_ROWS {
                         super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo, prefetch);
@@ -617,7 +651,8 @@ impl Block {
                         super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
                     }
                     if !direct {
-                        x86::write_rows(out_ptr, group, c, self.ldc, cols, self.accumulate);
+                        let add = self.store == Store::Add;
+                        x86::write_rows(out_ptr, group, c, self.ldc, cols, add);
                     }
                 }
                 r += group;
@@ -635,8 +670,8 @@ impl Block {
                     bp,
                     cp,
                     cols,
-                    self.accumulate || chunks > 0,
-                    None,
+                    if chunks > 0 { Store::Add } else { self.store },
+                    PanelPrefetch::None,
                 )
             };
         }
@@ -666,12 +701,29 @@ fn convert_row(src: &[f32], dst: &mut [u16]) {
     }
 }
 
+/// What a register-tile pass over a panel prefetches into L2 (see `gemm_any`).
+#[derive(Clone, Copy)]
+enum PanelPrefetch {
+    None,
+    /// The task's next panel, spread over the row tiles.
+    Next(*const u16),
+    /// The panel itself, [`STREAM_AHEAD_LINES`] ahead of the first row tile's reads.
+    Ahead,
+}
+
 /// Lines a register tile brings into L2 while it runs (`prefetcht1`), spread over its pairs:
-/// the part of the task's next panel that falls to this tile.
+/// `lines` consecutive lines from `start`.
 #[derive(Clone, Copy)]
 pub(crate) struct L2Prefetch {
     start: *const u8,
     lines: usize,
+}
+
+impl L2Prefetch {
+    const NONE: L2Prefetch = L2Prefetch {
+        start: std::ptr::null(),
+        lines: 0,
+    };
 }
 
 /// One register tile: `mr` (<= 12) rows of A against one panel.
@@ -686,8 +738,7 @@ unsafe fn tile(
     c: *mut f32,
     ldc: usize,
     cols: usize,
-    acc: bool,
-    silu: bool,
+    store: Store,
     pf: L2Prefetch,
 ) {
     #[cfg(target_arch = "x86_64")]
@@ -707,18 +758,18 @@ unsafe fn tile(
             2 => micro::<2>,
             _ => micro::<1>,
         };
-        f(pairs, a, lda, b, c, ldc, cols, acc, silu, pf)
+        f(pairs, a, lda, b, c, ldc, cols, store, pf)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (mr, pairs, a, lda, b, c, ldc, cols, acc, silu, pf);
+        let _ = (mr, pairs, a, lda, b, c, ldc, cols, store, pf);
         unreachable!("bf16 gemm needs x86-64 AVX512-BF16")
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{bf16_bits, L2Prefetch, NR};
+    use super::{bf16_bits, L2Prefetch, Store, NR};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512bf16")]
@@ -790,8 +841,8 @@ mod x86 {
     }
 
     /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
-    /// pairs of A. Columns past `cols` are neither read nor written in C. With `silu` the two
-    /// halves are a gate and an up column block: C gets silu(gate)·up, 16 columns a row.
+    /// pairs of A. Columns past `cols` are neither read nor written in C. With `SiluMul` the
+    /// two halves are a gate and an up column block: C gets silu(gate)·up, 16 columns a row.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
     pub(super) unsafe fn micro<const R: usize>(
@@ -802,8 +853,7 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
         cols: usize,
-        accumulate: bool,
-        silu: bool,
+        store: Store,
         pf: L2Prefetch,
     ) {
         let mut lo = [_mm512_setzero_ps(); R];
@@ -836,7 +886,7 @@ mod x86 {
                 hi[r] = _mm512_dpbf16_ps(hi[r], av, b1);
             }
         }
-        if silu {
+        if store == Store::SiluMul {
             for r in 0..R {
                 let v = crate::kernels::softmax::avx512::silu_mul_16(lo[r], hi[r]);
                 _mm512_storeu_ps(c.add(r * ldc), v);
@@ -845,7 +895,7 @@ mod x86 {
         }
         let masks = col_masks(cols);
         for r in 0..R {
-            store_row(c.add(r * ldc), (lo[r], hi[r]), masks, accumulate);
+            store_row(c.add(r * ldc), (lo[r], hi[r]), masks, store == Store::Add);
         }
     }
 }
