@@ -56,6 +56,12 @@ fn main() {
     // The tiles' rate on this core now (it moves within minutes on a shared VM: compare
     // figures taken at a similar probe).
     let probe = || {
+        if let Some(g) = vlm_backend_cpu::kernels::peak::bf16_peak_gflops(5) {
+            println!(
+                "AVX512-BF16 peak ({} threads, vdpbf16ps back to back): {g:.0} GFLOP/s",
+                rayon::current_num_threads()
+            );
+        }
         if let Some(p) = use_amx().then(amx::probe).flatten() {
             println!(
                 "AMX probe (one thread): products {:.0} GFLOP/s, the tile step on L1-resident operands {:.0} GFLOP/s",

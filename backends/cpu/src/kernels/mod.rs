@@ -15,6 +15,7 @@ pub mod decode_attention;
 pub mod gemv;
 pub(crate) mod multiversion;
 pub mod packed;
+pub mod peak;
 pub mod ptr;
 pub mod rms_norm;
 pub mod softmax;

@@ -1,0 +1,83 @@
+//! The AVX512-BF16 product's peak on this machine, measured: `vdpbf16ps` back to back on twelve
+//! independent accumulators, no loads, on every thread of the current rayon pool at once. The
+//! benches print it so that a kernel's GFLOP/s reads as a share of what the cores can do right
+//! now (a VM's clock moves), and the README's bounds (the fewest seconds a request's products
+//! can take) are computed from it instead of from a data sheet.
+
+/// Sums per thread of one probe: 12 accumulators x 16 lanes x 2 products x 2 FLOP per step.
+const FLOP_PER_STEP: f64 = 12.0 * 16.0 * 2.0 * 2.0;
+/// Steps per timed run (~10 ms at 3.6 GHz, one instruction per cycle).
+const STEPS: u64 = 3_000_000;
+
+/// GFLOP/s of back-to-back `vdpbf16ps` on all threads of the current rayon pool together (the
+/// best of `runs`), or None where the CPU has no AVX512-BF16.
+pub fn bf16_peak_gflops(runs: usize) -> Option<f64> {
+    if !super::bf16_gemm::available() {
+        return None;
+    }
+    let threads = rayon::current_num_threads();
+    let mut best = 0f64;
+    for _ in 0..runs.max(1) {
+        let t = std::time::Instant::now();
+        rayon::broadcast(|_| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX512-BF16 (and AVX512F) were detected above; the loop touches only
+            // registers.
+            unsafe {
+                x86::dpbf16_loop(STEPS)
+            }
+        });
+        let s = t.elapsed().as_secs_f64();
+        best = best.max(STEPS as f64 * FLOP_PER_STEP * threads as f64 / s / 1e9);
+    }
+    Some(best)
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::asm;
+
+    /// `steps` x 12 `vdpbf16ps` on zmm0-zmm11 (independent chains: the instruction's latency
+    /// is hidden), operands in two other registers.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    pub(super) unsafe fn dpbf16_loop(steps: u64) {
+        let ones = std::arch::x86_64::_mm512_set1_epi32(0x3f80_3f80);
+        // SAFETY: registers only; the flags and zmm0-11 are declared clobbered.
+        unsafe {
+            asm!(
+                "2:",
+                "vdpbf16ps zmm0, {a}, {a}",
+                "vdpbf16ps zmm1, {a}, {a}",
+                "vdpbf16ps zmm2, {a}, {a}",
+                "vdpbf16ps zmm3, {a}, {a}",
+                "vdpbf16ps zmm4, {a}, {a}",
+                "vdpbf16ps zmm5, {a}, {a}",
+                "vdpbf16ps zmm6, {a}, {a}",
+                "vdpbf16ps zmm7, {a}, {a}",
+                "vdpbf16ps zmm8, {a}, {a}",
+                "vdpbf16ps zmm9, {a}, {a}",
+                "vdpbf16ps zmm10, {a}, {a}",
+                "vdpbf16ps zmm11, {a}, {a}",
+                "dec {n}",
+                "jnz 2b",
+                a = in(zmm_reg) ones,
+                n = inout(reg) steps => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                options(nostack, nomem),
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_probe_measures_a_rate_where_the_cpu_has_the_instruction() {
+        match super::bf16_peak_gflops(1) {
+            Some(g) => assert!(g.is_finite() && g > 0.0, "{g}"),
+            None => assert!(!super::super::bf16_gemm::available()),
+        }
+    }
+}
