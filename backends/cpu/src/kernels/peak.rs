@@ -4,7 +4,7 @@
 //! now (a VM's clock moves), and the README's bounds (the fewest seconds a request's products
 //! can take) are computed from it instead of from a data sheet.
 
-/// Sums per thread of one probe: 12 accumulators x 16 lanes x 2 products x 2 FLOP per step.
+/// FLOP of one loop step on one thread: 12 instructions x 16 lanes x 2 products x 2 FLOP.
 const FLOP_PER_STEP: f64 = 12.0 * 16.0 * 2.0 * 2.0;
 /// Steps per timed run (~10 ms at 3.6 GHz, one instruction per cycle).
 const STEPS: u64 = 3_000_000;
