@@ -46,7 +46,7 @@ CKPT=/tmp/qwen3-vl-2b
 VLM_BENCH_MODEL=$CKPT timeout 120 $B/steps --backend cuda --dtype bf16 --prefill 1024 --batches 1,8,32,64 \
   --context 1024 --buckets 1024,4096,16384 --steps 20 2>&1 | tee "$OUT/steps.txt" || status=1
 
-echo "== 3. vlm up on one GPU, image TTFT through the API (at ${SECONDS} s)"
+echo "== 3. vlm up on one GPU, text and image TTFT through the API (at ${SECONDS} s)"
 $B/vlm up --model "$CKPT" --config $G/one-gpu.yaml --no-restart >"$OUT/up.log" 2>&1 &
 up=$!
 for _ in $(seq 1 90); do

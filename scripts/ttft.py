@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Time to first token through the OpenAI-compatible API, Python standard library only (the GPU
-machine has no extra packages): streams chat completions with one WxH image (a PNG made here)
-and prints the median seconds to the first content chunk and to the end, over --rounds.
+machine has no extra packages): streams chat completions with one WxH image (a PNG made here;
+--size 0: text only) and prints the median seconds to the first content chunk and to the end,
+over --rounds.
 
     python3 scripts/ttft.py --url http://127.0.0.1:8080 --size 512 --rounds 5
 """

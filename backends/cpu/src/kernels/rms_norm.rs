@@ -3,8 +3,8 @@
 //! The same formula as candle's `rms_norm` (what the candle backend runs), whose sum of
 //! squares is one serial f32 chain per row (each add waits for the one before: a 273-token
 //! prefill spent ~24 ms of its ~970 in the 2B model's norms); here 16 running sums, so the row
-//! is summed at vector width. Only the summation order differs (a few ulp on the norm; the reference,
-//! `hidden_states.pow(2).mean(-1)` in torch, sums in its own blocked order too).
+//! is summed at vector width. Only the summation order differs (a few ulp on the norm; the
+//! reference, `hidden_states.pow(2).mean(-1)` in torch, sums in its own blocked order too).
 use super::multiversion::multiversion;
 use rayon::prelude::*;
 
