@@ -292,6 +292,27 @@ pub unsafe fn gemm_bf16_a(
     unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, store, parallel) }
 }
 
+/// [`gemm_bf16_a`] that rescales C's rows as it adds: `C[r][j] = C[r][j] * scale[r] + sum_i
+/// A[r][i] * B(i, j)` (one fused multiply-add per value as the tile stores its sums: the online
+/// softmax's correction of earlier key tiles' p·v, with no pass of its own over C).
+///
+/// # Safety
+/// As [`gemm_bf16_a`], with `scale` valid for `m` reads.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_bf16_a_rescale(
+    m: usize,
+    a: *const u16,
+    lda: usize,
+    b: BView<'_>,
+    c: *mut f32,
+    ldc: usize,
+    scale: *const f32,
+    parallel: bool,
+) {
+    let (k, store) = (2 * b.pairs, Store::ScaleAdd(RowScale(scale)));
+    unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, store, parallel) }
+}
+
 /// C (m, n/2) = silu(A · gate) * (A · up) for B an interleaved gate/up packing of n columns
 /// (`PackedB::interleave_gate_up`): the SiLU and the product with up are applied to the
 /// register tile's sums before they are stored (the same operations as
@@ -331,7 +352,16 @@ enum Store {
     /// The panels are interleaved gate/up: C = silu(gate)·up, half the columns
     /// (see [`gemm_gate_up_silu`]).
     SiluMul,
+    /// C = C * scale[row] + A·B (see [`gemm_bf16_a_rescale`]).
+    ScaleAdd(RowScale),
 }
+
+/// Per-row factors of [`Store::ScaleAdd`], from the row its C pointer starts at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct RowScale(*const f32);
+// SAFETY: only read, under `gemm_bf16_a_rescale`'s contract.
+unsafe impl Send for RowScale {}
+unsafe impl Sync for RowScale {}
 
 impl Store {
     fn new(accumulate: bool) -> Store {
@@ -341,6 +371,35 @@ impl Store {
             Store::Write
         }
     }
+
+    /// This store for a C pointer `rows` rows further on.
+    fn at_row(self, rows: usize) -> Store {
+        match self {
+            Store::ScaleAdd(RowScale(f)) => Store::ScaleAdd(RowScale(f.wrapping_add(rows))),
+            other => other,
+        }
+    }
+
+    /// How row `r` of a tile whose C pointer this store starts at meets C's old value.
+    fn prior(self, r: usize) -> Prior {
+        match self {
+            Store::Write | Store::SiluMul => Prior::Drop,
+            Store::Add => Prior::Add,
+            // SAFETY: the factors cover the rows (`gemm_bf16_a_rescale`'s contract).
+            Store::ScaleAdd(RowScale(f)) => Prior::Scale(unsafe { *f.add(r) }),
+        }
+    }
+}
+
+/// What becomes of a C value the tile's sum goes to.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Prior {
+    /// Overwritten.
+    Drop,
+    /// Added to.
+    Add,
+    /// Multiplied by this, then added to (one fused multiply-add).
+    Scale(f32),
 }
 
 /// The left operand: f32 rows rounded per row block into a scratch, or bf16 rows as given.
@@ -456,7 +515,7 @@ unsafe fn gemm_any(
                     a: a16,
                     lda: lda16,
                     ldc,
-                    store,
+                    store: store.at_row(r0),
                 };
                 if amx {
                     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
@@ -532,7 +591,7 @@ unsafe fn gemm_any(
                         _ if p + 1 < p1 => PanelPrefetch::Next(bp.add(b.panel_stride)),
                         _ => PanelPrefetch::None,
                     };
-                    block.panel_avx512(0, b.pairs, bp, cp, cols, store, prefetch);
+                    block.panel_avx512(0, b.pairs, bp, cp, cols, block.store, prefetch);
                 }
             }
         });
@@ -612,7 +671,7 @@ impl Block {
                     cp.add(r * self.ldc),
                     self.ldc,
                     cols,
-                    store,
+                    store.at_row(r),
                     pf,
                 )
             };
@@ -644,6 +703,7 @@ impl Block {
                     // A whole 32x32 block that overwrites C is stored by the tiles straight
                     // into C; otherwise through `out` (the same sums, then [+]= into C).
                     let direct = group == AMX_ROWS && cols == NR && self.store == Store::Write;
+                    let store = self.store.at_row(r);
                     let (o, ldo) = if direct { (c, self.ldc) } else { (out_ptr, NR) };
                     if group > TILE_ROWS {
                         super::amx::tiles_32(chunks, a, self.lda, bp, o, ldo, prefetch);
@@ -651,8 +711,7 @@ impl Block {
                         super::amx::tiles_16(chunks, a, self.lda, bp, o, ldo);
                     }
                     if !direct {
-                        let add = self.store == Store::Add;
-                        x86::write_rows(out_ptr, group, c, self.ldc, cols, add);
+                        x86::write_rows(out_ptr, group, c, self.ldc, cols, store);
                     }
                 }
                 r += group;
@@ -769,7 +828,7 @@ unsafe fn tile(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{bf16_bits, L2Prefetch, Store, NR};
+    use super::{bf16_bits, L2Prefetch, Prior, Store, NR};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512bf16")]
@@ -805,7 +864,8 @@ mod x86 {
         (m0, m1)
     }
 
-    /// C rows (`cols` columns) [+]= the first `rows` rows of a 32-column f32 block.
+    /// C rows (`cols` columns) get the first `rows` rows of a 32-column f32 block as `store`
+    /// says (not [`Store::SiluMul`]).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn write_rows(
         out: *const f32,
@@ -813,28 +873,37 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
         cols: usize,
-        accumulate: bool,
+        store: Store,
     ) {
         let masks = col_masks(cols);
         for r in 0..rows {
             let o = out.add(r * NR);
             let sums = (_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)));
-            store_row(c.add(r * ldc), sums, masks, accumulate);
+            store_row(c.add(r * ldc), sums, masks, store.prior(r));
         }
     }
 
-    /// One C row's 32 columns (two halves, masked to the panel's columns) = or += `sums`.
+    /// One C row's 32 columns (two halves, masked to the panel's columns) = `sums`, or C's
+    /// old values (scaled) + `sums`.
     #[inline]
     #[target_feature(enable = "avx512f")]
     unsafe fn store_row(
         cp: *mut f32,
         (mut x0, mut x1): (__m512, __m512),
         (m0, m1): (__mmask16, __mmask16),
-        accumulate: bool,
+        prior: Prior,
     ) {
-        if accumulate {
-            x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
-            x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+        match prior {
+            Prior::Drop => {}
+            Prior::Add => {
+                x0 = _mm512_add_ps(x0, _mm512_maskz_loadu_ps(m0, cp));
+                x1 = _mm512_add_ps(x1, _mm512_maskz_loadu_ps(m1, cp.add(16)));
+            }
+            Prior::Scale(f) => {
+                let f = _mm512_set1_ps(f);
+                x0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m0, cp), f, x0);
+                x1 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m1, cp.add(16)), f, x1);
+            }
         }
         _mm512_mask_storeu_ps(cp, m0, x0);
         _mm512_mask_storeu_ps(cp.add(16), m1, x1);
@@ -895,7 +964,7 @@ mod x86 {
         }
         let masks = col_masks(cols);
         for r in 0..R {
-            store_row(c.add(r * ldc), (lo[r], hi[r]), masks, store == Store::Add);
+            store_row(c.add(r * ldc), (lo[r], hi[r]), masks, store.prior(r));
         }
     }
 }
@@ -1002,6 +1071,63 @@ mod tests {
             for j in 0..48 {
                 let want: f32 = (10..30).map(|i| a[r * k + i] * w[(32 + j) * k + i]).sum();
                 assert_eq!(c[r * 48 + j], want);
+            }
+        }
+    }
+
+    /// The rescaling store: C = C * scale[row] + A·B on every row (tiles of 12 and their
+    /// remainder, several row blocks in parallel), column edge, AMX or not.
+    #[test]
+    fn rescale_store_scales_each_row_then_adds() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        let (m, n, k) = (53, 70, 96);
+        let ldc = n + 5;
+        let bits = |x: f32| bf16_bits(x);
+        let a: Vec<u16> = (0..m * k)
+            .map(|i| bits(((i * 29 % 89) as f32 / 44.0) - 1.0))
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+            .collect();
+        let packed = PackedB::from_rows(&w, n, k, k);
+        let scale: Vec<f32> = (0..m).map(|r| 0.25 + (r % 7) as f32 * 0.3).collect();
+        let c0: Vec<f32> = (0..m * ldc).map(|i| ((i % 11) as f32) - 5.0).collect();
+        for (parallel, amx) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut c = c0.clone();
+            // SAFETY: sizes as documented.
+            unsafe {
+                gemm_bf16_a_rescale(
+                    m,
+                    a.as_ptr(),
+                    k,
+                    packed.view().with_amx(amx),
+                    c.as_mut_ptr(),
+                    ldc,
+                    scale.as_ptr(),
+                    parallel,
+                )
+            };
+            for r in 0..m {
+                for j in 0..ldc {
+                    let got = c[r * ldc + j] as f64;
+                    if j >= n {
+                        assert_eq!(got, c0[r * ldc + j] as f64, "column {j} past n");
+                        continue;
+                    }
+                    let dot: f64 = (0..k)
+                        .map(|i| {
+                            f32::from_bits((a[r * k + i] as u32) << 16) as f64 * round(w[j * k + i])
+                        })
+                        .sum();
+                    let want = c0[r * ldc + j] as f64 * scale[r] as f64 + dot;
+                    assert!(
+                        (got - want).abs() < 1e-4 * (1.0 + want.abs()),
+                        "parallel {parallel} amx {amx} [{r},{j}] {got} vs {want}"
+                    );
+                }
             }
         }
     }

@@ -313,7 +313,7 @@ fn attention(
                 }
                 if !first {
                     // SAFETY: this task's output block, bq rows of hd at stride d.
-                    unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
+                    unsafe { scale_rows(o, d, hd, &corr[..bq]) };
                 }
                 unsafe {
                     // out (bq, hd) [+]= p (bq, kl) . v (kl, hd)
@@ -337,8 +337,9 @@ fn attention(
                 first = false;
                 k0 += kl;
             }
+            inverses(&l[..bq], &mut corr[..bq]);
             // SAFETY: this task's output block, bq rows of hd at stride d.
-            unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
+            unsafe { scale_rows(o, d, hd, &corr[..bq]) };
         });
     });
 }
@@ -385,14 +386,37 @@ fn with_softmax_scratch(
     })
 }
 
-/// Row i of the block at `o` (rows of `hd` values at stride `d`) *= factors[i].
+/// Row i of the block at `o` (rows of `hd` values at stride `d`) *= factors[i], on AVX-512
+/// where the CPU has it (the attention's closures are built for the baseline target: 4 lanes).
 ///
 /// # Safety
-/// `o` must be valid for as many rows as `factors` yields, and no one else may touch them.
-unsafe fn scale_rows(o: *mut f32, d: usize, hd: usize, factors: impl Iterator<Item = f32>) {
-    for (i, c) in factors.enumerate() {
-        let row = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
-        row.iter_mut().for_each(|v| *v *= c);
+/// `o` must be valid for `factors.len()` rows, and no one else may touch them.
+unsafe fn scale_rows(o: *mut f32, d: usize, hd: usize, factors: &[f32]) {
+    #[inline(always)]
+    unsafe fn body(o: *mut f32, d: usize, hd: usize, factors: &[f32]) {
+        for (i, &c) in factors.iter().enumerate() {
+            let row = unsafe { std::slice::from_raw_parts_mut(o.add(i * d), hd) };
+            row.iter_mut().for_each(|v| *v *= c);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f")]
+        unsafe fn wide(o: *mut f32, d: usize, hd: usize, factors: &[f32]) {
+            unsafe { body(o, d, hd, factors) }
+        }
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was detected; the caller's contract on `o`.
+            return unsafe { wide(o, d, hd, factors) };
+        }
+    }
+    unsafe { body(o, d, hd, factors) }
+}
+
+/// out[i] = 1 / x[i] (the softmax rows' final normalisation factors).
+fn inverses(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = 1.0 / v;
     }
 }
 
@@ -447,7 +471,7 @@ fn attention_bf16(
     spans: &[Span],
     opts: &CpuOptions,
 ) {
-    use crate::kernels::bf16_gemm::{gemm, gemm_bf16_a};
+    use crate::kernels::bf16_gemm::{gemm_bf16_a, gemm_bf16_a_rescale};
     use crate::kernels::softmax::online_softmax_tile_bf16;
     let d = heads * hd;
     let (q_tile, k_tile) = opts.attention_tiles;
@@ -462,8 +486,15 @@ fn attention_bf16(
         with_softmax_scratch(bq, k_tile, |scores, m, l, corr| {
             PROBS.with(|probs| {
                 let mut probs = probs.borrow_mut();
-                if probs.len() < bq * ps {
-                    probs.resize(bq * ps);
+                // The task's q rounded to bf16 once, after its probabilities (every key tile's
+                // q·kᵀ reads it; rounding it per tile cost ~half the ViT's A conversions).
+                let (q16_at, ldq) = ((bq * ps).next_multiple_of(32), hd.next_multiple_of(2));
+                if probs.len() < q16_at + bq * ldq {
+                    probs.resize(q16_at + bq * ldq);
+                }
+                let (probs, q16) = probs.split_at_mut(q16_at);
+                for (src, dst) in q.chunks(hd).take(bq).zip(q16.chunks_mut(ldq)) {
+                    crate::kernels::bf16_gemm::to_bf16(src, dst);
                 }
                 // SAFETY (raw accesses below): each task writes only its own block (rows q0..q1,
                 // columns head*hd..+hd) of `out`, which has row stride d; q holds bq rows of hd.
@@ -478,11 +509,10 @@ fn attention_bf16(
                     let w = k_tile.min(ext_end - t0);
                     let tile = &mut scores[..bq * w];
                     unsafe {
-                        gemm(
+                        gemm_bf16_a(
                             bq,
-                            hd,
-                            q.as_ptr(),
-                            hd,
+                            q16.as_ptr(),
+                            ldq,
                             kview.cols(t0, w),
                             tile.as_mut_ptr(),
                             w,
@@ -502,27 +532,32 @@ fn attention_bf16(
                         p[..lo].fill(0);
                         p[hi..].fill(0);
                     }
-                    if !first {
-                        // SAFETY: this task's output block, bq rows of hd at stride d.
-                        unsafe { scale_rows(o, d, hd, corr[..bq].iter().copied()) };
-                    }
+                    // o = p·v on the first key tile; after it o * corr + p·v, the rescale done
+                    // by the tile's stores (a pass of its own over o, whose rows are a 4 KiB
+                    // stride apart, was ~1% of the ViT).
+                    let pv = vview.inner(t0, w);
                     unsafe {
-                        gemm_bf16_a(
-                            bq,
-                            probs.as_ptr(),
-                            ps,
-                            vview.inner(t0, w),
-                            o,
-                            d,
-                            !first,
-                            false,
-                        )
+                        if first {
+                            gemm_bf16_a(bq, probs.as_ptr(), ps, pv, o, d, false, false)
+                        } else {
+                            gemm_bf16_a_rescale(
+                                bq,
+                                probs.as_ptr(),
+                                ps,
+                                pv,
+                                o,
+                                d,
+                                corr.as_ptr(),
+                                false,
+                            )
+                        }
                     };
                     first = false;
                     t0 += w;
                 }
+                inverses(&l[..bq], &mut corr[..bq]);
                 // SAFETY: this task's output block, bq rows of hd at stride d.
-                unsafe { scale_rows(o, d, hd, l[..bq].iter().map(|&li| 1.0 / li)) };
+                unsafe { scale_rows(o, d, hd, &corr[..bq]) };
             })
         });
     });
