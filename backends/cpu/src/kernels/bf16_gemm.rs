@@ -66,7 +66,8 @@ const AMX_B_RUN_BYTES: usize = 1 << 20;
 /// 24 pairs over the prefill and ViT shapes; 128 and 512 KiB were no better.
 const AMX_B_SUBRUN_BYTES: usize = 256 << 10;
 
-/// Whether this CPU runs the kernel (AVX512-F, -DQ and -BF16). Whether it is used is the
+/// Whether this CPU runs the kernel (AVX512-F, -DQ, -BW, -VL and -BF16: every CPU with the
+/// last has the others). Whether it is used is the
 /// backend's option (`kernels.bf16_dot`, see `crate::options`).
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -75,6 +76,8 @@ pub fn available() -> bool {
         {
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512dq")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -313,6 +316,49 @@ pub unsafe fn gemm_bf16_a_rescale(
     unsafe { gemm_any(m, k, ASource::Bf16(a, lda), b, c, ldc, store, parallel) }
 }
 
+/// C16 (m, n) = bf16(gelu_tanh(A·B + bias)), rounded to nearest even: the ViT MLP's fc1 and
+/// its activation in one pass, its output already the bf16 left operand of fc2
+/// ([`gemm_bf16_a`]). The same operations as `vit_ops::bias_gelu_tanh` on the plain
+/// product's output and then fc2's A conversion, so the same bits, without writing and reading
+/// the (m, n) f32 values twice. Not on AMX tiles (their sums go through C).
+///
+/// # Safety
+/// As [`gemm`], with `bias` valid for `b.n()` reads and `c` for writes of `m` rows of `ldc`
+/// >= n u16 values; `ldc` even.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_bias_gelu_bf16(
+    m: usize,
+    k: usize,
+    a: *const f32,
+    lda: usize,
+    b: BView<'_>,
+    bias: *const f32,
+    c: *mut u16,
+    ldc: usize,
+    parallel: bool,
+) {
+    assert!(
+        !b.amx && ldc.is_multiple_of(2) && ldc >= b.n,
+        "bias + GELU bf16 product: AMX {} n {} ldc {ldc}",
+        b.amx,
+        b.n
+    );
+    // C is addressed in f32 slots (two bf16 each), as the other stores' C.
+    let store = Store::BiasGeluBf16(ColBias(bias));
+    unsafe {
+        gemm_any(
+            m,
+            k,
+            ASource::F32(a, lda),
+            b,
+            c as *mut f32,
+            ldc / 2,
+            store,
+            parallel,
+        )
+    }
+}
+
 /// C (m, n/2) = silu(A · gate) * (A · up) for B an interleaved gate/up packing of n columns
 /// (`PackedB::interleave_gate_up`): the SiLU and the product with up are applied to the
 /// register tile's sums before they are stored (the same operations as
@@ -354,7 +400,16 @@ enum Store {
     SiluMul,
     /// C = C * scale[row] + A·B (see [`gemm_bf16_a_rescale`]).
     ScaleAdd(RowScale),
+    /// C (bf16, two per f32 slot) = gelu_tanh(A·B + bias[col]) (see [`gemm_bias_gelu_bf16`]).
+    BiasGeluBf16(ColBias),
 }
+
+/// The bias of [`Store::BiasGeluBf16`], from the column its panel starts at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ColBias(*const f32);
+// SAFETY: only read, under `gemm_bias_gelu_bf16`'s contract.
+unsafe impl Send for ColBias {}
+unsafe impl Sync for ColBias {}
 
 /// Per-row factors of [`Store::ScaleAdd`], from the row its C pointer starts at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -380,10 +435,26 @@ impl Store {
         }
     }
 
+    /// This store for the panel whose first column is `col`.
+    fn at_col(self, col: usize) -> Store {
+        match self {
+            Store::BiasGeluBf16(ColBias(b)) => Store::BiasGeluBf16(ColBias(b.wrapping_add(col))),
+            other => other,
+        }
+    }
+
+    /// f32 slots of C a panel's outputs take: half a panel where two values share one.
+    fn panel_width(self) -> usize {
+        match self {
+            Store::SiluMul | Store::BiasGeluBf16(_) => NR / 2,
+            _ => NR,
+        }
+    }
+
     /// How row `r` of a tile whose C pointer this store starts at meets C's old value.
     fn prior(self, r: usize) -> Prior {
         match self {
-            Store::Write | Store::SiluMul => Prior::Drop,
+            Store::Write | Store::SiluMul | Store::BiasGeluBf16(_) => Prior::Drop,
             Store::Add => Prior::Add,
             // SAFETY: the factors cover the rows (`gemm_bf16_a_rescale`'s contract).
             Store::ScaleAdd(RowScale(f)) => Prior::Scale(unsafe { *f.add(r) }),
@@ -576,9 +647,8 @@ unsafe fn gemm_any(
                 for p in p0..p1 {
                     let cols = NR.min(b.n - p * NR);
                     let bp = b.data[p * b.panel_stride..].as_ptr();
-                    // A gate/up panel writes its 16 outputs.
-                    let width = if store == Store::SiluMul { NR / 2 } else { NR };
-                    let cp = c_ptr.get().add(r0 * ldc + p * width);
+                    // A gate/up panel writes its 16 outputs, a bf16 one 32 in 16 slots.
+                    let cp = c_ptr.get().add(r0 * ldc + p * store.panel_width());
                     // The task's next panel goes to L2 while the row tiles pass over this one;
                     // for decode rows, this panel a fixed distance ahead of the first tile (not
                     // for a few rows: one tile then streams the panel once, and the hardware
@@ -591,7 +661,8 @@ unsafe fn gemm_any(
                         _ if p + 1 < p1 => PanelPrefetch::Next(bp.add(b.panel_stride)),
                         _ => PanelPrefetch::None,
                     };
-                    block.panel_avx512(0, b.pairs, bp, cp, cols, block.store, prefetch);
+                    let store = block.store.at_col(p * NR);
+                    block.panel_avx512(0, b.pairs, bp, cp, cols, store, prefetch);
                 }
             }
         });
@@ -828,7 +899,7 @@ unsafe fn tile(
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{bf16_bits, L2Prefetch, Prior, Store, NR};
+    use super::{bf16_bits, ColBias, L2Prefetch, Prior, Store, NR};
     use std::arch::x86_64::*;
 
     #[target_feature(enable = "avx512f,avx512bf16")]
@@ -909,11 +980,34 @@ mod x86 {
         _mm512_mask_storeu_ps(cp.add(16), m1, x1);
     }
 
+    /// bf16(gelu_tanh(x + bias)) of 32 values, rounded to nearest even: `vit_ops::gelu_tanh`
+    /// on each (the loop vectorises here as in `bias_gelu_tanh`'s AVX-512 build: the same
+    /// operations, so the same f32 values), then the rounding `convert_row` does.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")]
+    unsafe fn bias_gelu_bf16_32((x0, x1): (__m512, __m512), (b0, b1): (__m512, __m512)) -> __m512i {
+        let mut v = [0f32; 32];
+        _mm512_storeu_ps(v.as_mut_ptr(), x0);
+        _mm512_storeu_ps(v.as_mut_ptr().add(16), x1);
+        let mut b = [0f32; 32];
+        _mm512_storeu_ps(b.as_mut_ptr(), b0);
+        _mm512_storeu_ps(b.as_mut_ptr().add(16), b1);
+        for (x, b) in v.iter_mut().zip(&b) {
+            *x = crate::kernels::vit_ops::gelu_tanh(*x + *b);
+        }
+        let (y0, y1) = (
+            _mm512_loadu_ps(v.as_ptr()),
+            _mm512_loadu_ps(v.as_ptr().add(16)),
+        );
+        // Lanes 0..16 from y0, 16..32 from y1.
+        std::mem::transmute(_mm512_cvtne2ps_pbh(y1, y0))
+    }
+
     /// R rows x 32 columns: for each inner pair, two 16-column vectors of B against R broadcast
     /// pairs of A. Columns past `cols` are neither read nor written in C. With `SiluMul` the
     /// two halves are a gate and an up column block: C gets silu(gate)·up, 16 columns a row.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f,avx512dq,avx512bf16")]
+    #[target_feature(enable = "avx512f,avx512dq,avx512bw,avx512vl,avx512bf16")]
     pub(super) unsafe fn micro<const R: usize>(
         pairs: usize,
         a: *const u16,
@@ -963,6 +1057,18 @@ mod x86 {
             return;
         }
         let masks = col_masks(cols);
+        if let Store::BiasGeluBf16(ColBias(bias)) = store {
+            let bias = (
+                _mm512_maskz_loadu_ps(masks.0, bias),
+                _mm512_maskz_loadu_ps(masks.1, bias.add(16)),
+            );
+            let mask32 = masks.0 as u32 | (masks.1 as u32) << 16;
+            for r in 0..R {
+                let v = bias_gelu_bf16_32((lo[r], hi[r]), bias);
+                _mm512_mask_storeu_epi16(c.add(r * ldc) as *mut i16, mask32, v);
+            }
+            return;
+        }
         for r in 0..R {
             store_row(c.add(r * ldc), (lo[r], hi[r]), masks, store.prior(r));
         }
@@ -1071,6 +1177,67 @@ mod tests {
             for j in 0..48 {
                 let want: f32 = (10..30).map(|i| a[r * k + i] * w[(32 + j) * k + i]).sum();
                 assert_eq!(c[r * 48 + j], want);
+            }
+        }
+    }
+
+    /// The fused fc1 + GELU store gives the bits of the plain product, then `bias_gelu_tanh`,
+    /// then fc2's rounding of its A (rows not a multiple of 12, a partial last panel, serial
+    /// and parallel), and leaves the row padding alone.
+    #[test]
+    fn bias_gelu_store_is_the_unfused_passes_bit_for_bit() {
+        if !available() {
+            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            return;
+        }
+        for &(m, n, k) in &[(29, 80, 64), (300, 96, 130)] {
+            let ldc = n + 32;
+            let a: Vec<f32> = (0..m * k)
+                .map(|i| ((i * 37 % 101) as f32 / 25.0) - 2.0)
+                .collect();
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)
+                .collect();
+            let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
+            let packed = PackedB::from_rows(&w, n, k, k);
+            let mut plain = vec![0f32; m * n];
+            // SAFETY: sizes as documented.
+            unsafe {
+                gemm(
+                    m,
+                    k,
+                    a.as_ptr(),
+                    k,
+                    packed.view(),
+                    plain.as_mut_ptr(),
+                    n,
+                    false,
+                    false,
+                )
+            };
+            crate::kernels::vit_ops::bias_gelu_tanh(&mut plain, &bias);
+            let mut want = vec![0u16; n];
+            for parallel in [false, true] {
+                let mut c = vec![0xabcdu16; m * ldc];
+                // SAFETY: sizes as documented.
+                unsafe {
+                    gemm_bias_gelu_bf16(
+                        m,
+                        k,
+                        a.as_ptr(),
+                        k,
+                        packed.view(),
+                        bias.as_ptr(),
+                        c.as_mut_ptr(),
+                        ldc,
+                        parallel,
+                    )
+                };
+                for r in 0..m {
+                    to_bf16(&plain[r * n..(r + 1) * n], &mut want);
+                    assert_eq!(&c[r * ldc..r * ldc + n], &want[..], "({m},{n},{k}) row {r}");
+                    assert!(c[r * ldc + n..(r + 1) * ldc].iter().all(|&v| v == 0xabcd));
+                }
             }
         }
     }

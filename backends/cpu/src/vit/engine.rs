@@ -21,6 +21,7 @@ use vlm_model::vision::{spans_for, Span};
 use vlm_model::{ModelError, Result};
 
 type VisionModel = vlm_model::vision::VisionModel<CpuKernels>;
+type VisionBlock = vlm_model::vision::VisionBlock<CpuKernels>;
 type Linear = vlm_model::vision::Linear<CpuKernels>;
 type LayerNorm = vlm_model::vision::LayerNorm;
 type PatchMerger = vlm_model::vision::PatchMerger<CpuKernels>;
@@ -125,6 +126,72 @@ fn matmul_wt(
             1,
             in_dim,
             rayon::current_num_threads(),
+        );
+    }
+    Ok(())
+}
+
+/// The block's fc1 and fc2 packed for the bf16 register tile, when its MLP can run fused
+/// ([`fused_mlp`]); not on AMX tiles, whose sums go through C.
+fn fusable_mlp(block: &VisionBlock) -> Option<(&PackedB, &PackedB)> {
+    match (block.mlp.linear_fc1.weight(), block.mlp.linear_fc2.weight()) {
+        (CpuWeight::Packed(w1), CpuWeight::Packed(w2)) if !w1.amx() => Some((w1, w2)),
+        _ => None,
+    }
+}
+
+/// x += gelu_tanh(h W1ᵀ + b1) W2ᵀ on the bf16 kernel, fc1's bias and GELU on its register tile
+/// and its output written as bf16 into `big` (fc2's left operand as that product reads it: the
+/// same bits as fc1, a GELU pass and fc2's own conversion, without the f32 (rows, inter) values
+/// written and read twice).
+fn fused_mlp(
+    h: &[f32],
+    rows: usize,
+    (w1, b1): (&PackedB, &[f32]),
+    w2: &PackedB,
+    big: &mut [f32],
+    x: &mut [f32],
+) -> Result<()> {
+    let (inter, d) = (w1.n(), w1.k());
+    // Rows a cache line longer than the row, so that a tile's rows do not share L1 sets.
+    let ld = inter.next_multiple_of(2) + 32;
+    let mid_slots = (rows * ld).div_ceil(2);
+    if h.len() < rows * d
+        || x.len() < rows * d
+        || big.len() < mid_slots
+        || b1.len() != inter
+        || (w2.n(), w2.k()) != (d, inter)
+    {
+        return Err(ModelError::weights(format!(
+            "vision MLP ({d} -> {inter} -> {}): buffers or bias too small for {rows} rows",
+            w2.n()
+        )));
+    }
+    // SAFETY: the f32 slots hold rows x ld u16 values; nothing else holds `big` meanwhile.
+    let mid =
+        unsafe { std::slice::from_raw_parts_mut(big.as_mut_ptr() as *mut u16, 2 * mid_slots) };
+    // SAFETY: extents checked above; the buffers do not alias.
+    unsafe {
+        crate::kernels::bf16_gemm::gemm_bias_gelu_bf16(
+            rows,
+            d,
+            h.as_ptr(),
+            d,
+            w1.view(),
+            b1.as_ptr(),
+            mid.as_mut_ptr(),
+            ld,
+            true,
+        );
+        crate::kernels::bf16_gemm::gemm_bf16_a(
+            rows,
+            mid.as_ptr(),
+            ld,
+            w2.view(),
+            x.as_mut_ptr(),
+            d,
+            true,
+            true,
         );
     }
     Ok(())
@@ -878,16 +945,21 @@ pub fn run(
         prof.mark("norm");
         // 4e. MLP: big = gelu_tanh(h @ W1^T + b1); x += big @ W2^T + b2
         let inter = block.mlp.linear_fc1.out_dim();
-        let mid = &mut big[..rows * inter];
-        matmul_wt(h, rows, &block.mlp.linear_fc1, mid, false)?;
-        prof.mark("fc1");
         let b1 = CpuF32::new(block.mlp.linear_fc1.bias(), "bias")?;
         let b1 = b1.slice();
-        mid.par_chunks_mut(inter * PAR_ROWS)
-            .for_each(|c| bias_gelu_tanh(c, b1));
-        prof.mark("gelu");
-        matmul_wt(mid, rows, &block.mlp.linear_fc2, x, true)?;
-        prof.mark("fc2");
+        if let Some((w1, w2)) = fusable_mlp(block) {
+            fused_mlp(h, rows, (w1, b1), w2, big, x)?;
+            prof.mark("mlp");
+        } else {
+            let mid = &mut big[..rows * inter];
+            matmul_wt(h, rows, &block.mlp.linear_fc1, mid, false)?;
+            prof.mark("fc1");
+            mid.par_chunks_mut(inter * PAR_ROWS)
+                .for_each(|c| bias_gelu_tanh(c, b1));
+            prof.mark("gelu");
+            matmul_wt(mid, rows, &block.mlp.linear_fc2, x, true)?;
+            prof.mark("fc2");
+        }
         par_add_bias(x, block.mlp.linear_fc2.bias())?;
         prof.mark("bias");
         // 4f. deepstack tap (real tokens only)
