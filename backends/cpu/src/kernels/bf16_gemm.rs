@@ -936,7 +936,8 @@ mod x86 {
     }
 
     /// C rows (`cols` columns) get the first `rows` rows of a 32-column f32 block as `store`
-    /// says (not [`Store::SiluMul`]).
+    /// says (the f32 stores: `SiluMul` and `BiasGeluBf16` are register-tile only, their entry
+    /// points refuse AMX views).
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn write_rows(
         out: *const f32,
@@ -1243,7 +1244,9 @@ mod tests {
     }
 
     /// The rescaling store: C = C * scale[row] + A·B on every row (tiles of 12 and their
-    /// remainder, several row blocks in parallel), column edge, AMX or not.
+    /// remainder, a partial last panel; the AMX cases take the AMX group path where the CPU has
+    /// AMX, the register tile elsewhere; one row block: the blocks' row offset is the same
+    /// `Store::at_row` as the tiles').
     #[test]
     fn rescale_store_scales_each_row_then_adds() {
         if !available() {
@@ -1252,9 +1255,8 @@ mod tests {
         }
         let (m, n, k) = (53, 70, 96);
         let ldc = n + 5;
-        let bits = |x: f32| bf16_bits(x);
         let a: Vec<u16> = (0..m * k)
-            .map(|i| bits(((i * 29 % 89) as f32 / 44.0) - 1.0))
+            .map(|i| bf16_bits(((i * 29 % 89) as f32 / 44.0) - 1.0))
             .collect();
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i * 53 % 97) as f32 / 48.0) - 1.0)

@@ -163,7 +163,7 @@ fn fused_mlp(
         || (w2.n(), w2.k()) != (d, inter)
     {
         return Err(ModelError::weights(format!(
-            "vision MLP ({d} -> {inter} -> {}): buffers or bias too small for {rows} rows",
+            "vision MLP ({d} -> {inter} -> {}): buffers, bias or fc2 do not fit {rows} rows",
             w2.n()
         )));
     }
