@@ -12,6 +12,7 @@
 //! ```
 
 pub mod bucket;
+pub mod dtype_auto;
 pub mod error;
 pub mod file;
 pub mod geometry;
@@ -23,6 +24,7 @@ pub mod types;
 pub mod video;
 
 pub use bucket::{ImagePlanError, PixelBudget, PlannedImage};
+pub use dtype_auto::DtypeFacts;
 pub use error::{BucketError, ConfigError};
 pub use file::Format;
 pub use geometry::{image_geometry, smart_resize, GeometryError, ImageGeometry};

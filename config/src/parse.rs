@@ -138,17 +138,20 @@ impl<'a> Section<'a> {
             .map(Some)
     }
 
-    fn dtype(&self, key: &str) -> Result<Dtype, ConfigError> {
+    /// (dtype, auto): `auto`, or no key, is resolved later against the checkpoint and the
+    /// machine (`dtype_auto`); until then it reads as the default, f32.
+    fn dtype(&self, key: &str) -> Result<(Dtype, bool), ConfigError> {
         match self.get(key) {
-            None => Ok(Dtype::default()),
+            None => Ok((Dtype::default(), true)),
             Some(v) => match v.as_str().map(|s| s.to_ascii_lowercase()) {
-                Some(s) if s == "f32" || s == "float32" => Ok(Dtype::F32),
-                Some(s) if s == "f16" || s == "float16" => Ok(Dtype::F16),
-                Some(s) if s == "bf16" || s == "bfloat16" => Ok(Dtype::Bf16),
+                Some(s) if s == "auto" => Ok((Dtype::default(), true)),
+                Some(s) if s == "f32" || s == "float32" => Ok((Dtype::F32, false)),
+                Some(s) if s == "f16" || s == "float16" => Ok((Dtype::F16, false)),
+                Some(s) if s == "bf16" || s == "bfloat16" => Ok((Dtype::Bf16, false)),
                 _ => Err(ConfigError::invalid(
                     &self.path(key),
                     v,
-                    "expected one of \"f32\", \"f16\", \"bf16\"",
+                    "expected one of \"auto\", \"f32\", \"f16\", \"bf16\"",
                 )),
             },
         }
@@ -248,6 +251,8 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
             }
         },
     };
+    let (dtype, dtype_auto) = lm.dtype("dtype")?;
+    let (v_dtype, v_dtype_auto) = vis.dtype("dtype")?;
     Ok(DeployConfig {
         max_seq_len: lm.u32("max_seq_len", DEFAULT_MAX_SEQ_LEN, 1)?,
         kvcache_partition_len: lm.u32("kvcache_partition_len", DEFAULT_KVCACHE_PARTITION_LEN, 1)?,
@@ -258,7 +263,8 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
         num_devices,
         device,
         create_runtimes: lm.bool("create_runtimes", true)?,
-        dtype: lm.dtype("dtype")?,
+        dtype,
+        dtype_auto,
         kernels: kernels::parse(&lm, kernels::Part::Lm)?,
         prefix_caching: lm.bool("prefix_caching", true)?,
         visual: VisualConfig {
@@ -271,7 +277,8 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
             min_pixels: vis.uint("min_pixels", DEFAULT_MIN_PIXELS, 1)?,
             max_pixels: vis.uint("max_pixels", DEFAULT_MAX_PIXELS, 1)?,
             oversize,
-            dtype: vis.dtype("dtype")?,
+            dtype: v_dtype,
+            dtype_auto: v_dtype_auto,
             kernels: kernels::parse(&vis, kernels::Part::Visual)?,
         },
     })

@@ -136,7 +136,11 @@ pub struct DeployConfig {
     pub device: Vec<u32>,
     /// false = prepare and report only, do not start serving (a dry run).
     pub create_runtimes: bool,
+    /// The compute dtype; F32 until `auto` is resolved ([`DeployConfig::resolve_auto_dtype`]).
     pub dtype: Dtype,
+    /// The config asked for `dtype: auto` (or named none) and it is not resolved yet.
+    #[serde(skip)]
+    pub dtype_auto: bool,
     /// Kernel choices of the LM (`attention_tiles` and `profile` stay at their defaults here:
     /// they are `visual.kernels` keys, so they are not written out either).
     #[serde(serialize_with = "serialize_lm_kernels")]
@@ -160,7 +164,10 @@ pub struct VisualConfig {
     pub min_pixels: u64,
     pub max_pixels: u64,
     pub oversize: Oversize,
+    /// As the LM's `dtype` and `dtype_auto`.
     pub dtype: Dtype,
+    #[serde(skip)]
+    pub dtype_auto: bool,
     /// Kernel choices of the ViT.
     pub kernels: KernelConfig,
 }

@@ -390,7 +390,7 @@ fn check_loaded(l: &Loaded) -> Result<(), TestCaseError> {
 /// The written-out config (what `vlm config check` prints) loads as the same config, from JSON,
 /// YAML and TOML text.
 fn check_round_trip(l: &Loaded) -> Result<(), TestCaseError> {
-    let out = serde_json::to_value(&l.config).expect("a config serializes");
+    let out = l.config.to_document();
     let again = DeployConfig::from_value(&out)
         .map_err(|e| TestCaseError::fail(format!("written-out config refused: {e}\n{out}")))?;
     prop_assert_eq!(&again.config, &l.config);

@@ -156,7 +156,7 @@ fn json_yaml_toml_agree() {
     let yaml = example("local.yaml").config;
     let toml = example("local.toml").config;
     assert_eq!(yaml, toml);
-    let json = DeployConfig::from_json(&serde_json::to_string(&yaml).unwrap())
+    let json = DeployConfig::from_json(&yaml.to_document().to_string())
         .unwrap()
         .config;
     assert_eq!(json, yaml);

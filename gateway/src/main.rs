@@ -124,7 +124,7 @@ fn main() -> anyhow::Result<()> {
         Some(path) => vlm_gateway::fetch::read_ca_file(path).map_err(anyhow::Error::msg)?,
         None => Vec::new(),
     };
-    let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref())
+    let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref(), &a.model)
         .map_err(anyhow::Error::msg)?;
     let api_keys = ApiKeys::load(a.api_key_file.as_deref(), std::env::var("VLM_API_KEY").ok())
         .with_context(|| format!("reading --api-key-file {:?}", a.api_key_file))?;

@@ -45,8 +45,9 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let _telemetry = vlm_service_kit::telemetry::init("lm-service");
-    let mut deploy = vlm_service_kit::config::load_deploy_config(args.config.as_deref())
-        .map_err(anyhow::Error::msg)?;
+    let mut deploy =
+        vlm_service_kit::config::load_deploy_config(args.config.as_deref(), &args.model)
+            .map_err(anyhow::Error::msg)?;
     if let Some(device) = args.device {
         anyhow::ensure!(!device.is_empty(), "--device needs at least one core id");
         deploy.num_devices = device.len() as u32;

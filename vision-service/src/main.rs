@@ -65,7 +65,7 @@ struct Args {
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
-    let cfg = vlm_service_kit::config::load_deploy_config(args.config.as_deref())
+    let cfg = vlm_service_kit::config::load_deploy_config(args.config.as_deref(), &args.model)
         .map_err(anyhow::Error::msg)?;
     let mut visual = cfg.visual;
     if let Some(device) = args.device {

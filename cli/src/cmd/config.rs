@@ -21,7 +21,10 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<ExitCode> {
                 for w in &loaded.warnings {
                     eprintln!("warning: {w}");
                 }
-                println!("{}", serde_json::to_string_pretty(&loaded.config)?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&loaded.config.to_document())?
+                );
                 Ok(ExitCode::SUCCESS)
             }
             Err(e) => {

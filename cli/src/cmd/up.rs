@@ -117,62 +117,16 @@ pub fn default_layout(n: u32) -> (Vec<u32>, Vec<u32>, String) {
     (v, l, line)
 }
 
-/// The checkpoint's weight dtype from its config.json (`torch_dtype`, or `dtype` as newer
-/// transformers write it, at the top or in `text_config`); `None` when it says none.
-fn checkpoint_dtype(model: &Path) -> Option<String> {
-    let text = std::fs::read_to_string(model.join("config.json")).ok()?;
-    let c: serde_json::Value = serde_json::from_str(&text).ok()?;
-    let pick = |v: &serde_json::Value| {
-        ["torch_dtype", "dtype"]
-            .iter()
-            .find_map(|k| v.get(*k).and_then(|d| d.as_str()).map(str::to_string))
-    };
-    pick(&c).or_else(|| c.get("text_config").and_then(pick))
-}
-
-/// Whether this CPU runs bf16 products natively (AVX512-BF16).
-fn cpu_has_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// The embedded config for `model`, and a line saying which compute dtype it runs. A bf16
-/// checkpoint runs in bf16 (both parts) on a CPU with AVX512-BF16, the fast path there, as
-/// vLLM's `--dtype auto` would. On a CPU without it the LM still keeps its bf16 weights (f32
-/// math on them: the decode gemv and the widening prefill tiles), since decode reads every
-/// weight per token: on a 2-core Zen 3 through the API, decode 7.0 vs 4.6 tok/s and the same TTFT
-/// as f32 (README "On a CPU without AVX512-BF16"); the ViT runs f32 there (its engine's bf16 path
-/// is the AVX512-BF16 kernel). Anything else keeps the config's default, f32 (exact).
-pub fn default_config(model: &Path) -> (String, String) {
-    let weights = checkpoint_dtype(model);
-    let bf16 = matches!(weights.as_deref(), Some("bfloat16" | "bf16"));
-    let lm_bf16 = |text: &str| text.replace("\nmax_seq_len:", "\ndtype: bf16\nmax_seq_len:");
-    if bf16 && cpu_has_bf16() {
-        let text = lm_bf16(&LOCAL_CONFIG.replacen("visual:\n", "visual:\n  dtype: bf16\n", 1));
-        return (
-            text,
-            "dtype: bf16 for both parts (a bf16 checkpoint on a CPU with AVX512-BF16)".into(),
-        );
-    }
-    if bf16 {
-        return (
-            lm_bf16(LOCAL_CONFIG),
-            "dtype: LM bf16 weights with f32 math, ViT f32 (a bf16 checkpoint on a CPU without \
-             AVX512-BF16)"
-                .into(),
-        );
-    }
-    let why = match weights {
-        Some(w) => format!("the checkpoint's weights are {w}"),
-        None => "the checkpoint names no dtype".to_string(),
-    };
-    (LOCAL_CONFIG.to_string(), format!("dtype: f32 ({why})"))
+/// The embedded config for `model`, and the lines saying which compute dtype each part runs:
+/// the embedded config leaves `dtype` at `auto`, which each service resolves against the
+/// checkpoint and the CPU (`DeployConfig::resolve_auto_dtype`); the lines are that resolution.
+pub fn default_config(model: &Path) -> (String, Vec<String>) {
+    let mut c = vlm_config::DeployConfig::from_str_as(LOCAL_CONFIG, vlm_config::Format::Yaml)
+        .expect("the embedded config is valid")
+        .config;
+    let facts =
+        vlm_config::DtypeFacts::for_checkpoint(model, vlm_service_kit::config::cpu_has_bf16());
+    (LOCAL_CONFIG.to_string(), c.resolve_auto_dtype(&facts))
 }
 
 /// The cores this process may use.
@@ -415,8 +369,10 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         None => {
             let p = cache_dir().join("local.yaml");
             std::fs::create_dir_all(cache_dir())?;
-            let (text, dtype_line) = default_config(&model);
-            eprintln!("{dtype_line}");
+            let (text, dtype_lines) = default_config(&model);
+            for line in dtype_lines {
+                eprintln!("{line}");
+            }
             std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
             let (v, l, line) = default_layout(available_cores());
             eprintln!("{line}");
@@ -580,34 +536,32 @@ mod tests {
     }
 
     #[test]
-    fn a_bf16_checkpoint_keeps_bf16_weights_and_runs_bf16_math_where_the_cpu_has_it() {
+    fn the_embedded_config_leaves_the_dtype_to_the_checkpoint() {
         let dir = std::env::temp_dir().join(format!("vlm-up-dtype-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let parse = |text: &str| {
-            let p = dir.join("c.yaml");
-            std::fs::write(&p, text).unwrap();
-            vlm_config::DeployConfig::from_path(&p).unwrap().config
-        };
         std::fs::write(
             dir.join("config.json"),
             r#"{"text_config": {"dtype": "bfloat16"}}"#,
         )
         .unwrap();
-        let (text, line) = default_config(&dir);
-        let c = parse(&text);
-        if cpu_has_bf16() {
-            assert_eq!(c.dtype, vlm_config::Dtype::Bf16, "{line}");
-            assert_eq!(c.visual.dtype, vlm_config::Dtype::Bf16);
+        let (text, lines) = default_config(&dir);
+        let c = vlm_config::DeployConfig::from_str_as(&text, vlm_config::Format::Yaml)
+            .unwrap()
+            .config;
+        assert!(c.dtype_auto && c.visual.dtype_auto, "{text}");
+        assert!(lines[0].starts_with("dtype auto: LM bf16"), "{lines:?}");
+        let vit = if vlm_service_kit::config::cpu_has_bf16() {
+            "bf16"
         } else {
-            // The LM keeps its bf16 weights; the ViT engine runs f32 without AVX512-BF16.
-            assert_eq!(c.dtype, vlm_config::Dtype::Bf16, "{line}");
-            assert_eq!(c.visual.dtype, vlm_config::Dtype::F32, "{line}");
-            assert!(line.contains("without AVX512-BF16"), "{line}");
-        }
+            "f32"
+        };
+        assert!(
+            lines[1].starts_with(&format!("dtype auto: ViT {vit}")),
+            "{lines:?}"
+        );
         std::fs::write(dir.join("config.json"), r#"{"torch_dtype": "float32"}"#).unwrap();
-        let (text, line) = default_config(&dir);
-        assert_eq!(parse(&text).dtype, vlm_config::Dtype::F32);
-        assert!(line.contains("float32"), "{line}");
+        let (_, lines) = default_config(&dir);
+        assert!(lines.iter().all(|l| l.contains("float32")), "{lines:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
