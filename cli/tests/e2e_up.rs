@@ -1,7 +1,9 @@
 //! End-to-end: `vlm up` starts the three services, `vlm generate` talks to them, and SIGTERM
 //! to `vlm up` drains everything.
+mod support;
+
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The `vlm` under test: $VLM_E2E_VLM (e.g. an installed one), else the workspace's.
@@ -45,12 +47,25 @@ fn assert_succeeded(out: &std::process::Output) {
     );
 }
 
-#[test]
-fn up_then_generate_then_drain() {
-    let vlm = vlm_bin();
-    let vlm = vlm.as_str();
-    let cache = tempfile::tempdir().unwrap();
-    let mut up = vlm_up(vlm, cache.path())
+/// A running `vlm up`, ended on drop (SIGTERM: it drains its children) so that a failing test
+/// leaves no services behind.
+struct Up(Child);
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            unsafe {
+                libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// `vlm up` started with `args`, up to its "ready" line: (the process, gRPC, HTTP address).
+fn start_up(vlm: &str, cache: &std::path::Path, args: &[&str]) -> (Up, String, String) {
+    let mut up = vlm_up(vlm, cache)
+        .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -79,6 +94,38 @@ fn up_then_generate_then_drain() {
         "vlm up did not print the gateway addresses"
     );
     std::thread::spawn(move || for _ in lines {});
+    (Up(up), grpc, http)
+}
+
+/// SIGTERM to `vlm up`: it drains and exits 0 within 60 s, and the gateway stops listening.
+fn drain(mut up: Up, grpc: &str) {
+    unsafe {
+        libc::kill(up.0.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = up.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "vlm up did not drain within 60 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "{status}");
+    assert!(
+        std::net::TcpStream::connect(grpc).is_err(),
+        "the gateway still listens after the drain"
+    );
+}
+
+#[test]
+fn up_then_generate_then_drain() {
+    let vlm = vlm_bin();
+    let vlm = vlm.as_str();
+    let cache = tempfile::tempdir().unwrap();
+    let (up, grpc, _) = start_up(vlm, cache.path(), &[]);
 
     let out = Command::new(vlm)
         .args([
@@ -94,26 +141,44 @@ fn up_then_generate_then_drain() {
         .unwrap();
     assert_succeeded(&out);
     assert!(String::from_utf8_lossy(&out.stdout).contains("tokens: ["));
+    drain(up, &grpc);
+}
 
-    unsafe {
-        libc::kill(up.id() as libc::pid_t, libc::SIGTERM);
+/// 64 concurrent requests, each with its own 512x512 image, on `vlm up` with no config: every
+/// one is answered (the vision queue holds 16 images; the rest wait their turn instead of
+/// being refused), and the usage each reports is its own.
+#[test]
+fn sixty_four_concurrent_image_requests_all_complete() {
+    use base64::Engine;
+    let vlm = vlm_bin();
+    let cache = tempfile::tempdir().unwrap();
+    let (up, grpc, http) = start_up(&vlm, cache.path(), &[]);
+    let answers: Vec<(u16, String)> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..64u8)
+            .map(|i| {
+                let http = http.clone();
+                s.spawn(move || {
+                    let png = support::png(512, 512, i);
+                    let b64 = base64::engine::general_purpose::STANDARD.encode(png);
+                    let body = serde_json::json!({
+                        "messages": [{"role": "user", "content": [
+                            {"type": "image_url",
+                             "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+                            {"type": "text", "text": format!("Describe image {i}.")}]}],
+                        "max_tokens": 4, "temperature": 0,
+                    });
+                    support::post_json(&http, &body)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    for (i, (status, body)) in answers.iter().enumerate() {
+        assert_eq!(*status, 200, "request {i}: {body}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "request {i}: {body}");
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = up.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "vlm up did not drain within 60 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(status.success(), "{status}");
-    assert!(
-        std::net::TcpStream::connect(&grpc).is_err(),
-        "the gateway still listens after the drain"
-    );
+    drain(up, &grpc);
 }
 
 /// A part that dies while loading (here: its weights are cut short, which it finds only after

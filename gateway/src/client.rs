@@ -1,5 +1,5 @@
 //! Typed calls to the LM service; their errors say whether another replica may be tried.
-use crate::error::GatewayError;
+use crate::error::{GatewayError, OverloadReason};
 use crate::validation::{ValidRequest, VisionRef};
 use vlm_proto::v1 as pb;
 
@@ -18,8 +18,15 @@ pub const FAILED_PART: &str = "vlm-failed-part";
 /// (the conversion to [`GatewayError`] leaves them out).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ClientError {
-    /// Connection refused, reset, timed out, or the replica said UNAVAILABLE / busy: try
-    /// another.
+    /// A queue upstream (the vision replica's wait line, or its queue-wait limit) is full:
+    /// RESOURCE_EXHAUSTED. Not retried here: the request already waited its turn there.
+    #[error("{addr} busy: {message}")]
+    Busy {
+        addr: String,
+        message: String,
+        part: Part,
+    },
+    /// Connection refused, reset, timed out, or the replica said UNAVAILABLE: try another.
     #[error("{addr} unreachable: {message}")]
     Unreachable {
         addr: String,
@@ -39,17 +46,24 @@ pub enum ClientError {
 impl ClientError {
     pub fn from_status(addr: &str, s: tonic::Status) -> Self {
         use tonic::Code::*;
+        let part = match s.metadata().get(FAILED_PART).map(|v| v.as_bytes()) {
+            Some(b"vision") => Part::Vision,
+            _ => Part::Lm,
+        };
         match s.code() {
-            Unavailable | Unknown | Internal | Aborted | DeadlineExceeded | ResourceExhausted
-            | Cancelled => ClientError::Unreachable {
+            ResourceExhausted => ClientError::Busy {
                 addr: addr.to_string(),
-                message: format!("{:?}: {}", s.code(), s.message()),
-                code: s.code(),
-                part: match s.metadata().get(FAILED_PART).map(|v| v.as_bytes()) {
-                    Some(b"vision") => Part::Vision,
-                    _ => Part::Lm,
-                },
+                message: s.message().to_string(),
+                part,
             },
+            Unavailable | Unknown | Internal | Aborted | DeadlineExceeded | Cancelled => {
+                ClientError::Unreachable {
+                    addr: addr.to_string(),
+                    message: format!("{:?}: {}", s.code(), s.message()),
+                    code: s.code(),
+                    part,
+                }
+            }
             code => ClientError::Refused {
                 addr: addr.to_string(),
                 status: s.message().to_string(),
@@ -61,7 +75,7 @@ impl ClientError {
     /// The part to blame: a vision failure never takes the LM replica out of rotation.
     pub fn part(&self) -> Part {
         match self {
-            ClientError::Unreachable { part, .. } => *part,
+            ClientError::Unreachable { part, .. } | ClientError::Busy { part, .. } => *part,
             ClientError::Refused { .. } => Part::Lm,
         }
     }
@@ -88,6 +102,14 @@ impl From<ClientError> for GatewayError {
     fn from(e: ClientError) -> Self {
         // No addresses: those are logged where the failure is seen.
         match e {
+            // The upstream's own words name the queue and its limit; only addresses go.
+            ClientError::Busy { message, part, .. } => GatewayError::Overloaded {
+                reason: match part {
+                    Part::Vision => OverloadReason::VisionBusy,
+                    Part::Lm => OverloadReason::LmBusy,
+                },
+                message: crate::error::scrub_addresses(&message),
+            },
             ClientError::Unreachable {
                 part: Part::Vision,
                 code,

@@ -12,6 +12,10 @@ pub enum OverloadReason {
     KvBudget,
     /// The gateway is draining.
     Draining,
+    /// The vision service's wait line is full (or the request waited past its limit there).
+    VisionBusy,
+    /// The LM service refused the request as overloaded.
+    LmBusy,
 }
 
 impl OverloadReason {
@@ -20,6 +24,8 @@ impl OverloadReason {
             OverloadReason::QueueFull => "queue_full",
             OverloadReason::KvBudget => "kv_budget",
             OverloadReason::Draining => "draining",
+            OverloadReason::VisionBusy => "vision_busy",
+            OverloadReason::LmBusy => "lm_busy",
         }
     }
 }
@@ -115,7 +121,11 @@ impl GatewayError {
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             GatewayError::Overloaded {
-                reason: OverloadReason::QueueFull | OverloadReason::Draining,
+                reason:
+                    OverloadReason::QueueFull
+                    | OverloadReason::Draining
+                    | OverloadReason::VisionBusy
+                    | OverloadReason::LmBusy,
                 ..
             } => Some(RETRY_AFTER),
             _ => None,
@@ -172,7 +182,8 @@ pub fn scrub_addresses(msg: &str) -> String {
     let mut word = String::new();
     let flush = |word: &mut String, out: &mut String| {
         // Trailing punctuation of a sentence is not part of the address.
-        let core = word.trim_end_matches(['.', ',', ';', ')']);
+        // (The LM prefixes a vision replica's message with `vision replica ADDR: `.)
+        let core = word.trim_end_matches(['.', ',', ';', ')', ':']);
         let tail = &word[core.len()..];
         if looks_like_address(core) {
             out.push_str("<internal>");
@@ -311,6 +322,10 @@ mod tests {
             (
                 "[::1]:80 and localhost:9 and 192.168.0.1",
                 "<internal> and <internal> and <internal>",
+            ),
+            (
+                "vision replica 127.0.0.1:32889: image 0: corrupt Png image",
+                "vision replica <internal>: image 0: corrupt Png image",
             ),
             // Not addresses: left as they are.
             (

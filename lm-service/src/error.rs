@@ -17,7 +17,8 @@ pub enum LmError {
     /// fine (the status carries `vlm-failed-part: vision`, so the caller blames vision).
     #[error("{0}")]
     VisionUnavailable(String),
-    /// The engine is full.
+    /// The vision replica's queue is full (RESOURCE_EXHAUSTED there); the status carries
+    /// `vlm-failed-part: vision`, as for [`LmError::VisionUnavailable`].
     #[error("{0}")]
     Overloaded(String),
     /// The request was cancelled (deadline passed).
@@ -70,7 +71,7 @@ impl From<LmError> for Status {
             LmError::Internal(_) => Code::Internal,
         };
         let mut status = Status::new(code, e.to_string());
-        if matches!(e, LmError::VisionUnavailable(_)) {
+        if matches!(e, LmError::VisionUnavailable(_) | LmError::Overloaded(_)) {
             status.metadata_mut().insert(
                 FAILED_PART,
                 tonic::metadata::MetadataValue::from_static("vision"),

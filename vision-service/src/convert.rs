@@ -119,6 +119,8 @@ pub fn info_to_proto(info: Info) -> pb::VisionInfo {
         embed_cache_used_bytes: info.embed_cache.used_bytes,
         embed_cache_hits: info.embed_cache.hits,
         embed_cache_misses: info.embed_cache.misses,
+        images_waiting: info.images_waiting,
+        max_waiting_images: f.max_waiting_images,
     }
 }
 

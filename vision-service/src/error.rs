@@ -7,16 +7,24 @@ use std::path::PathBuf;
 /// chosen only in the `From` impl below.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum VisionError {
-    /// The queue in front of the graphs has no room for the request's images.
+    /// The line of images waiting for a queue slot has no room for the request's images.
     #[error(
-        "vision queue is full: {requested} image(s) requested, {depth} of {capacity} queue slots in use \
-         (queue capacity {capacity} images); retry later or on another replica"
+        "vision queue is full: {requested} image(s) requested, {waiting} already waiting for one \
+         of {capacity} slots (at most {max_waiting} images wait, --max-waiting-images); retry \
+         later or on another replica"
     )]
     Overloaded {
         requested: usize,
-        depth: usize,
+        waiting: usize,
+        max_waiting: usize,
         capacity: usize,
     },
+    /// The request's images waited longer than the service allows for a queue slot.
+    #[error(
+        "vision queue is full: the request's images waited {waited_ms} ms for a slot, the \
+         limit is {limit_ms} ms (--max-queue-wait-ms); retry later or on another replica"
+    )]
+    QueueTimeout { waited_ms: u64, limit_ms: u64 },
     /// The caller's input is invalid; the message names the limit and the value received.
     #[error("{}", match .image { Some(i) => format!("image {i}: {}", .message), None => .message.clone() })]
     Validation {
@@ -57,7 +65,7 @@ impl VisionError {
     /// The `status` label of `vlm_vision_requests_total`.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            VisionError::Overloaded { .. } => "overloaded",
+            VisionError::Overloaded { .. } | VisionError::QueueTimeout { .. } => "overloaded",
             VisionError::Validation { .. } => "invalid",
             VisionError::Cancelled => "cancelled",
             VisionError::DeadlineExceeded { .. } => "deadline",
@@ -71,7 +79,9 @@ impl From<VisionError> for tonic::Status {
     fn from(e: VisionError) -> Self {
         let msg = e.to_string();
         match e {
-            VisionError::Overloaded { .. } => tonic::Status::resource_exhausted(msg),
+            VisionError::Overloaded { .. } | VisionError::QueueTimeout { .. } => {
+                tonic::Status::resource_exhausted(msg)
+            }
             VisionError::Validation { .. } => tonic::Status::invalid_argument(msg),
             VisionError::Cancelled => tonic::Status::cancelled(msg),
             VisionError::DeadlineExceeded { .. } => tonic::Status::deadline_exceeded(msg),
@@ -121,8 +131,16 @@ mod tests {
             (
                 VisionError::Overloaded {
                     requested: 1,
-                    depth: 4,
-                    capacity: 4,
+                    waiting: 4,
+                    max_waiting: 4,
+                    capacity: 2,
+                },
+                Code::ResourceExhausted,
+            ),
+            (
+                VisionError::QueueTimeout {
+                    waited_ms: 10,
+                    limit_ms: 10,
                 },
                 Code::ResourceExhausted,
             ),
@@ -151,11 +169,12 @@ mod tests {
     fn messages_name_the_limit_and_the_value() {
         let s = VisionError::Overloaded {
             requested: 2,
-            depth: 16,
+            waiting: 1024,
+            max_waiting: 1024,
             capacity: 16,
         }
         .to_string();
-        assert!(s.contains("queue capacity 16"), "{s}");
+        assert!(s.contains("at most 1024 images wait"), "{s}");
         let s = VisionError::invalid(3, "image is 9x9, over 4").to_string();
         assert!(s.starts_with("image 3: "), "{s}");
     }

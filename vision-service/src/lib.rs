@@ -29,6 +29,16 @@ pub const SERVICE_NAME: &str = "vlm.v1.Vision";
 /// ViT in bf16: 1024 tokens x 2048 x 3 tensors x 2 bytes each).
 pub const DEFAULT_EMBED_CACHE_BYTES: u64 = 256 << 20;
 
+/// Images that may wait for a queue slot: enough for 64 concurrent requests of 8 images (the
+/// gateway's default of 64 requests in flight, 8 images each); waiting costs only the
+/// request's encoded bytes, which the call holds anyway.
+pub const DEFAULT_MAX_WAITING_IMAGES: usize = 512;
+
+/// How long a request's images may wait for their first slots: 64 requests of one 1024x1024
+/// image each take ~10 min on two cores, so a burst that size is served, and a replica that
+/// stopped making progress still answers within a bound.
+pub const DEFAULT_MAX_QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// Checkpoint directory (config.json + safetensors).
@@ -39,6 +49,10 @@ pub struct Options {
     pub metrics_listen: SocketAddr,
     /// Images admitted and unfinished at most.
     pub queue_capacity: usize,
+    /// Images waiting for a queue slot at most; past that an Encode is refused at once.
+    pub max_waiting_images: usize,
+    /// How long a request's images may wait for their first queue slots.
+    pub max_queue_wait: std::time::Duration,
     /// Header width * height above which an image is refused before decoding.
     pub max_decode_pixels: u64,
     /// Most raw bytes per streamed chunk (at most 1 MiB).
@@ -69,6 +83,8 @@ impl Options {
             listen: SocketAddr::from(([0, 0, 0, 0], 50061)),
             metrics_listen: SocketAddr::from(([0, 0, 0, 0], 9461)),
             queue_capacity: 16,
+            max_waiting_images: DEFAULT_MAX_WAITING_IMAGES,
+            max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             max_decode_pixels: vlm_preprocess::DEFAULT_MAX_DECODE_PIXELS,
             max_chunk_bytes: encoder::chunk::MAX_CHUNK_BYTES,
             max_request_bytes: 64 << 20,
@@ -200,6 +216,8 @@ impl Bound {
                 visual: opts.visual.clone(),
                 max_decode_pixels: opts.max_decode_pixels,
                 queue_capacity: opts.queue_capacity,
+                max_waiting_images: opts.max_waiting_images,
+                max_queue_wait: opts.max_queue_wait,
                 max_chunk_bytes: opts.max_chunk_bytes,
                 spread_lone_images: opts.spread_lone_images,
                 embed_cache_bytes: opts.embed_cache_bytes,
@@ -214,6 +232,8 @@ impl Bound {
             let _ = slot.set(encoder.clone());
             tracing::info!(
                 queue_capacity = opts.queue_capacity,
+                max_waiting_images = opts.max_waiting_images,
+                max_queue_wait_ms = opts.max_queue_wait.as_millis() as u64,
                 embed_cache_bytes = opts.embed_cache_bytes,
                 devices = ?opts.visual.device,
                 "ViT ready: every bucket prepared, compute threads started"

@@ -33,9 +33,16 @@ struct Args {
     /// in the CUDA build).
     #[arg(long, env = "VLM_VISION_DEVICE", value_delimiter = ',')]
     device: Option<Vec<u32>>,
-    /// Images admitted and not finished at most; more is RESOURCE_EXHAUSTED.
+    /// Images admitted and not finished at most; more wait their turn.
     #[arg(long, env = "VLM_VISION_QUEUE_CAPACITY", default_value_t = 16)]
     queue_capacity: usize,
+    /// Images waiting for a queue slot at most; more is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "VLM_VISION_MAX_WAITING_IMAGES", default_value_t = vlm_vision_service::DEFAULT_MAX_WAITING_IMAGES)]
+    max_waiting_images: usize,
+    /// How long a request's images may wait for their first queue slots (ms); then
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, env = "VLM_VISION_MAX_QUEUE_WAIT_MS", default_value_t = vlm_vision_service::DEFAULT_MAX_QUEUE_WAIT.as_millis() as u64)]
+    max_queue_wait_ms: u64,
     /// Images whose header says more pixels than this are refused before decoding.
     #[arg(long, env = "VLM_VISION_MAX_DECODE_PIXELS", default_value_t = vlm_preprocess::DEFAULT_MAX_DECODE_PIXELS)]
     max_decode_pixels: u64,
@@ -79,6 +86,8 @@ fn options(args: Args) -> anyhow::Result<Options> {
         listen: args.listen,
         metrics_listen: args.metrics_listen,
         queue_capacity: args.queue_capacity,
+        max_waiting_images: args.max_waiting_images,
+        max_queue_wait: std::time::Duration::from_millis(args.max_queue_wait_ms),
         max_decode_pixels: args.max_decode_pixels,
         max_chunk_bytes: args.max_chunk_bytes,
         max_request_bytes: args.max_request_bytes,

@@ -341,9 +341,23 @@ async fn dropping_the_stream_mid_way_frees_the_queue_slot() {
     assert_eq!(info.queue_capacity, 3);
 }
 
+/// Images that find every slot taken wait their turn (a request larger than the capacity too);
+/// past the wait line's length a request is RESOURCE_EXHAUSTED naming the limit, and a request
+/// that waits past `--max-queue-wait-ms` is RESOURCE_EXHAUSTED naming that one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_is_resource_exhausted_naming_the_capacity() {
-    let server = one_slot_server().await;
+async fn a_full_queue_makes_requests_wait_in_a_bounded_line() {
+    let server = TestServer::start(
+        SMALL_BUCKETS,
+        &[
+            "--queue-capacity",
+            "1",
+            "--max-chunk-bytes",
+            "4096",
+            "--max-waiting-images",
+            "2",
+        ],
+    )
+    .await;
     let mut client = server.client().await;
     let big = png(1024, 1024, 9);
     // Not read: its 4 KiB chunks fill the transport window and the image keeps its slot.
@@ -354,19 +368,27 @@ async fn a_full_queue_is_resource_exhausted_naming_the_capacity() {
         .into_inner();
     assert_eq!(server.info().await.queue_depth, 1);
 
+    // Two images, more than the capacity of 1: they wait, taking the whole line.
+    let two = request(vec![encoded(png(256, 256, 1)), encoded(png(256, 256, 2))]);
+    let mut second = server.client().await;
+    let waiting = tokio::spawn(async move { collect(&mut second, two).await });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.info().await.images_waiting != 2 {
+        assert!(Instant::now() < deadline, "{:?}", server.info().await);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let info = server.info().await;
+    assert_eq!((info.max_waiting_images, info.queue_depth), (2, 1));
     let mut other = server.client().await;
-    let r = collect(&mut other, request(vec![encoded(png(256, 256, 1))])).await;
-    assert_refused(r, Code::ResourceExhausted, &["queue capacity 1"]);
-    // More images than the queue can ever hold is the caller's mistake, not overload.
-    let r = collect(
-        &mut other,
-        request(vec![encoded(png(256, 256, 1)), encoded(png(256, 256, 2))]),
-    )
-    .await;
+    let r = collect(&mut other, request(vec![encoded(png(256, 256, 3))])).await;
     assert_refused(
         r,
-        Code::InvalidArgument,
-        &["2 images", "queue capacity of 1"],
+        Code::ResourceExhausted,
+        &[
+            "1 image(s) requested",
+            "2 already waiting",
+            "--max-waiting-images",
+        ],
     );
 
     let mut rows = 0;
@@ -374,11 +396,42 @@ async fn a_full_queue_is_resource_exhausted_naming_the_capacity() {
         rows += c.row_end - c.row_start;
     }
     assert_eq!(rows, 1024);
-    wait_idle(&server).await;
-    let chunks = collect(&mut other, request(vec![encoded(png(256, 256, 1))]))
+    let chunks = waiting
         .await
-        .expect("room again");
+        .unwrap()
+        .expect("the waiting request is served");
     assert_eq!(reassemble(&chunks, 0).bucket, 256);
+    assert_eq!(reassemble(&chunks, 1).bucket, 256);
+    let info = wait_idle(&server).await;
+    assert_eq!(info.images_waiting, 0);
+
+    // A queue-wait limit of 50 ms: a request behind a held slot gives up with the limit named.
+    let server = TestServer::start(
+        SMALL_BUCKETS,
+        &[
+            "--queue-capacity",
+            "1",
+            "--max-chunk-bytes",
+            "4096",
+            "--max-queue-wait-ms",
+            "50",
+        ],
+    )
+    .await;
+    let mut client = server.client().await;
+    let _held = client
+        .encode(request(vec![encoded(big)]))
+        .await
+        .expect("first call")
+        .into_inner();
+    let mut other = server.client().await;
+    let r = collect(&mut other, request(vec![encoded(png(256, 256, 4))])).await;
+    assert_refused(
+        r,
+        Code::ResourceExhausted,
+        &["--max-queue-wait-ms", "50 ms"],
+    );
+    assert_eq!(server.info().await.images_waiting, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

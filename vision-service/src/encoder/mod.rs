@@ -1,10 +1,12 @@
 //! The domain: a bounded queue of images in front of the ViT bucket graphs, and one compute
 //! thread per device of the pool.
 //!
-//! [`Encoder::encode`] checks every image of a request (cheap, header only), takes one queue
-//! slot per image (all or nothing), queues one job per image and returns a stream of chunks.
-//! A task per request forwards each image's chunks as soon as that image is done, and cancels
-//! the request's remaining work when the caller goes away or its deadline passes.
+//! [`Encoder::encode`] checks every image of a request (cheap, header only), puts its images in
+//! the wait line for queue slots (or refuses it when the line is full) and returns a stream of
+//! chunks. A feeding task per request queues one job per image as its images get slots (all at
+//! once when they fit the capacity); a forwarding task per request forwards each image's chunks
+//! as soon as that image is done, and cancels the request's remaining work when the caller goes
+//! away or its deadline passes.
 pub mod cache;
 pub mod chunk;
 pub mod plan;
@@ -15,7 +17,8 @@ pub mod worker;
 
 use crate::error::{ServeError, VisionError};
 use plan::Limits;
-use queue::{Admission, JobQueue};
+use plan::PlannedImage;
+use queue::{Admission, JobQueue, Waiting};
 use request::{Chunk, EncodeRequest, WireDtype};
 use spread::Spread;
 use std::sync::atomic::Ordering;
@@ -50,6 +53,10 @@ pub struct EncoderConfig {
     pub max_decode_pixels: u64,
     /// Images admitted and unfinished at most.
     pub queue_capacity: usize,
+    /// Images waiting for a queue slot at most (past that a request is refused at once).
+    pub max_waiting_images: usize,
+    /// How long a request's images may wait for their first queue slots.
+    pub max_queue_wait: std::time::Duration,
     /// Most raw bytes per chunk (<= 1 MiB).
     pub max_chunk_bytes: usize,
     /// Run an image that is alone in the pool on all of the pool's cores.
@@ -74,6 +81,7 @@ pub struct StaticInfo {
     pub max_pixels: u64,
     pub oversize: &'static str,
     pub queue_capacity: u32,
+    pub max_waiting_images: u32,
     /// The compute backend (of the first device; every device runs the same), with the devices
     /// of the whole pool.
     pub backend: BackendInfo,
@@ -86,6 +94,8 @@ pub struct StaticInfo {
 pub struct Info {
     pub fixed: StaticInfo,
     pub queue_depth: u32,
+    /// Images waiting for a queue slot.
+    pub images_waiting: u32,
     pub images_in_flight: u32,
     pub embed_cache: cache::CacheStats,
 }
@@ -98,6 +108,7 @@ pub struct Encoder {
 
 struct Inner {
     admission: Arc<Admission>,
+    max_queue_wait: std::time::Duration,
     queue: Arc<JobQueue<Job>>,
     shared: Arc<Shared>,
     info: StaticInfo,
@@ -139,6 +150,7 @@ impl Encoder {
                 vlm_config::Oversize::Downscale => "downscale",
             },
             queue_capacity: cfg.queue_capacity as u32,
+            max_waiting_images: cfg.max_waiting_images as u32,
             backend,
             spread_lone_images: false, // set below, once the pool-wide pool exists
         };
@@ -185,7 +197,8 @@ impl Encoder {
         metrics::counter!("vlm_vision_spread_images_total").increment(0);
         Ok(Encoder {
             inner: Arc::new(Inner {
-                admission: Admission::new(cfg.queue_capacity),
+                admission: Admission::new(cfg.queue_capacity, cfg.max_waiting_images),
+                max_queue_wait: cfg.max_queue_wait,
                 queue,
                 shared,
                 info,
@@ -198,6 +211,7 @@ impl Encoder {
         Info {
             fixed: self.inner.info.clone(),
             queue_depth: self.inner.admission.depth() as u32,
+            images_waiting: self.inner.admission.waiting() as u32,
             images_in_flight: self.inner.shared.in_flight.load(Ordering::Acquire) as u32,
             embed_cache: self.inner.shared.cache.stats(),
         }
@@ -226,14 +240,8 @@ impl Encoder {
         span: tracing::Span,
     ) -> Result<ReceiverStream<Result<Chunk, VisionError>>, VisionError> {
         let n = req.images.len();
-        let capacity = self.inner.admission.capacity();
         if n == 0 {
             return Err(VisionError::invalid_request("the request has no images"));
-        }
-        if n > capacity {
-            return Err(VisionError::invalid_request(format!(
-                "the request has {n} images, over the queue capacity of {capacity} images; split it"
-            )));
         }
         let images = req
             .images
@@ -241,26 +249,18 @@ impl Encoder {
             .enumerate()
             .map(|(i, input)| plan::plan(i, input, &self.inner.shared.limits))
             .collect::<Result<Vec<_>, _>>()?;
-        let permits = self.inner.admission.try_acquire(n)?;
+        let waiting = self.inner.admission.enter(n)?;
         let dtype = req.dtype.unwrap_or(self.inner.info.dtype);
         let cancel = CancellationToken::new();
         let (results_tx, results_rx) = mpsc::unbounded_channel();
-        let jobs: Vec<Job> = images
-            .into_iter()
-            .zip(permits)
-            .map(|(image, permit)| Job {
-                image,
-                dtype,
-                cancel: cancel.clone(),
-                results: results_tx.clone(),
-                permit,
-                span: span.clone(),
-            })
-            .collect();
-        drop(results_tx);
-        if !self.inner.queue.push_all(jobs) {
-            return Err(VisionError::NotReady("the service is draining".into()));
-        }
+        let feeding = Feeding {
+            images,
+            dtype,
+            cancel: cancel.clone(),
+            results: results_tx,
+            span: span.clone(),
+        };
+        tokio::spawn(feed(Arc::clone(&self.inner), feeding, waiting).instrument(span.clone()));
         let (out_tx, out_rx) = mpsc::channel(STREAM_BUFFER);
         tokio::spawn(forward(results_rx, out_tx, cancel, deadline, n).instrument(span));
         Ok(ReceiverStream::new(out_rx))
@@ -273,6 +273,67 @@ impl Encoder {
             std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|p| p.into_inner()));
         for t in threads {
             let _ = t.join();
+        }
+    }
+}
+
+/// A request's images on their way to the compute threads.
+struct Feeding {
+    images: Vec<PlannedImage>,
+    dtype: WireDtype,
+    cancel: CancellationToken,
+    results: mpsc::UnboundedSender<Outcome>,
+    span: tracing::Span,
+}
+
+/// Queues the request's images as they get queue slots: the first ones all at once (as many
+/// as the capacity holds), within the service's queue-wait limit; the rest of a request larger
+/// than the capacity one by one as slots free. Stops when the request is cancelled (its caller
+/// went away, its deadline passed or an image failed: the forwarding task cancels).
+async fn feed(inner: Arc<Inner>, f: Feeding, mut waiting: Waiting) {
+    let arrived = Instant::now();
+    let limit = inner.max_queue_wait;
+    let mut images = f.images.into_iter();
+    let mut first = true;
+    while waiting.remaining() > 0 {
+        let k = if first {
+            waiting.remaining().min(inner.admission.capacity())
+        } else {
+            1
+        };
+        let permits = tokio::select! {
+            _ = f.cancel.cancelled() => return,
+            p = waiting.admit(k) => p,
+            _ = tokio::time::sleep_until(arrived + limit), if first => {
+                let error = VisionError::QueueTimeout {
+                    waited_ms: arrived.elapsed().as_millis() as u64,
+                    limit_ms: limit.as_millis() as u64,
+                };
+                let _ = f.results.send(Outcome::Failed { error });
+                return;
+            }
+        };
+        if first {
+            metrics::histogram!("vlm_vision_queue_wait_seconds")
+                .record(arrived.elapsed().as_secs_f64());
+            first = false;
+        }
+        let jobs: Vec<Job> = permits
+            .into_iter()
+            .zip(images.by_ref())
+            .map(|(permit, image)| Job {
+                image,
+                dtype: f.dtype,
+                cancel: f.cancel.clone(),
+                results: f.results.clone(),
+                permit,
+                span: f.span.clone(),
+            })
+            .collect();
+        if !inner.queue.push_all(jobs) {
+            let error = VisionError::NotReady("the service is draining".into());
+            let _ = f.results.send(Outcome::Failed { error });
+            return;
         }
     }
 }

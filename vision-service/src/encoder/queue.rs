@@ -1,22 +1,31 @@
 //! The bounded queue in front of the graphs.
 //!
-//! [`Admission`] counts queue slots: one per image, taken all at once when a request arrives
-//! (or not at all: the caller gets `Overloaded`), and given back one by one as each image's
-//! [`Permit`] is dropped: after its chunks were handed to the response stream, when it failed,
-//! or when its caller went away. So the depth is "images admitted and not finished" and the
-//! memory of finished-but-unsent embeddings is bounded by the capacity too.
+//! [`Admission`] counts queue slots: `capacity` images at most admitted and unfinished, each
+//! slot given back when that image's [`Permit`] is dropped: after its chunks were handed to the
+//! response stream, when it failed, or when its caller went away. So the memory of
+//! finished-but-unsent embeddings is bounded by the capacity. Images that find no free slot
+//! wait their turn in one FIFO line ([`Waiting`]: tokio's semaphore is fair, so a request is
+//! never overtaken); the line holds at most `max_waiting` images, past that a request is
+//! refused at once (`Overloaded`). A request may have more images than the capacity: its
+//! images take slots as earlier ones give theirs back.
 //!
 //! [`JobQueue`] is the FIFO the compute threads pop from.
 use crate::error::VisionError;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
+use tokio::sync::Semaphore;
 
-/// Queue slots: `capacity` images at most admitted and unfinished.
+/// Queue slots and the line of images waiting for one.
 #[derive(Debug)]
 pub struct Admission {
     capacity: usize,
-    held: AtomicUsize,
+    max_waiting: usize,
+    slots: Arc<Semaphore>,
+    /// Slots held by admitted images (counted here: the semaphore hands a waiting request the
+    /// free slots one by one, so its free count is not the admitted count).
+    admitted: AtomicUsize,
+    waiting: AtomicUsize,
 }
 
 /// One image's queue slot; dropping it frees the slot.
@@ -25,11 +34,22 @@ pub struct Permit {
     admission: Arc<Admission>,
 }
 
+/// A request's places in the wait line: the images that have no slot yet. Dropping it (the
+/// request was cancelled or failed) leaves the line.
+#[derive(Debug)]
+pub struct Waiting {
+    admission: Arc<Admission>,
+    remaining: usize,
+}
+
 impl Admission {
-    pub fn new(capacity: usize) -> Arc<Admission> {
+    pub fn new(capacity: usize, max_waiting: usize) -> Arc<Admission> {
         Arc::new(Admission {
             capacity,
-            held: AtomicUsize::new(0),
+            max_waiting,
+            slots: Arc::new(Semaphore::new(capacity)),
+            admitted: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
         })
     }
 
@@ -37,23 +57,34 @@ impl Admission {
         self.capacity
     }
 
-    /// Images admitted and not finished.
-    pub fn depth(&self) -> usize {
-        self.held.load(Ordering::Acquire)
+    pub fn max_waiting(&self) -> usize {
+        self.max_waiting
     }
 
-    /// Takes `n` slots at once, or none.
-    pub fn try_acquire(self: &Arc<Self>, n: usize) -> Result<Vec<Permit>, VisionError> {
-        let mut current = self.held.load(Ordering::Acquire);
+    /// Images admitted and not finished.
+    pub fn depth(&self) -> usize {
+        self.admitted.load(Ordering::Acquire)
+    }
+
+    /// Images waiting for a slot.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Puts `n` images in the wait line at once, or none: `Overloaded` when the line has no
+    /// room for them.
+    pub fn enter(self: &Arc<Self>, n: usize) -> Result<Waiting, VisionError> {
+        let mut current = self.waiting.load(Ordering::Acquire);
         loop {
-            if current + n > self.capacity {
+            if current + n > self.max_waiting {
                 return Err(VisionError::Overloaded {
                     requested: n,
-                    depth: current,
+                    waiting: current,
+                    max_waiting: self.max_waiting,
                     capacity: self.capacity,
                 });
             }
-            match self.held.compare_exchange_weak(
+            match self.waiting.compare_exchange_weak(
                 current,
                 current + n,
                 Ordering::AcqRel,
@@ -63,19 +94,63 @@ impl Admission {
                 Err(now) => current = now,
             }
         }
+        self.publish();
+        Ok(Waiting {
+            admission: Arc::clone(self),
+            remaining: n,
+        })
+    }
+
+    fn publish(&self) {
         metrics::gauge!("vlm_vision_queue_depth").set(self.depth() as f64);
-        Ok((0..n)
+        metrics::gauge!("vlm_vision_images_waiting").set(self.waiting() as f64);
+    }
+}
+
+impl Waiting {
+    /// Images of the request still without a slot.
+    pub fn remaining(&self) -> usize {
+        self.remaining
+    }
+
+    /// The next `k` of the request's images get slots, all at once, when it is their turn.
+    /// `k` is at most the capacity and at most [`Waiting::remaining`].
+    pub async fn admit(&mut self, k: usize) -> Vec<Permit> {
+        let a = &self.admission;
+        let k = k.min(self.remaining).min(a.capacity);
+        // The semaphore is never closed, so acquiring fails only if it were.
+        if let Ok(p) = a.slots.acquire_many(k as u32).await {
+            // Each image gives its slot back on its own (Permit's Drop).
+            p.forget();
+        }
+        self.remaining -= k;
+        a.admitted.fetch_add(k, Ordering::AcqRel);
+        a.waiting.fetch_sub(k, Ordering::AcqRel);
+        a.publish();
+        (0..k)
             .map(|_| Permit {
-                admission: Arc::clone(self),
+                admission: Arc::clone(a),
             })
-            .collect())
+            .collect()
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if self.remaining > 0 {
+            self.admission
+                .waiting
+                .fetch_sub(self.remaining, Ordering::AcqRel);
+            self.admission.publish();
+        }
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        let before = self.admission.held.fetch_sub(1, Ordering::AcqRel);
-        metrics::gauge!("vlm_vision_queue_depth").set(before.saturating_sub(1) as f64);
+        self.admission.admitted.fetch_sub(1, Ordering::AcqRel);
+        self.admission.slots.add_permits(1);
+        self.admission.publish();
     }
 }
 
@@ -154,28 +229,55 @@ impl<T> JobQueue<T> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn admits_all_or_nothing_and_frees_on_drop() {
-        let a = Admission::new(3);
-        let two = a.try_acquire(2).unwrap();
-        assert_eq!(a.depth(), 2);
-        let err = a.try_acquire(2).unwrap_err();
+    #[tokio::test]
+    async fn admits_in_line_order_refuses_past_the_line_and_frees_on_drop() {
+        let a = Admission::new(3, 4);
+        let mut first = a.enter(2).unwrap();
+        let two = first.admit(2).await;
+        assert_eq!((a.depth(), a.waiting()), (2, 0));
+        // Two more images wait: only one slot is free and a request takes its slots at once.
+        let mut second = a.enter(2).unwrap();
+        let a2 = Arc::clone(&a);
+        let waiter = tokio::spawn(async move {
+            let p = second.admit(2).await;
+            (p.len(), a2.depth())
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert_eq!((a.depth(), a.waiting()), (2, 2));
+        // The line holds 4 images: 3 more do not fit, 2 do.
+        let err = a.enter(3).unwrap_err();
         assert!(
             matches!(
                 err,
                 VisionError::Overloaded {
-                    requested: 2,
-                    depth: 2,
-                    capacity: 3
+                    requested: 3,
+                    waiting: 2,
+                    max_waiting: 4,
+                    ..
                 }
             ),
             "{err:?}"
         );
-        assert_eq!(a.depth(), 2, "a refused request takes nothing");
-        let one = a.try_acquire(1).unwrap();
+        assert_eq!(a.waiting(), 2, "a refused request takes nothing");
+        drop(a.enter(2).unwrap());
+        assert_eq!(a.waiting(), 2, "leaving the line gives its places back");
         drop(two);
-        assert_eq!(a.depth(), 1);
-        drop(one);
+        assert_eq!(waiter.await.unwrap(), (2, 2));
+        assert_eq!(a.waiting(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_request_larger_than_the_capacity_takes_slots_as_they_free() {
+        let a = Admission::new(2, 8);
+        let mut w = a.enter(5).unwrap();
+        let mut held = w.admit(5).await;
+        assert_eq!((held.len(), w.remaining(), a.depth()), (2, 3, 2));
+        held.pop();
+        let more = w.admit(1).await;
+        assert_eq!((more.len(), w.remaining(), a.depth()), (1, 2, 2));
+        drop(w);
+        assert_eq!(a.waiting(), 0);
+        drop((held, more));
         assert_eq!(a.depth(), 0);
     }
 
