@@ -94,36 +94,58 @@ async fn two_images_greedy_matches_in_process_and_http() {
     assert_eq!(v["usage"]["completion_tokens"], want.len());
     assert_eq!(v["usage"]["prompt_tokens"], ids.len());
 
-    // HTTP, streaming: SSE chunks ending with [DONE].
-    let (status, body) = post_json(&c.http(), &http_body(&images, prompt, max_tokens, true));
-    assert_eq!(status, 200, "{body}");
-    let chunks = sse_chunks(&body);
-    let mut usage = serde_json::Value::Null;
-    for v in &chunks {
-        assert_eq!(v["object"], "chat.completion.chunk");
-        if !v["usage"].is_null() {
-            usage = v["usage"].clone();
-        }
-    }
-    assert_eq!(sse_text(&chunks), got.text);
-    assert_eq!(usage["completion_tokens"], want.len());
-
-    // stream_options.include_usage: false is honoured: the same text, no usage anywhere.
+    // HTTP, streaming with stream_options.include_usage: SSE chunks, then the usage as a
+    // chunk of its own with "choices": [] (where OpenAI and vLLM put it), then [DONE].
     let mut body = http_body(&images, prompt, max_tokens, true);
-    body["stream_options"] = serde_json::json!({"include_usage": false});
+    body["stream_options"] = serde_json::json!({"include_usage": true});
     let (status, body) = post_json(&c.http(), &body);
     assert_eq!(status, 200, "{body}");
     let chunks = sse_chunks(&body);
-    for v in &chunks {
-        assert!(
-            v.get("usage").is_none(),
-            "usage sent though not asked for: {v}"
-        );
+    let (last, content) = chunks.split_last().expect("chunks");
+    for v in content {
+        assert_eq!(v["object"], "chat.completion.chunk");
+        assert!(v.get("usage").is_none(), "usage on a content chunk: {v}");
+        assert_eq!(v["choices"].as_array().map(Vec::len), Some(1), "{v}");
     }
+    assert_eq!(last["object"], "chat.completion.chunk");
+    assert_eq!(last["choices"], serde_json::json!([]), "{last}");
     assert_eq!(sse_text(&chunks), got.text);
+    assert_eq!(last["usage"]["completion_tokens"], want.len());
+    assert_eq!(last["usage"]["prompt_tokens"], ids.len());
+
+    // Without stream_options (OpenAI's default) and with include_usage: false: the same
+    // text, no usage anywhere.
+    for opts in [None, Some(serde_json::json!({"include_usage": false}))] {
+        let mut body = http_body(&images, prompt, max_tokens, true);
+        if let Some(o) = opts {
+            body["stream_options"] = o;
+        }
+        let (status, body) = post_json(&c.http(), &body);
+        assert_eq!(status, 200, "{body}");
+        let chunks = sse_chunks(&body);
+        for v in &chunks {
+            assert!(
+                v.get("usage").is_none(),
+                "usage sent though not asked for: {v}"
+            );
+        }
+        assert_eq!(sse_text(&chunks), got.text);
+    }
 
     let (status, body) = http(&c.http(), "GET", "/v1/models", b"");
     assert_eq!(status, 200, "{body}");
+    let listed: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = listed["data"][0]["id"].as_str().unwrap().to_string();
+    // The SDK's models.retrieve: the served model, and OpenAI's 404 for any other.
+    let (status, body) = http(&c.http(), "GET", &format!("/v1/models/{id}"), b"");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        listed["data"][0]
+    );
+    let (status, body) = http(&c.http(), "GET", "/v1/models/not-this-one", b"");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains("model_not_found"), "{body}");
     let (status, body) = http(&c.http(), "GET", "/metrics", b"");
     assert_eq!(status, 200);
     for name in [
@@ -627,9 +649,12 @@ fn served_by(before: &[f64], after: &[f64], what: &str) -> usize {
 
 /// POST /v1/chat/completions with `messages`, greedy: (answer, usage), streamed or not.
 fn chat(addr: &str, messages: &serde_json::Value, stream: bool) -> (String, serde_json::Value) {
-    let body = serde_json::json!({
+    let mut body = serde_json::json!({
         "messages": messages, "max_tokens": 8, "temperature": 0, "stream": stream
     });
+    if stream {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
     let (status, text) = post_json(addr, &body);
     assert_eq!(status, 200, "{text}");
     if !stream {

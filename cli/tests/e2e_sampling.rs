@@ -287,6 +287,7 @@ async fn completions_tokenize_and_detokenize() {
     assert_eq!(v4["choices"][0]["text"], format!("{prompt}{text}"));
     let mut st = base.clone();
     st["stream"] = json!(true);
+    st["stream_options"] = json!({"include_usage": true});
     let (status, body) = http(&h, "POST", "/v1/completions", st.to_string().as_bytes());
     assert_eq!(status, 200, "{body}");
     let chunks = sse_chunks(&body);
@@ -295,7 +296,14 @@ async fn completions_tokenize_and_detokenize() {
         .filter_map(|ch| ch["choices"][0]["text"].as_str())
         .collect();
     assert_eq!(streamed, text);
-    assert!(chunks.last().unwrap()["usage"]["completion_tokens"] == 8);
+    let last = chunks.last().unwrap();
+    assert_eq!(
+        last["choices"],
+        json!([]),
+        "the usage chunk has no choices: {last}"
+    );
+    assert_eq!(last["object"], "text_completion");
+    assert!(last["usage"]["completion_tokens"] == 8);
 
     // /tokenize of messages counts what the chat route sends to the LM.
     let messages = json!([{"role": "user", "content": "hello there"}]);
@@ -377,12 +385,15 @@ async fn n_choices_share_one_prefill() {
     assert_eq!(again["choices"], v["choices"]);
     let mut st = body.clone();
     st["stream"] = json!(true);
+    st["stream_options"] = json!({"include_usage": true});
     let (status, text) = post_json(&h, &st);
     assert_eq!(status, 200, "{text}");
     let chunks = sse_chunks(&text);
     let mut ends = [0; 3];
     let mut streamed = vec![String::new(); 3];
-    for ch in &chunks {
+    let (usage, chunks) = chunks.split_last().unwrap();
+    assert_eq!(usage["choices"], json!([]), "{usage}");
+    for ch in chunks {
         let i = ch["choices"][0]["index"].as_u64().unwrap() as usize;
         if let Some(t) = ch["choices"][0]["delta"]["content"].as_str() {
             streamed[i].push_str(t);
@@ -393,7 +404,7 @@ async fn n_choices_share_one_prefill() {
     }
     assert_eq!(ends, [1, 1, 1]);
     assert_eq!(streamed, texts);
-    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 24);
+    assert_eq!(usage["usage"]["completion_tokens"], 24);
     // Completions take n too.
     let (status, v) = post_path(
         &h,

@@ -44,6 +44,10 @@ pub enum GatewayError {
         reason: OverloadReason,
         message: String,
     },
+    /// The request names a model this gateway does not serve (OpenAI's 404
+    /// `model_not_found`, which the SDK raises as `NotFoundError`).
+    #[error("the model {model:?} does not exist here; this server serves {served:?}")]
+    ModelNotFound { model: String, served: String },
     /// Missing or wrong API key.
     #[error("unauthenticated: {0}")]
     Unauthenticated(String),
@@ -80,6 +84,7 @@ impl GatewayError {
     pub fn param_name(&self) -> Option<&str> {
         match self {
             GatewayError::InvalidParam { param, .. } => Some(param),
+            GatewayError::ModelNotFound { .. } => Some("model"),
             _ => None,
         }
     }
@@ -89,7 +94,8 @@ impl GatewayError {
         match self {
             GatewayError::Validation(_)
             | GatewayError::InvalidParam { .. }
-            | GatewayError::UpstreamInvalid(_) => "invalid",
+            | GatewayError::UpstreamInvalid(_)
+            | GatewayError::ModelNotFound { .. } => "invalid",
             GatewayError::Overloaded { .. } => "overloaded",
             GatewayError::Unauthenticated(_) => "unauthenticated",
             GatewayError::Unavailable(_) => "unavailable",
@@ -105,6 +111,7 @@ impl GatewayError {
             GatewayError::Validation(_)
             | GatewayError::InvalidParam { .. }
             | GatewayError::UpstreamInvalid(_) => StatusCode::BAD_REQUEST,
+            GatewayError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
             GatewayError::Overloaded { .. } => StatusCode::TOO_MANY_REQUESTS,
             GatewayError::Unauthenticated(_) => StatusCode::UNAUTHORIZED,
             GatewayError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -137,7 +144,8 @@ impl GatewayError {
         match self {
             GatewayError::Validation(_)
             | GatewayError::InvalidParam { .. }
-            | GatewayError::UpstreamInvalid(_) => "invalid_request_error",
+            | GatewayError::UpstreamInvalid(_)
+            | GatewayError::ModelNotFound { .. } => "invalid_request_error",
             GatewayError::Overloaded { .. } => "rate_limit_exceeded",
             GatewayError::Unauthenticated(_) => "authentication_error",
             GatewayError::Unavailable(_) => "service_unavailable",
@@ -151,6 +159,7 @@ impl GatewayError {
     pub fn openai_body(&self) -> serde_json::Value {
         let code = match self {
             GatewayError::Overloaded { reason, .. } => serde_json::Value::from(reason.label()),
+            GatewayError::ModelNotFound { .. } => serde_json::Value::from("model_not_found"),
             _ => serde_json::Value::Null,
         };
         openai_error_body(
@@ -254,6 +263,7 @@ impl From<GatewayError> for tonic::Status {
             GatewayError::Validation(_)
             | GatewayError::InvalidParam { .. }
             | GatewayError::UpstreamInvalid(_) => tonic::Status::invalid_argument(msg),
+            GatewayError::ModelNotFound { .. } => tonic::Status::not_found(msg),
             GatewayError::Overloaded { .. } => tonic::Status::resource_exhausted(msg),
             GatewayError::Unauthenticated(_) => tonic::Status::unauthenticated(msg),
             GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),

@@ -49,6 +49,7 @@ pub fn router(state: HttpState) -> Router {
         .route("/tokenize", post(crate::openai_completions::tokenize))
         .route("/detokenize", post(crate::openai_completions::detokenize))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -85,7 +86,8 @@ async fn not_found(req: Request) -> Response {
         StatusCode::NOT_FOUND,
         format!(
             "no route {} {}: this server serves POST /v1/chat/completions, POST /v1/completions, \
-             POST /tokenize, POST /detokenize, GET /v1/models, GET /health, GET /metrics",
+             POST /tokenize, POST /detokenize, GET /v1/models, GET /v1/models/{{id}}, \
+             GET /health, GET /metrics",
             req.method(),
             req.uri().path()
         ),
@@ -127,13 +129,47 @@ fn auth(s: &HttpState, req: &Request) -> Result<(), GatewayError> {
     s.keys.check(h)
 }
 
-async fn models(State(s): State<HttpState>, req: Request) -> Response {
-    if let Err(e) = auth(&s, &req) {
-        return e.into_response();
+/// The served model as `/v1/models` lists it, or why it cannot be listed yet: tools that
+/// wait for a server by polling `/v1/models` (as they do for vLLM, whose port opens only when
+/// it can serve) see 503 for as long as `/health` does.
+fn served_model(s: &HttpState, req: &Request) -> Result<Value, GatewayError> {
+    auth(s, req)?;
+    if !*s.ready.borrow() {
+        return Err(GatewayError::Unavailable(
+            "not ready: no healthy LM or vision replica yet (GET /health turns 200 when it can \
+             serve)"
+                .into(),
+        ));
     }
     let id = s.core.validator().model_id();
-    axum::Json(json!({"object": "list", "data": [{"id": id, "object": "model", "created": 0, "owned_by": "vlm"}]}))
-        .into_response()
+    Ok(json!({"id": id, "object": "model", "created": 0, "owned_by": "vlm"}))
+}
+
+async fn models(State(s): State<HttpState>, req: Request) -> Response {
+    match served_model(&s, &req) {
+        Ok(m) => axum::Json(json!({"object": "list", "data": [m]})).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `GET /v1/models/{id}` (the SDK's `models.retrieve`): the served model, else 404.
+async fn model(
+    State(s): State<HttpState>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    req: Request,
+) -> Response {
+    let served = match served_model(&s, &req) {
+        Ok(m) => m,
+        Err(e) => return e.into_response(),
+    };
+    match s.core.validator().check_model(&id) {
+        Ok(()) if !id.is_empty() => axum::Json(served).into_response(),
+        Ok(()) | Err(_) => GatewayError::ModelNotFound {
+            model: id,
+            served: s.core.validator().model_id().to_string(),
+        }
+        .into_response(),
+    }
 }
 
 /// The request body: the fields this server reads, and in `extra` the rest, which
@@ -576,16 +612,9 @@ pub fn usage_json(u: Usage) -> Value {
     })
 }
 
-/// One SSE chunk of a streamed completion.
-/// The last one (`d.finish` set) carries `usage` when `usage` is true.
-pub fn chunk_json(
-    id: &str,
-    model: &str,
-    created: u64,
-    d: &Delta,
-    first: bool,
-    usage: bool,
-) -> Value {
+/// One SSE chunk of a streamed completion. Usage never rides on it: with
+/// `stream_options.include_usage` it follows as a chunk of its own ([`usage_chunk`]).
+pub fn chunk_json(id: &str, model: &str, created: u64, d: &Delta, first: bool) -> Value {
     let mut delta = serde_json::Map::new();
     if first {
         delta.insert("role".into(), json!("assistant"));
@@ -598,17 +627,29 @@ pub fn chunk_json(
     } else {
         openai_content(&d.logprobs)
     };
-    let mut v = json!({
+    let v = json!({
         "id": id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
         "choices": [{"index": d.index, "delta": delta, "logprobs": logprobs, "finish_reason": d.finish.map(finish_reason)}],
     });
-    if d.end && usage {
-        v["usage"] = usage_json(d.usage);
-    }
     v
+}
+
+/// The stream's usage as OpenAI and vLLM send it: a last chunk of its own with `"choices": []`
+/// (clients such as `vllm bench serve` and SDK code that skips chunks without choices read
+/// usage only there). `object` is the stream's chunk object (`chat.completion.chunk`,
+/// `text_completion`).
+pub fn usage_chunk(id: &str, object: &str, model: &str, created: u64, u: Usage) -> Value {
+    json!({
+        "id": id,
+        "object": object,
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": usage_json(u),
+    })
 }
 
 /// `data: <json>\n\n`.
@@ -649,11 +690,13 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
 }
 
 /// A streamed answer: `prelude`, then one event per delta as `chunk` writes it, up to the
-/// stream's last delta (or an error event), then `data: [DONE]`.
+/// stream's last delta (or an error event), then the usage chunk `usage` writes of the last
+/// delta's usage (when the request asked for it), then `data: [DONE]`.
 pub(crate) fn sse_deltas(
     mut rx: tokio::sync::mpsc::Receiver<Result<Delta, GatewayError>>,
     prelude: Vec<Value>,
     mut chunk: impl FnMut(Delta) -> Value + Send + 'static,
+    usage: Option<impl FnOnce(Usage) -> Value + Send + 'static>,
 ) -> Response {
     let out = async_stream::stream! {
         for v in prelude {
@@ -662,9 +705,12 @@ pub(crate) fn sse_deltas(
         while let Some(item) = rx.recv().await {
             match item {
                 Ok(d) => {
-                    let end = d.end;
+                    let (end, counts) = (d.end, d.usage);
                     yield Ok(sse_event(&chunk(d)));
                     if end {
+                        if let Some(usage) = usage {
+                            yield Ok(sse_event(&usage(counts)));
+                        }
                         break;
                     }
                 }
@@ -732,32 +778,41 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         let mut calls: Vec<Option<CallStream>> = (0..n)
             .map(|_| tools.as_ref().map(|_| CallStream::default()))
             .collect();
-        return sse_deltas(rx, Vec::new(), move |mut d| {
-            let i = (d.index as usize).min(n - 1);
-            let mut found = Vec::new();
-            if let (Some(c), Some(t)) = (calls[i].as_mut(), tools.as_ref()) {
-                d.text = c.push(&d.text);
-                if d.finish.is_some() {
-                    let (rest, parsed) = c.finish(t.parallel);
-                    d.text.push_str(&rest);
-                    found = parsed;
-                }
-            }
-            let mut v = chunk_json(&id, &model, created, &d, first[i], include_usage);
-            first[i] = false;
-            if !found.is_empty() {
-                // Cut by max_tokens, the answer stays "length".
-                if d.finish == Some(Finish::Stop) {
-                    v["choices"][0]["finish_reason"] = json!("tool_calls");
-                }
-                v["choices"][0]["delta"]["tool_calls"] = found
-                    .iter()
-                    .enumerate()
-                    .map(|(k, c)| c.openai_json(k, &call_id()))
-                    .collect();
-            }
-            v
+        let usage = include_usage.then(|| {
+            let (id, model) = (id.clone(), model.clone());
+            move |u| usage_chunk(&id, "chat.completion.chunk", &model, created, u)
         });
+        return sse_deltas(
+            rx,
+            Vec::new(),
+            move |mut d| {
+                let i = (d.index as usize).min(n - 1);
+                let mut found = Vec::new();
+                if let (Some(c), Some(t)) = (calls[i].as_mut(), tools.as_ref()) {
+                    d.text = c.push(&d.text);
+                    if d.finish.is_some() {
+                        let (rest, parsed) = c.finish(t.parallel);
+                        d.text.push_str(&rest);
+                        found = parsed;
+                    }
+                }
+                let mut v = chunk_json(&id, &model, created, &d, first[i]);
+                first[i] = false;
+                if !found.is_empty() {
+                    // Cut by max_tokens, the answer stays "length".
+                    if d.finish == Some(Finish::Stop) {
+                        v["choices"][0]["finish_reason"] = json!("tool_calls");
+                    }
+                    v["choices"][0]["delta"]["tool_calls"] = found
+                        .iter()
+                        .enumerate()
+                        .map(|(k, c)| c.openai_json(k, &call_id()))
+                        .collect();
+                }
+                v
+            },
+            usage,
+        );
     }
     let all = match Collected::read(&mut rx, n).await {
         Ok(c) => c,
@@ -888,7 +943,7 @@ mod tests {
             usage: Usage::default(),
             end: false,
         };
-        let v = chunk_json("c1", "m", 7, &d, true, true);
+        let v = chunk_json("c1", "m", 7, &d, true);
         assert_eq!(
             v["choices"][0]["delta"],
             json!({"role": "assistant", "content": "Hi"})
@@ -914,9 +969,19 @@ mod tests {
             usage: u,
             end: true,
         };
-        let v = chunk_json("c1", "m", 7, &last, false, true);
+        let v = chunk_json("c1", "m", 7, &last, false);
         assert_eq!(v["choices"][0]["delta"], json!({}));
         assert_eq!(v["choices"][0]["finish_reason"], "length");
+        assert!(
+            v.get("usage").is_none(),
+            "usage rides on its own chunk: {v}"
+        );
+        let v = usage_chunk("c1", "chat.completion.chunk", "m", 7, last.usage);
+        assert_eq!(v["choices"], json!([]));
+        assert_eq!(
+            (&v["id"], &v["object"]),
+            (&json!("c1"), &json!("chat.completion.chunk"))
+        );
         assert_eq!(
             v["usage"],
             json!({"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,

@@ -171,6 +171,10 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
     let created = now_secs();
     let mut rx = gen.rx;
     let n = n.max(1) as usize;
+    let usage = (stream && include_usage).then(|| {
+        let (id, model) = (id.clone(), model.clone());
+        move |u| crate::openai::usage_chunk(&id, "text_completion", &model, created, u)
+    });
     let chunk = move |index: usize, text: &str, lp: Option<Value>, finish: Option<Finish>| {
         json!({"id": id, "object": "text_completion", "created": created, "model": model,
                "choices": [choice(index, text, lp, finish)]})
@@ -182,20 +186,21 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
         } else {
             (0..n).map(|i| chunk(i, &echoed, None, None)).collect()
         };
-        return sse_deltas(rx, prelude, move |d| {
-            let i = (d.index as usize).min(n - 1);
-            let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown[i]));
-            shown[i] += d
-                .logprobs
-                .iter()
-                .map(|l| l.chosen.token.chars().count())
-                .sum::<usize>();
-            let mut v = chunk(i, &d.text, lp, d.finish);
-            if d.end && include_usage {
-                v["usage"] = usage_json(d.usage);
-            }
-            v
-        });
+        return sse_deltas(
+            rx,
+            prelude,
+            move |d| {
+                let i = (d.index as usize).min(n - 1);
+                let lp = want_logprobs.then(|| legacy_logprobs(&d.logprobs, shown[i]));
+                shown[i] += d
+                    .logprobs
+                    .iter()
+                    .map(|l| l.chosen.token.chars().count())
+                    .sum::<usize>();
+                chunk(i, &d.text, lp, d.finish)
+            },
+            usage,
+        );
     }
     let all = match Collected::read(&mut rx, n).await {
         Ok(c) => c,

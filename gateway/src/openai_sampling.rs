@@ -18,7 +18,7 @@ pub enum Stop {
     Many(Vec<String>),
 }
 
-/// `stream_options`: whether the final chunk carries `usage` (default: it does).
+/// `stream_options`: whether the stream ends with a usage chunk (default: it does not).
 #[derive(Debug, Deserialize)]
 pub struct StreamOptions {
     pub include_usage: Option<bool>,
@@ -132,13 +132,13 @@ pub fn mistyped_field(body: &Value) -> Option<GatewayError> {
 }
 
 impl SamplingFields {
-    /// Whether a streamed answer ends with `usage` (`stream_options.include_usage`, default
-    /// true).
+    /// Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`;
+    /// OpenAI's default, and vLLM's, is no usage).
     pub fn include_usage(&self) -> bool {
         self.stream_options
             .as_ref()
             .and_then(|o| o.include_usage)
-            .unwrap_or(true)
+            .unwrap_or(false)
     }
 
     /// Into the domain form. `default_max_tokens` applies when neither max field is given

@@ -273,10 +273,10 @@ impl Validator {
     /// `model` (empty: the served one) names the model this gateway serves.
     pub fn check_model(&self, model: &str) -> Result<(), GatewayError> {
         if !model.is_empty() && model != self.model_id {
-            return Err(GatewayError::validation(format!(
-                "model {model:?} is not served here; this gateway serves {:?}",
-                self.model_id
-            )));
+            return Err(GatewayError::ModelNotFound {
+                model: model.to_string(),
+                served: self.model_id.clone(),
+            });
         }
         Ok(())
     }
@@ -737,7 +737,9 @@ pub(crate) mod tests {
 
         let mut r = req(vec![InputPart::Text("hi".into())]);
         r.model = "other".into();
-        assert!(err(&v, r).contains("not served"));
+        assert!(
+            matches!(v.validate(r), Err(GatewayError::ModelNotFound { ref model, .. }) if model == "other")
+        );
 
         let mut r = req(vec![InputPart::Text("hi".into())]);
         r.messages[0].role = "robot".into();

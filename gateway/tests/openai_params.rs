@@ -194,6 +194,19 @@ async fn unknown_routes_and_methods_answer_json() {
     assert_eq!(json_body(&text)["error"]["code"], 405);
 }
 
+/// Before any replica is healthy the model list answers 503, as `/health` does: tools that
+/// wait on `/v1/models` do not send their first requests into 503s.
+#[tokio::test]
+async fn models_are_not_listed_before_the_system_can_serve() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    for path in ["/health", "/v1/models", "/v1/models/tiny"] {
+        let (status, text) = request(gw, "GET", path, "").await;
+        assert_eq!(status, 503, "{path}: {text}");
+    }
+    let (_, text) = request(gw, "GET", "/v1/models", "").await;
+    assert_eq!(json_body(&text)["error"]["type"], "service_unavailable");
+}
+
 /// Every parameter of OpenAI's chat-completions reference, one at a time: served (it gets past
 /// every check of the gateway, then finds no replica: 503) or refused (400 naming it).
 #[tokio::test]
@@ -279,19 +292,29 @@ async fn tokenize_refuses_what_it_would_ignore() {
             r#"{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false}"#,
             "add_generation_prompt",
         ),
-        (
-            "/tokenize",
-            r#"{"prompt": "hi", "model": "other"}"#,
-            "not served here",
-        ),
-        (
-            "/detokenize",
-            r#"{"tokens": [1], "model": "other"}"#,
-            "not served here",
-        ),
     ] {
         let (status, text) = request(gw, "POST", path, body).await;
         assert_eq!(status, 400, "{body}: {text}");
         assert!(text.contains(needle), "{body}: {text}");
+    }
+    // A model this server does not serve is OpenAI's 404 model_not_found.
+    for (path, body) in [
+        ("/tokenize", r#"{"prompt": "hi", "model": "other"}"#),
+        ("/detokenize", r#"{"tokens": [1], "model": "other"}"#),
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "hi"}], "model": "other"}"#,
+        ),
+        ("/v1/completions", r#"{"prompt": "hi", "model": "other"}"#),
+    ] {
+        let (status, text) = request(gw, "POST", path, body).await;
+        assert_eq!(status, 404, "{body}: {text}");
+        let e = &json_body(&text)["error"];
+        assert_eq!(e["code"], "model_not_found", "{text}");
+        assert_eq!(e["param"], "model", "{text}");
+        assert!(
+            e["message"].as_str().unwrap().contains("\"other\""),
+            "{text}"
+        );
     }
 }
