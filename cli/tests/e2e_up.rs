@@ -144,6 +144,25 @@ fn up_then_generate_then_drain() {
     drain(up, &grpc);
 }
 
+/// `--max-model-len` sets the context of `vlm up`'s embedded config: a prompt that fits is
+/// served, one past it is a 400 naming the limit.
+#[test]
+fn max_model_len_sets_the_context() {
+    let vlm = vlm_bin();
+    let cache = tempfile::tempdir().unwrap();
+    let (up, grpc, http) = start_up(&vlm, cache.path(), &["--max-model-len", "1024"]);
+    let ask = |n: usize| {
+        let body = serde_json::json!({"prompt": vec![100; n], "max_tokens": 4, "temperature": 0});
+        support::http(&http, "POST", "/v1/completions", body.to_string().as_bytes())
+    };
+    let (status, body) = ask(1000);
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = ask(1100);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("1024"), "{body}");
+    drain(up, &grpc);
+}
+
 /// 64 concurrent requests, each with its own 512x512 image, on `vlm up` with no config: every
 /// one is answered (the vision queue holds 16 images; the rest wait their turn instead of
 /// being refused), and the usage each reports is its own.

@@ -8,3 +8,4 @@ pub mod make_model;
 pub mod plan;
 pub mod supervise;
 pub mod up;
+pub mod up_context;

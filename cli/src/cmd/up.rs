@@ -8,6 +8,7 @@
 //! embedded `config/examples/local.yaml` on [`default_layout`]'s cores (shared by vision and LM
 //! on a small machine, disjoint halves from four cores on), and says which at start.
 use super::supervise::Supervised;
+use super::up_context;
 use anyhow::{bail, Context};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -41,6 +42,10 @@ pub struct UpArgs {
     /// doubling to 30 s) while the others keep serving.
     #[arg(long)]
     pub no_restart: bool,
+    /// Context length (prompt + generated tokens) of the embedded config; by default the
+    /// checkpoint's up to 32768, as long as one full-length sequence fits in memory.
+    #[arg(long)]
+    pub max_model_len: Option<u32>,
 }
 
 pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
@@ -117,16 +122,35 @@ pub fn default_layout(n: u32) -> (Vec<u32>, Vec<u32>, String) {
     (v, l, line)
 }
 
-/// The embedded config for `model`, and the lines saying which compute dtype each part runs:
-/// the embedded config leaves `dtype` at `auto`, which each service resolves against the
-/// checkpoint and the CPU (`DeployConfig::resolve_auto_dtype`); the lines are that resolution.
-pub fn default_config(model: &Path) -> (String, Vec<String>) {
+/// The embedded config for `model` on the layout's cores (vision, LM), as the YAML `vlm up`
+/// writes, and the lines it prints about it: which compute dtype each part runs (the config
+/// leaves `dtype` at `auto`, which each service resolves the same way against the checkpoint
+/// and the CPU) and the context and KV pool chosen for this machine ([`up_context::choose`];
+/// `max_model_len` is `--max-model-len`).
+pub fn default_config(
+    model: &Path,
+    (vision, lm): (&[u32], &[u32]),
+    max_model_len: Option<u32>,
+) -> anyhow::Result<(String, Vec<String>)> {
     let mut c = vlm_config::DeployConfig::from_str_as(LOCAL_CONFIG, vlm_config::Format::Yaml)
         .expect("the embedded config is valid")
         .config;
+    (c.visual.num_devices, c.visual.device) = (vision.len() as u32, vision.to_vec());
+    (c.num_devices, c.device) = (lm.len() as u32, lm.to_vec());
     let facts =
         vlm_config::DtypeFacts::for_checkpoint(model, vlm_service_kit::config::cpu_has_bf16());
-    (LOCAL_CONFIG.to_string(), c.resolve_auto_dtype(&facts))
+    let mut resolved = c.clone();
+    let mut lines = resolved.resolve_auto_dtype(&facts);
+    let ctx = up_context::choose(&resolved, model, max_model_len)?;
+    lines.push(ctx.line);
+    (c.max_seq_len, c.kvcache_num_blocks) = (ctx.max_seq_len, ctx.kv_blocks);
+    let text = format!(
+        "# Written by `vlm up` from the embedded config (config/examples/local.yaml) for\n\
+         # {}: this machine's layout, context and KV pool.\n{}",
+        model.display(),
+        serde_yaml::to_string(&c.to_document())?
+    );
+    Ok((text, lines))
 }
 
 /// The cores this process may use.
@@ -365,17 +389,21 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let (config, devices) = match args.config {
+        Some(_) if args.max_model_len.is_some() => bail!(
+            "--max-model-len sets the embedded config's context; with --config, set max_seq_len \
+             (and kvcache_num_blocks) in that file"
+        ),
         Some(c) => (c, None),
         None => {
             let p = cache_dir().join("local.yaml");
             std::fs::create_dir_all(cache_dir())?;
-            let (text, dtype_lines) = default_config(&model);
-            for line in dtype_lines {
+            let (v, l, line) = default_layout(available_cores());
+            eprintln!("{line}");
+            let (text, lines) = default_config(&model, (&v, &l), args.max_model_len)?;
+            for line in lines {
                 eprintln!("{line}");
             }
             std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
-            let (v, l, line) = default_layout(available_cores());
-            eprintln!("{line}");
             (p, Some((v, l)))
         }
     };
@@ -537,18 +565,32 @@ mod tests {
 
     #[test]
     fn the_embedded_config_leaves_the_dtype_to_the_checkpoint() {
-        let dir = std::env::temp_dir().join(format!("vlm-up-dtype-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(
-            dir.join("config.json"),
-            r#"{"text_config": {"dtype": "bfloat16"}}"#,
-        )
-        .unwrap();
-        let (text, lines) = default_config(&dir);
-        let c = vlm_config::DeployConfig::from_str_as(&text, vlm_config::Format::Yaml)
-            .unwrap()
-            .config;
+        let dir = tempfile::tempdir().unwrap();
+        let model = dir.path().join("tiny");
+        let opts = vlm_make_model::MakeOptions::new(vlm_make_model::Preset::Tiny);
+        vlm_make_model::make_model(&model, &opts).unwrap();
+        let parse = |text: &str| {
+            vlm_config::DeployConfig::from_str_as(text, vlm_config::Format::Yaml)
+                .unwrap()
+                .config
+        };
+        let cores: &[u32] = &[0, 1];
+        let (text, lines) = default_config(&model, (cores, cores), None).unwrap();
+        let c = parse(&text);
         assert!(c.dtype_auto && c.visual.dtype_auto, "{text}");
+        assert_eq!((&c.device, &c.visual.device), (&vec![0, 1], &vec![0, 1]));
+        assert!(lines[0].contains("float32"), "{lines:?}");
+        assert!(lines[2].starts_with("context: max_seq_len 4096"), "{lines:?}");
+        assert_eq!(c.max_seq_len, 4096);
+
+        // A bf16 checkpoint: the LM runs bf16 (weights, with f32 math off AVX512-BF16).
+        let config = model.join("config.json");
+        let mut json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+        json["text_config"]["dtype"] = "bfloat16".into();
+        json["dtype"] = "bfloat16".into();
+        std::fs::write(&config, json.to_string()).unwrap();
+        let (text, lines) = default_config(&model, (cores, cores), Some(2048)).unwrap();
         assert!(lines[0].starts_with("dtype auto: LM bf16"), "{lines:?}");
         let vit = if vlm_service_kit::config::cpu_has_bf16() {
             "bf16"
@@ -559,9 +601,6 @@ mod tests {
             lines[1].starts_with(&format!("dtype auto: ViT {vit}")),
             "{lines:?}"
         );
-        std::fs::write(dir.join("config.json"), r#"{"torch_dtype": "float32"}"#).unwrap();
-        let (_, lines) = default_config(&dir);
-        assert!(lines.iter().all(|l| l.contains("float32")), "{lines:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(parse(&text).max_seq_len, 2048, "{lines:?}");
     }
 }
