@@ -28,7 +28,6 @@ import base64
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -36,10 +35,9 @@ import tempfile
 import threading
 import time
 import urllib.error
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import png, stream_chat  # noqa: E402
+from bench_common import Server, png, stream_chat  # noqa: E402
 
 WORDS = ("harbour lantern orchard granite meadow copper violin glacier saffron thunder "
          "willow compass marble falcon ember velvet canyon pepper quartz ribbon").split()
@@ -49,35 +47,6 @@ def text_prompt(seed, words=60):
     rng = random.Random(seed)
     return ("Write a short story that uses these words in order: "
             + " ".join(rng.choice(WORDS) for _ in range(words)) + ".")
-
-
-class Server:
-    def __init__(self, name, http):
-        self.name, self.http, self.proc, self.model = name, http, None, None
-
-    def wait_ready(self, timeout):
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise SystemExit(f"{self.name} exited with {self.proc.returncode} while starting")
-            try:
-                # /health is 200 only once the server can answer (our gateway lists its
-                # model before its LM and vision replicas are healthy).
-                urllib.request.urlopen(f"http://{self.http}/health", timeout=5).close()
-                with urllib.request.urlopen(f"http://{self.http}/v1/models", timeout=5) as r:
-                    self.model = json.load(r)["data"][0]["id"]
-                    return
-            except (OSError, urllib.error.URLError, KeyError, IndexError, ValueError):
-                time.sleep(2)
-        raise SystemExit(f"{self.name} not ready within {timeout} s")
-
-    def stop(self):
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 def start_vllm(a, log):

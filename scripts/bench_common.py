@@ -1,7 +1,11 @@
-"""What the bench scripts share (standard library only): one streamed OpenAI chat completion
-over plain HTTP, and a PNG writer for request images."""
+"""What the bench scripts share (standard library only): a server process started and stopped
+as a group and waited on until it can answer, one streamed OpenAI chat completion over plain
+HTTP, and a PNG writer for request images."""
 import json
+import os
 import random
+import signal
+import subprocess
 import struct
 import time
 import urllib.error
@@ -55,3 +59,32 @@ def png(w, h, seed=0):
 
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
             + chunk(b"IDAT", zlib.compress(bytes(rows), 6)) + chunk(b"IEND", b""))
+
+
+class Server:
+    def __init__(self, name, http):
+        self.name, self.http, self.proc, self.model = name, http, None, None
+
+    def wait_ready(self, timeout):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                raise SystemExit(f"{self.name} exited with {self.proc.returncode} while starting")
+            try:
+                # /health is 200 only once the server can answer (our gateway lists its
+                # model before its LM and vision replicas are healthy).
+                urllib.request.urlopen(f"http://{self.http}/health", timeout=5).close()
+                with urllib.request.urlopen(f"http://{self.http}/v1/models", timeout=5) as r:
+                    self.model = json.load(r)["data"][0]["id"]
+                    return
+            except (OSError, urllib.error.URLError, KeyError, IndexError, ValueError):
+                time.sleep(2)
+        raise SystemExit(f"{self.name} not ready within {timeout} s")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
