@@ -34,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import Server, png, stream_chat  # noqa: E402
