@@ -22,7 +22,7 @@ fn gpu() -> Option<CudaKernels> {
             Some(CudaKernels::new(d, sms))
         }
         Err(e) => {
-            eprintln!("skipped: no CUDA GPU here ({e})");
+            vlm_test_support::skip!("no CUDA GPU here ({e})");
             None
         }
     }

@@ -42,7 +42,7 @@ fn backends() -> Vec<Backend> {
     #[cfg(feature = "cuda")]
     {
         if let Err(e) = vlm_backend_cuda::gpu::device::open(0) {
-            eprintln!("skipped the candle and cuda ViT backends: no CUDA GPU here ({e})");
+            vlm_test_support::skip!("the candle and cuda ViT backends: no CUDA GPU here ({e})");
             return vec![Backend::CpuEngine];
         }
         vec![Backend::CpuEngine, Backend::Candle, Backend::Cuda]

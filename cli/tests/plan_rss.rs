@@ -100,7 +100,7 @@ async fn lm_service_holds_what_the_plan_says() {
 fn two_cores() -> bool {
     let n = vlm_service_kit::affinity::allowed_cores().len();
     if n < 2 {
-        eprintln!("skipped: the two-core pools need 2 cores, this process may use {n}");
+        vlm_test_support::skip!("the two-core pools need 2 cores, this process may use {n}");
     }
     n >= 2
 }

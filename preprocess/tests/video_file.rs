@@ -255,7 +255,7 @@ fn pyav_golden_fixture() {
         std::fs::read(format!("{dir}/clip.mp4")),
         std::fs::read(format!("{dir}/golden.safetensors")),
     ) else {
-        eprintln!("skipped: no {dir}/clip.mp4 and golden.safetensors");
+        vlm_test_support::skip!("no {dir}/clip.mp4 and golden.safetensors");
         return;
     };
     let golden = safetensors::SafeTensors::deserialize(&golden).unwrap();

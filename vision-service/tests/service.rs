@@ -93,7 +93,7 @@ async fn streams_exactly_what_the_model_computes_in_every_bucket() {
 fn fewer_than_two_cores() -> bool {
     let few = vlm_service_kit::affinity::allowed_cores().len() < 2;
     if few {
-        eprintln!("skipped: this machine lets the process use fewer than 2 cores");
+        vlm_test_support::skip!("this machine lets the process use fewer than 2 cores");
     }
     few
 }

@@ -1089,7 +1089,7 @@ mod tests {
     #[test]
     fn matches_rounded_reference_on_all_edges() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         for &(m, n, k) in &[
@@ -1151,7 +1151,7 @@ mod tests {
     #[test]
     fn windows_select_columns_and_inner_ranges() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         let (n, k) = (96, 40);
@@ -1188,7 +1188,7 @@ mod tests {
     #[test]
     fn bias_gelu_store_is_the_unfused_passes_bit_for_bit() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         for &(m, n, k) in &[(29, 80, 64), (300, 96, 130)] {
@@ -1250,7 +1250,7 @@ mod tests {
     #[test]
     fn rescale_store_scales_each_row_then_adds() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         let (m, n, k) = (53, 70, 96);
@@ -1304,7 +1304,7 @@ mod tests {
     #[test]
     fn a_row_alone_equals_the_same_row_in_a_batch() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         let (n, k) = (64, 300);
@@ -1343,7 +1343,7 @@ mod tests {
     #[test]
     fn gate_up_silu_equals_the_product_then_the_silu() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         let val = |i: usize, s: usize| (((i * s) % 97) as f32 - 48.0) / 19.0;
@@ -1405,7 +1405,7 @@ mod tests {
     #[test]
     fn a_given_in_bf16_equals_a_rounded_by_the_kernel() {
         if !available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         let (m, n, k) = (29, 70, 64);
@@ -1452,7 +1452,7 @@ mod tests {
     #[test]
     fn amx_tiles_agree_with_the_register_tile() {
         if !available() || !super::super::amx::available() {
-            eprintln!("skipped: no AMX-BF16 on this CPU");
+            vlm_test_support::skip!("no AMX-BF16 on this CPU");
             return;
         }
         for &(m, n, k) in &[

@@ -319,7 +319,7 @@ mod tests {
     #[test]
     fn the_tiled_form_is_as_close_to_f32_as_the_one_pass_form() {
         if !bf16_gemm::available() {
-            eprintln!("skipped: this CPU has no AVX512-BF16 (the bf16 kernel)");
+            vlm_test_support::skip!("this CPU has no AVX512-BF16 (the bf16 kernel)");
             return;
         }
         assert!(1000 + 300 < TILED_FROM && 2000 + 300 >= TILED_FROM && 2300 % K_TILE != 0);

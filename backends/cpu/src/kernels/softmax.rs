@@ -399,7 +399,7 @@ mod tests {
             if !(std::arch::is_x86_feature_detected!("avx2")
                 && std::arch::is_x86_feature_detected!("fma"))
             {
-                eprintln!("skipped: this CPU has no AVX2 + FMA");
+                vlm_test_support::skip!("this CPU has no AVX2 + FMA");
                 return;
             }
             // Lengths around the 8-lane step, a large max, masked entries, the exp's clamps,
@@ -468,7 +468,7 @@ mod tests {
         // AVX-512 form's behaviour: elsewhere the f32 tile's exp clamps -inf to e^-87.3.)
         // The features of that form are the bf16 kernel's (false off x86-64).
         if !crate::kernels::bf16_gemm::available() {
-            eprintln!("skipped: no AVX512-BF16 on this CPU");
+            vlm_test_support::skip!("no AVX512-BF16 on this CPU");
             return;
         }
         let n = 40;

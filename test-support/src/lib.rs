@@ -1,0 +1,33 @@
+//! What the workspace's tests share; a dev-dependency only, never a library's dependency.
+//!
+//! [`skip!`]: a test that cannot run (part of) its work on this machine (a CPU feature, a GPU,
+//! cores, a fixture that is not here) says so on stderr and, when `VLM_SKIP_LOG` names a file,
+//! appends `crate test: reason` to it. `.ci/run` sets it and prints the list at the end, so a
+//! green run says which hardware paths did not run on that machine.
+use std::io::Write;
+
+/// Records that the running test skips work, and why (see the crate's doc).
+#[macro_export]
+macro_rules! skip {
+    ($($reason:tt)*) => {
+        $crate::record(env!("CARGO_CRATE_NAME"), &format!($($reason)*))
+    };
+}
+
+/// [`skip!`]'s body: the test's name is its thread's (the test harness names each test's
+/// thread after it).
+pub fn record(krate: &str, reason: &str) {
+    let thread = std::thread::current();
+    let test = thread.name().unwrap_or("?");
+    eprintln!("skipped: {reason}");
+    if let Some(path) = std::env::var_os("VLM_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            // One write of the whole line: appends of parallel tests do not interleave.
+            let _ = f.write_all(format!("{krate} {test}: {reason}\n").as_bytes());
+        }
+    }
+}
