@@ -153,7 +153,12 @@ fn max_model_len_sets_the_context() {
     let (up, grpc, http) = start_up(&vlm, cache.path(), &["--max-model-len", "1024"]);
     let ask = |n: usize| {
         let body = serde_json::json!({"prompt": vec![100; n], "max_tokens": 4, "temperature": 0});
-        support::http(&http, "POST", "/v1/completions", body.to_string().as_bytes())
+        support::http(
+            &http,
+            "POST",
+            "/v1/completions",
+            body.to_string().as_bytes(),
+        )
     };
     let (status, body) = ask(1000);
     assert_eq!(status, 200, "{body}");

@@ -125,7 +125,13 @@ pub fn checked_tokenizer_json(path: &std::path::Path, layout: &VocabLayout) -> R
         .as_object()
         .map(|m| m.values().filter_map(Value::as_u64).max().unwrap_or(0))
         .unwrap_or(0)
-        .max(added.iter().filter_map(|t| t["id"].as_u64()).max().unwrap_or(0));
+        .max(
+            added
+                .iter()
+                .filter_map(|t| t["id"].as_u64())
+                .max()
+                .unwrap_or(0),
+        );
     if max_id >= rows {
         return Err(bad(format!(
             "its ids reach {max_id}, past this preset's {rows} embedding rows"

@@ -580,7 +580,10 @@ mod tests {
         assert!(c.dtype_auto && c.visual.dtype_auto, "{text}");
         assert_eq!((&c.device, &c.visual.device), (&vec![0, 1], &vec![0, 1]));
         assert!(lines[0].contains("float32"), "{lines:?}");
-        assert!(lines[2].starts_with("context: max_seq_len 4096"), "{lines:?}");
+        assert!(
+            lines[2].starts_with("context: max_seq_len 4096"),
+            "{lines:?}"
+        );
         assert_eq!(c.max_seq_len, 4096);
 
         // A bf16 checkpoint: the LM runs bf16 (weights, with f32 math off AVX512-BF16).

@@ -29,11 +29,7 @@ pub struct UpContext {
 /// resolved) on this machine. `want` is `--max-model-len`: taken as it is (rounded down to a
 /// whole KV block) or refused naming what limits it; without it the longest context up to
 /// [`CONTEXT_CAP`] whose full-length sequence fits in memory.
-pub fn choose(
-    cfg: &DeployConfig,
-    model: &Path,
-    want: Option<u32>,
-) -> anyhow::Result<UpContext> {
+pub fn choose(cfg: &DeployConfig, model: &Path, want: Option<u32>) -> anyhow::Result<UpContext> {
     let checkpoint = vlm_compute::Qwen3VlConfig::from_dir(model)
         .with_context(|| format!("reading {}", model.display()))?
         .text
@@ -70,9 +66,9 @@ pub fn choose(
                          --max-model-len to change"
                             .to_string()
                     }
-                    None => format!(
-                        "the checkpoint allows {checkpoint}; --max-model-len to change"
-                    ),
+                    None => {
+                        format!("the checkpoint allows {checkpoint}; --max-model-len to change")
+                    }
                 };
                 let line = format!(
                     "context: max_seq_len {len} ({why}); KV pool {blocks} blocks of {block} = {} \
@@ -134,7 +130,10 @@ mod tests {
         let (_dir, model) = tiny();
         let cfg = DeployConfig::default_config();
         let c = choose(&cfg, &model, Some(2000)).unwrap();
-        assert_eq!(c.max_seq_len, 2000 / cfg.kvcache_partition_len * cfg.kvcache_partition_len);
+        assert_eq!(
+            c.max_seq_len,
+            2000 / cfg.kvcache_partition_len * cfg.kvcache_partition_len
+        );
         let e = choose(&cfg, &model, Some(8192)).unwrap_err().to_string();
         assert!(e.contains("8192") && e.contains("4096"), "{e}");
     }
