@@ -10,6 +10,7 @@ pub mod client;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod http_serve;
 pub mod logprobs;
 pub mod metrics;
 pub mod openai;
@@ -65,6 +66,8 @@ pub struct GatewayConfig {
     /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
+    /// Timeouts and the connection cap of the HTTP port.
+    pub http: http_serve::HttpLimits,
 }
 
 /// The checkpoint's `video_preprocessor_config.json` over Qwen3-VL's video defaults (absent:
@@ -113,6 +116,10 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_video_source_frames = cfg.max_video_source_frames,
         internal_tls = ?cfg.internal_tls.as_ref().map(|t| t.files()),
         internal_token = cfg.internal_token.is_some(),
+        http_header_read_timeout_ms = cfg.http.header_read_timeout.as_millis() as u64,
+        http_body_read_timeout_ms = cfg.http.body_read_timeout.as_millis() as u64,
+        http_idle_timeout_ms = cfg.http.idle_timeout.as_millis() as u64,
+        http_max_connections = cfg.http.max_connections,
         "gateway limits"
     );
     let video_processor = read_video_processor(&cfg.model_dir)?;
@@ -225,9 +232,8 @@ impl Bound {
             metrics: vlm_service_kit::metrics_http::recorder(),
             images: fetch::ImageFetcher::new(cfg.image_fetch.clone()),
         };
-        let http_task = axum::serve(http, openai::router(state))
-            .with_graceful_shutdown(stop.clone().cancelled_owned());
-        let (g, h) = tokio::join!(grpc_task, async { http_task.await });
+        let http_task = http_serve::serve(http, openai::router(state), cfg.http, stop.clone());
+        let (g, ()) = tokio::join!(grpc_task, http_task);
         let stopped = g.map_err(|e| match e {
             server::ServeError::Reflection(e) => ServeError::Reflection(e.to_string()),
             server::ServeError::Load(never) => match never {},
@@ -235,7 +241,6 @@ impl Bound {
         stopped
             .served
             .map_err(|e| ServeError::Grpc(e.to_string()))?;
-        h.map_err(|e| ServeError::Grpc(format!("HTTP: {e}")))?;
         Ok(())
     }
 }

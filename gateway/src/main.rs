@@ -7,6 +7,7 @@ use std::time::Duration;
 use vlm_gateway::admission::AdmissionLimits;
 use vlm_gateway::auth::ApiKeys;
 use vlm_gateway::fetch::FetchOptions;
+use vlm_gateway::http_serve::HttpLimits;
 use vlm_gateway::routing::{ReplicaSource, RoutingOptions};
 use vlm_gateway::{video, GatewayConfig};
 
@@ -109,6 +110,32 @@ struct Args {
     /// from this gateway beyond that one (or it has requests waiting and another has none).
     #[arg(long, env = "VLM_GATEWAY_PREFIX_BUSY_MARGIN", default_value_t = 4)]
     prefix_busy_margin: usize,
+    /// HTTP: a request's headers must be complete within this many milliseconds of the
+    /// connection's accept (or of the request's first byte, on a kept-alive connection).
+    #[arg(
+        long,
+        env = "VLM_GATEWAY_HTTP_HEADER_READ_TIMEOUT_MS",
+        default_value_t = 30_000
+    )]
+    http_header_read_timeout_ms: u64,
+    /// HTTP: a request's body must arrive within this many milliseconds of its headers.
+    #[arg(
+        long,
+        env = "VLM_GATEWAY_HTTP_BODY_READ_TIMEOUT_MS",
+        default_value_t = 60_000
+    )]
+    http_body_read_timeout_ms: u64,
+    /// HTTP: a kept-alive connection with no request for this many milliseconds is closed.
+    #[arg(
+        long,
+        env = "VLM_GATEWAY_HTTP_IDLE_TIMEOUT_MS",
+        default_value_t = 75_000
+    )]
+    http_idle_timeout_ms: u64,
+    /// HTTP connections open at once; one over the cap is closed as it is accepted (keep it
+    /// under the process's file limit, `ulimit -n`).
+    #[arg(long, env = "VLM_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 4096)]
+    http_max_connections: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -116,6 +143,16 @@ fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     if a.max_in_flight == 0 {
         anyhow::bail!("--max-in-flight must be at least 1");
+    }
+    if a.http_header_read_timeout_ms == 0
+        || a.http_body_read_timeout_ms == 0
+        || a.http_idle_timeout_ms == 0
+        || a.http_max_connections == 0
+    {
+        anyhow::bail!(
+            "--http-header-read-timeout-ms, --http-body-read-timeout-ms, --http-idle-timeout-ms \
+             and --http-max-connections must be at least 1"
+        );
     }
     if a.image_fetch_max_bytes == Some(0) || a.image_fetch_timeout_ms == 0 {
         anyhow::bail!("--image-fetch-max-bytes and --image-fetch-timeout-ms must be at least 1");
@@ -163,6 +200,12 @@ fn main() -> anyhow::Result<()> {
             poll_interval: Duration::from_millis(a.poll_ms.max(10)),
             prefix_busy_margin: a.prefix_busy_margin,
             ..Default::default()
+        },
+        http: HttpLimits {
+            header_read_timeout: Duration::from_millis(a.http_header_read_timeout_ms),
+            body_read_timeout: Duration::from_millis(a.http_body_read_timeout_ms),
+            idle_timeout: Duration::from_millis(a.http_idle_timeout_ms),
+            max_connections: a.http_max_connections,
         },
     };
     let rt = tokio::runtime::Builder::new_multi_thread()

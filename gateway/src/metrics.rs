@@ -11,6 +11,10 @@ pub const VISION_TOKENS_TOTAL: &str = "vlm_gateway_vision_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "vlm_gateway_completion_tokens_total";
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_cached_prompt_tokens_total";
 pub const LM_ROUTES_TOTAL: &str = "vlm_gateway_lm_routes_total";
+/// Open connections of the HTTP port.
+pub const HTTP_CONNECTIONS: &str = "vlm_gateway_http_connections";
+/// HTTP connections closed by the gateway, by reason (see `http_serve`).
+pub const HTTP_CONNECTIONS_CLOSED_TOTAL: &str = "vlm_gateway_http_connections_closed_total";
 
 /// Registers every metric with a description, so `/metrics` lists them before the first request.
 pub fn describe() {
@@ -60,6 +64,16 @@ pub fn describe() {
     }
     for reason in ["queue_full", "kv_budget", "draining"] {
         metrics::counter!(ADMISSION_REFUSALS_TOTAL, "reason" => reason).increment(0);
+    }
+    metrics::describe_gauge!(HTTP_CONNECTIONS, "Open connections of the HTTP port");
+    metrics::describe_counter!(
+        HTTP_CONNECTIONS_CLOSED_TOTAL,
+        "HTTP connections the gateway closed, by reason: header_timeout, idle_timeout, \
+         over_cap (--http-max-connections)"
+    );
+    metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
+    for reason in ["header_timeout", "idle_timeout", "over_cap"] {
+        metrics::counter!(HTTP_CONNECTIONS_CLOSED_TOTAL, "reason" => reason).increment(0);
     }
 }
 

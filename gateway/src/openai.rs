@@ -670,10 +670,11 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     let limit = s.core.validator().limits().max_body_bytes;
     let body = axum::body::to_bytes(req.into_body(), limit)
         .await
-        .map_err(|_| {
-            GatewayError::validation(format!(
+        .map_err(|e| match crate::http_serve::BodyTimeout::find(&e) {
+            Some(t) => GatewayError::validation(t.to_string()),
+            None => GatewayError::validation(format!(
                 "request body is over the limit of {limit} bytes (--max-body-bytes)"
-            ))
+            )),
         })?;
     let parsed = serde_json::from_slice(&body).map_err(|e| {
         // A value of the wrong type: name its field (serde's message cannot, past a flatten).

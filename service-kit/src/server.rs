@@ -31,6 +31,14 @@ use tonic_health::server::HealthReporter;
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// How often the gRPC server pings an HTTP/2 connection to learn the peer is still there.
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// How long a ping may go unanswered before the connection is closed.
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// Streams (calls) open at once on one connection; more wait on the client. Far above what
+/// one peer needs (a gateway's calls to one LM are bounded by its `--max-in-flight`).
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
 /// Why [`GrpcServer::serve`] failed before or while loading.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError<E> {
@@ -208,7 +216,14 @@ impl GrpcServer {
         let stopped = async {
             let _ = stop_rx.await;
         };
-        let builder = tonic::transport::Server::builder().add_routes(routes);
+        let builder = tonic::transport::Server::builder()
+            // A peer that stops answering pings (gone without a FIN, a half-open socket) is
+            // dropped instead of holding its connection and streams forever.
+            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
+            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+            // tonic's default is no limit per connection.
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .add_routes(routes);
         let transport = if tls.is_some() {
             "mutual TLS"
         } else {
@@ -227,6 +242,9 @@ impl GrpcServer {
         };
         tracing::info!(
             %grpc_addr,
+            http2_keepalive_interval_s = HTTP2_KEEPALIVE_INTERVAL.as_secs(),
+            http2_keepalive_timeout_s = HTTP2_KEEPALIVE_TIMEOUT.as_secs(),
+            max_concurrent_streams = MAX_CONCURRENT_STREAMS,
             "gRPC up over {transport} ({service_name} NOT_SERVING until it is loaded)"
         );
         let drain = Drain {

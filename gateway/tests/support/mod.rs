@@ -8,6 +8,7 @@ use vlm_gateway::admission::{Admission, AdmissionLimits};
 use vlm_gateway::auth::ApiKeys;
 use vlm_gateway::fetch::ImageFetcher;
 use vlm_gateway::generate::Core;
+use vlm_gateway::http_serve::HttpLimits;
 use vlm_gateway::openai::{router, HttpState};
 use vlm_gateway::routing::{ReplicaSource, Router, RoutingOptions};
 use vlm_gateway::validation::{Limits, Validator};
@@ -29,9 +30,17 @@ pub fn tiny_validator() -> (Validator, tempfile::TempDir) {
 /// Serves the HTTP route on loopback over a tiny tokenizer (2 images per request at most, no
 /// LM or vision replica: a valid request ends in 503); keep the directory alive.
 pub async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDir) {
+    let (state, dir) = http_state(fetch, 4);
+    let addr = serve_state(state, HttpLimits::default()).await;
+    (addr, dir)
+}
+
+/// The route's state over [`tiny_validator`], no replicas, `max_in_flight` requests admitted
+/// at once (4 queued); keep the directory alive.
+pub fn http_state(fetch: ImageFetcher, max_in_flight: usize) -> (HttpState, tempfile::TempDir) {
     let (validator, dir) = tiny_validator();
     let admission = Admission::new(AdmissionLimits {
-        max_in_flight: 4,
+        max_in_flight,
         max_queue: 4,
         max_kv_tokens: 0,
     });
@@ -48,10 +57,26 @@ pub async fn start_gateway(fetch: ImageFetcher) -> (SocketAddr, tempfile::TempDi
         metrics: vlm_service_kit::metrics_http::recorder(),
         images: fetch,
     };
+    (state, dir)
+}
+
+/// Serves `state`'s routes on loopback as the gateway does (its connection handling, under
+/// `limits`) until the test ends.
+pub async fn serve_state(state: HttpState, limits: HttpLimits) -> SocketAddr {
+    serve_app(router(state), limits).await
+}
+
+/// Serves `app` on loopback with the gateway's connection handling until the test ends.
+pub async fn serve_app(app: axum::Router, limits: HttpLimits) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, router(state)).await });
-    (addr, dir)
+    tokio::spawn(vlm_gateway::http_serve::serve(
+        l,
+        app,
+        limits,
+        tokio_util::sync::CancellationToken::new(),
+    ));
+    addr
 }
 
 /// One HTTP/1.1 request: (status, the whole response text).
