@@ -7,6 +7,7 @@
 pub mod admission;
 pub mod auth;
 pub mod client;
+pub mod cors;
 pub mod error;
 pub mod fetch;
 pub mod generate;
@@ -68,6 +69,8 @@ pub struct GatewayConfig {
     pub routing: RoutingOptions,
     /// Timeouts and the connection cap of the HTTP port.
     pub http: http_serve::HttpLimits,
+    /// Origins browser apps may call the HTTP API from (none: CORS off).
+    pub cors: cors::CorsOrigins,
 }
 
 /// The checkpoint's `video_preprocessor_config.json` over Qwen3-VL's video defaults (absent:
@@ -120,6 +123,7 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         http_body_read_timeout_ms = cfg.http.body_read_timeout.as_millis() as u64,
         http_idle_timeout_ms = cfg.http.idle_timeout.as_millis() as u64,
         http_max_connections = cfg.http.max_connections,
+        cors_allow_origins = ?cfg.cors.shown(),
         "gateway limits"
     );
     let video_processor = read_video_processor(&cfg.model_dir)?;
@@ -232,7 +236,8 @@ impl Bound {
             metrics: vlm_service_kit::metrics_http::recorder(),
             images: fetch::ImageFetcher::new(cfg.image_fetch.clone()),
         };
-        let http_task = http_serve::serve(http, openai::router(state), cfg.http, stop.clone());
+        let app = cfg.cors.apply(openai::router(state));
+        let http_task = http_serve::serve(http, app, cfg.http, stop.clone());
         let (g, ()) = tokio::join!(grpc_task, http_task);
         let stopped = g.map_err(|e| match e {
             server::ServeError::Reflection(e) => ServeError::Reflection(e.to_string()),

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 use vlm_gateway::admission::AdmissionLimits;
 use vlm_gateway::auth::ApiKeys;
+use vlm_gateway::cors::CorsOrigins;
 use vlm_gateway::fetch::FetchOptions;
 use vlm_gateway::http_serve::HttpLimits;
 use vlm_gateway::routing::{ReplicaSource, RoutingOptions};
@@ -136,6 +137,14 @@ struct Args {
     /// under the process's file limit, `ulimit -n`).
     #[arg(long, env = "VLM_GATEWAY_HTTP_MAX_CONNECTIONS", default_value_t = 4096)]
     http_max_connections: usize,
+    /// Origins (scheme://host[:port], or *) whose browser apps may call the HTTP API
+    /// (repeatable or comma-separated); none by default: CORS off.
+    #[arg(
+        long = "cors-allow-origin",
+        env = "VLM_GATEWAY_CORS_ALLOW_ORIGINS",
+        value_delimiter = ','
+    )]
+    cors_allow_origin: Vec<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -161,6 +170,7 @@ fn main() -> anyhow::Result<()> {
         Some(path) => vlm_gateway::fetch::read_ca_file(path).map_err(anyhow::Error::msg)?,
         None => Vec::new(),
     };
+    let cors = CorsOrigins::parse(&a.cors_allow_origin)?;
     let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref(), &a.model)
         .map_err(anyhow::Error::msg)?;
     let api_keys = ApiKeys::load(a.api_key_file.as_deref(), std::env::var("VLM_API_KEY").ok())
@@ -207,6 +217,7 @@ fn main() -> anyhow::Result<()> {
             idle_timeout: Duration::from_millis(a.http_idle_timeout_ms),
             max_connections: a.http_max_connections,
         },
+        cors,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
