@@ -109,7 +109,40 @@ impl Shared {
     }
 }
 
+/// A request's place in admission: its permit, or its place in the queue (given up when
+/// dropped).
+#[derive(Debug)]
+pub struct Entry(EntryState);
+
+#[derive(Debug)]
+enum EntryState {
+    Admitted(Permit),
+    Queued(oneshot::Receiver<Permit>, QueueGuard),
+}
+
+impl Entry {
+    /// Whether the request waits in the queue (else it is admitted).
+    pub fn is_queued(&self) -> bool {
+        matches!(self.0, EntryState::Queued(..))
+    }
+
+    /// The permit, once the queue reaches this request.
+    pub async fn wait(self) -> Result<Permit, GatewayError> {
+        match self.0 {
+            EntryState::Admitted(p) => Ok(p),
+            EntryState::Queued(rx, mut guard) => {
+                let permit = rx
+                    .await
+                    .map_err(|_| GatewayError::Internal("admission queue closed".into()));
+                guard.armed = false;
+                permit
+            }
+        }
+    }
+}
+
 /// Removes a queued waiter whose caller went away.
+#[derive(Debug)]
 struct QueueGuard {
     shared: Arc<Shared>,
     id: u64,
@@ -153,42 +186,40 @@ impl Admission {
 
     /// Admits now, queues, or refuses at once.
     pub async fn acquire(&self, kv_tokens: u64) -> Result<Permit, GatewayError> {
-        let rx = {
-            let mut st = self.shared.lock();
-            let limits = self.shared.limits;
-            if let Some(e) = self.refusal(&st, kv_tokens, limits) {
-                metrics::counter!(m::ADMISSION_REFUSALS_TOTAL, "reason" => match &e {
-                    GatewayError::Overloaded { reason, .. } => reason.label(),
-                    _ => "other",
-                })
-                .increment(1);
-                return Err(e);
-            }
-            if st.queue.is_empty() && self.shared.fits(&st, kv_tokens) {
-                let p = self.shared.grant(&mut st, kv_tokens);
-                self.shared.publish(&st);
-                return Ok(p);
-            }
-            let (tx, rx) = oneshot::channel();
-            st.next_id += 1;
-            let id = st.next_id;
-            st.queue.push_back(Waiter { id, kv_tokens, tx });
+        self.enter(kv_tokens)?.wait().await
+    }
+
+    /// The synchronous half of [`acquire`](Self::acquire): admitted, or queued (a place kept
+    /// until the [`Entry`] is dropped), or refused at once.
+    pub fn enter(&self, kv_tokens: u64) -> Result<Entry, GatewayError> {
+        let mut st = self.shared.lock();
+        let limits = self.shared.limits;
+        if let Some(e) = self.refusal(&st, kv_tokens, limits) {
+            metrics::counter!(m::ADMISSION_REFUSALS_TOTAL, "reason" => match &e {
+                GatewayError::Overloaded { reason, .. } => reason.label(),
+                _ => "other",
+            })
+            .increment(1);
+            return Err(e);
+        }
+        if st.queue.is_empty() && self.shared.fits(&st, kv_tokens) {
+            let p = self.shared.grant(&mut st, kv_tokens);
             self.shared.publish(&st);
-            (
-                rx,
-                QueueGuard {
-                    shared: self.shared.clone(),
-                    id,
-                    armed: true,
-                },
-            )
-        };
-        let (rx, mut guard) = rx;
-        let permit = rx
-            .await
-            .map_err(|_| GatewayError::Internal("admission queue closed".into()));
-        guard.armed = false;
-        permit
+            return Ok(Entry(EntryState::Admitted(p)));
+        }
+        let (tx, rx) = oneshot::channel();
+        st.next_id += 1;
+        let id = st.next_id;
+        st.queue.push_back(Waiter { id, kv_tokens, tx });
+        self.shared.publish(&st);
+        Ok(Entry(EntryState::Queued(
+            rx,
+            QueueGuard {
+                shared: self.shared.clone(),
+                id,
+                armed: true,
+            },
+        )))
     }
 
     fn refusal(&self, st: &State, kv: u64, l: AdmissionLimits) -> Option<GatewayError> {

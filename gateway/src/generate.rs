@@ -134,29 +134,92 @@ impl Core {
         parent: tracing::Span,
         tally: Tally,
     ) -> Result<Generation, GatewayError> {
-        self.start_inner(req, parent, tally).await
+        self.start_with(req, parent, tally, false).await
     }
 
-    async fn start_inner(
+    /// [`start`](Self::start) for an edge that can answer before admission (an HTTP stream
+    /// sends its status line then): a request that has to queue returns at once, and its wait
+    /// in the queue, its first token and any error after that come on the stream. Validation
+    /// errors and admission's immediate refusals are still returned here, and so is
+    /// everything of a request admitted at once. A caller that drops the stream gives up its
+    /// place in the queue.
+    pub async fn start_streaming(
         &self,
         req: ChatRequest,
         parent: tracing::Span,
         tally: Tally,
     ) -> Result<Generation, GatewayError> {
+        self.start_with(req, parent, tally, true).await
+    }
+
+    async fn start_with(
+        &self,
+        req: ChatRequest,
+        parent: tracing::Span,
+        tally: Tally,
+        answer_queued: bool,
+    ) -> Result<Generation, GatewayError> {
+        let (request_id, valid, entry) = match self.enter(req) {
+            Ok(x) => x,
+            Err(e) => return Err(tally.refuse(e)),
+        };
+        let (tx, rx) = mpsc::channel(64);
+        if !(answer_queued && entry.is_queued()) {
+            self.run(request_id.clone(), valid, entry, parent, tally, tx)
+                .await?;
+            return Ok(Generation { request_id, rx });
+        }
+        let core = self.clone();
+        let id = request_id.clone();
+        tokio::spawn(async move {
+            let run = core.run(id, valid, entry, parent, tally, tx.clone());
+            tokio::select! {
+                biased;
+                // Gone while queued or before the first token: dropping `run` leaves the queue
+                // (or the LM call) and counts the request as cancelled.
+                _ = tx.closed() => {}
+                r = run => {
+                    if let Err(e) = r {
+                        let _ = tx.send(Err(e)).await;
+                    }
+                }
+            }
+        });
+        Ok(Generation { request_id, rx })
+    }
+
+    /// Validates and takes the request's place in admission (admitted, queued, or refused).
+    fn enter(
+        &self,
+        req: ChatRequest,
+    ) -> Result<(String, ValidRequest, crate::admission::Entry), GatewayError> {
         let i = &self.inner;
-        let valid = match i.validator.validate(req) {
-            Ok(v) => v,
-            Err(e) => return Err(tally.refuse(e)),
-        };
-        let permit = match i.admission.acquire(valid.kv_tokens()).await {
-            Ok(p) => p,
-            Err(e) => return Err(tally.refuse(e)),
-        };
+        let valid = i.validator.validate(req)?;
+        let entry = i.admission.enter(valid.kv_tokens())?;
         let request_id = format!(
             "{}-{}",
             i.id_prefix,
             i.next_id.fetch_add(1, Ordering::Relaxed)
         );
+        Ok((request_id, valid, entry))
+    }
+
+    /// Waits for admission, routes, waits for the first LM event, then pumps the stream into
+    /// `tx`. Errors before the first event are returned (and counted by `tally`).
+    async fn run(
+        &self,
+        request_id: String,
+        valid: ValidRequest,
+        entry: crate::admission::Entry,
+        parent: tracing::Span,
+        tally: Tally,
+        tx: mpsc::Sender<Result<Delta, GatewayError>>,
+    ) -> Result<(), GatewayError> {
+        let i = &self.inner;
+        let permit = match entry.wait().await {
+            Ok(p) => p,
+            Err(e) => return Err(tally.refuse(e)),
+        };
         metrics::counter!(m::PROMPT_TOKENS_TOTAL).increment(valid.prompt_tokens() as u64);
         metrics::counter!(m::VISION_TOKENS_TOTAL, "kind" => "image")
             .increment(valid.image_tokens as u64);
@@ -192,7 +255,6 @@ impl Core {
         };
         let arrived = tally.hand_over();
         tracing::debug!(lm = %lm.addr, "first event");
-        let (tx, rx) = mpsc::channel(64);
         let n = valid.sampling.n.max(1) as usize;
         let pump = Pump {
             choices: (0..n)
@@ -222,7 +284,7 @@ impl Core {
             pump.run(first, stream, tx, lm, permit)
                 .instrument_span(span.clone()),
         );
-        Ok(Generation { request_id, rx })
+        Ok(())
     }
 
     /// Opens the LM stream and reads its first event, trying a second LM replica once when the

@@ -766,7 +766,13 @@ async fn chat_completions(State(s): State<HttpState>, req: Request) -> Response 
         Err(e) => return tally.refuse(e).into_response(),
     };
     let model = s.core.validator().model_id().to_string();
-    let gen = match s.core.start(chat, span, tally).await {
+    // A stream that has to queue gets its status line at once and waits inside the stream.
+    let started = if stream {
+        s.core.start_streaming(chat, span, tally).await
+    } else {
+        s.core.start(chat, span, tally).await
+    };
+    let gen = match started {
         Ok(g) => g,
         Err(e) => return e.into_response(),
     };

@@ -163,7 +163,13 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
         _ => String::new(),
     };
     let model = s.core.validator().model_id().to_string();
-    let gen = match s.core.start(chat, span, tally).await {
+    // A stream that has to queue gets its status line at once and waits inside the stream.
+    let started = if stream {
+        s.core.start_streaming(chat, span, tally).await
+    } else {
+        s.core.start(chat, span, tally).await
+    };
+    let gen = match started {
         Ok(g) => g,
         Err(e) => return e.into_response(),
     };
