@@ -8,7 +8,7 @@ use crate::openai::{
     finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
     ChatCompletionRequest, Collected, HttpState,
 };
-use crate::openai_params::check_unread;
+use crate::openai_params::{check_unread, check_unread_of};
 use crate::openai_sampling::SamplingFields;
 use crate::response_format::StructuredFields;
 use crate::validation::{ChatRequest, RawPrompt};
@@ -226,13 +226,61 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
 }
 
 /// vLLM's `/tokenize`: `{"prompt": ...}` (encoded as is) or `{"messages": [...]}` (through the
-/// chat template, images counted) -> `{"count", "max_model_len", "tokens"}`.
+/// chat template, images counted) -> `{"count", "max_model_len", "tokens", "token_strs"}`
+/// (`token_strs`: the tokens' vocabulary strings when `return_token_strs` is true, else null).
 #[derive(Debug, Deserialize)]
 struct TokenizeRequest {
     prompt: Option<String>,
     messages: Option<Value>,
+    /// Served when the tokenizer adds nothing (Qwen's adds no BOS or EOS): true and false
+    /// encode alike. Refused for a tokenizer that would add tokens.
+    add_special_tokens: Option<Value>,
+    return_token_strs: Option<Value>,
     #[serde(flatten)]
     rest: Map<String, Value>,
+}
+
+/// A boolean field of `/tokenize` (absent or null: `None`).
+fn flag(name: &str, v: Option<&Value>) -> Result<Option<bool>, GatewayError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(GatewayError::param(
+            name,
+            format!("{name} is {other}; it must be true or false"),
+        )),
+    }
+}
+
+/// The fields `/tokenize` reads, as its refusals list them.
+const TOKENIZE_FIELDS: &str = "prompt or messages, model, add_special_tokens, return_token_strs; \
+     with messages also add_generation_prompt and the chat-completion fields (tools, \
+     mm_processor_kwargs, ...)";
+
+/// `add_special_tokens: true` adds what the tokenizer's post-processor adds: nothing for Qwen,
+/// so it is served as false is; a tokenizer that would add tokens refuses it.
+fn check_add_special_tokens(
+    tok: &vlm_tokenizer::ChatTokenizer,
+    add: Option<bool>,
+) -> Result<(), GatewayError> {
+    if add != Some(true) {
+        return Ok(());
+    }
+    let added = tok
+        .tokenizer()
+        .encode("", true)
+        .map(|e| e.get_ids().len())
+        .unwrap_or(0);
+    if added > 0 {
+        return Err(GatewayError::param(
+            "add_special_tokens",
+            format!(
+                "add_special_tokens: true would add {added} special tokens, which this server \
+                 does not; send false"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
@@ -241,13 +289,20 @@ pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
         Err(e) => return e.into_response(),
     };
     let v = s.core.validator();
+    let flags = flag("add_special_tokens", body.add_special_tokens.as_ref()).and_then(|add| {
+        check_add_special_tokens(v.tokenizer(), add)?;
+        flag("return_token_strs", body.return_token_strs.as_ref())
+    });
+    let return_token_strs = match flags {
+        Ok(r) => r.unwrap_or(false),
+        Err(e) => return e.into_response(),
+    };
     let ids = match (body.prompt, body.messages) {
         (Some(p), None) => {
-            // The prompt is encoded as written (nothing added), so `add_special_tokens` is
-            // refused by the check below rather than ignored.
+            // The prompt is encoded as written (nothing added; see add_special_tokens).
             let mut rest = body.rest;
             let model = rest.remove("model");
-            check_unread(&rest, "")
+            check_unread_of(&rest, "", TOKENIZE_FIELDS)
                 .and_then(|()| v.check_model(model.as_ref().and_then(Value::as_str).unwrap_or("")))
                 .and_then(|()| {
                     // Bounded as the generation routes bound it (no room left is still a count).
@@ -277,7 +332,10 @@ pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
             }
             serde_json::from_value::<ChatCompletionRequest>(Value::Object(chat))
                 .map_err(|e| GatewayError::validation(format!("not a valid tokenize request: {e}")))
-                .and_then(|c| parse_chat_request(c, len, &s.images))
+                .and_then(|c| {
+                    check_unread_of(&c.extra, "", TOKENIZE_FIELDS)?;
+                    parse_chat_request(c, len, &s.images)
+                })
                 .and_then(|p| {
                     if !p.remote.is_empty() {
                         return Err(GatewayError::param(
@@ -293,10 +351,19 @@ pub async fn tokenize(State(s): State<HttpState>, req: Request) -> Response {
         )),
     };
     match ids {
-        Ok(ids) => axum::Json(json!({
-            "count": ids.len(), "max_model_len": v.limits().max_seq_len, "tokens": ids,
-        }))
-        .into_response(),
+        Ok(ids) => {
+            let strs = return_token_strs.then(|| {
+                let tok = v.tokenizer();
+                ids.iter()
+                    .map(|&id| tok.id_to_token(id).unwrap_or_default())
+                    .collect::<Vec<_>>()
+            });
+            axum::Json(json!({
+                "count": ids.len(), "max_model_len": v.limits().max_seq_len, "tokens": ids,
+                "token_strs": strs,
+            }))
+            .into_response()
+        }
         Err(e) => e.into_response(),
     }
 }
@@ -316,7 +383,7 @@ pub async fn detokenize(State(s): State<HttpState>, req: Request) -> Response {
             Err(e) => return e.into_response(),
         };
     let model = body.rest.remove("model");
-    if let Err(e) = check_unread(&body.rest, "").and_then(|()| {
+    if let Err(e) = check_unread_of(&body.rest, "", "tokens, model").and_then(|()| {
         s.core
             .validator()
             .check_model(model.as_ref().and_then(Value::as_str).unwrap_or(""))

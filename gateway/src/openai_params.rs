@@ -23,10 +23,28 @@ fn is_noop(param: &str, v: &Value) -> bool {
     }
 }
 
+/// The fields the chat-completion routes read, as their refusals list them.
+pub const CHAT_FIELDS: &str = "model, messages, max_tokens, \
+     max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, \
+     stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty, \
+     logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, response_format, \
+     structured_outputs, guided_json/regex/choice/grammar, tools, tool_choice, \
+     parallel_tool_calls, stream, \
+     stream_options.include_usage, n";
+
 /// Refuses the first field of `extra` (the body's fields this server does not read) that is
 /// not null and not its no-op value, naming it; `prefix` locates nested ones
 /// (`messages[2].`).
 pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), GatewayError> {
+    check_unread_of(extra, prefix, CHAT_FIELDS)
+}
+
+/// [`check_unread`] for a route whose fields are `supported` (listed in the refusal).
+pub fn check_unread_of(
+    extra: &Map<String, Value>,
+    prefix: &str,
+    supported: &str,
+) -> Result<(), GatewayError> {
     let mut keys: Vec<&String> = extra.keys().collect();
     keys.sort();
     for k in keys {
@@ -39,13 +57,7 @@ pub fn check_unread(extra: &Map<String, Value>, prefix: &str) -> Result<(), Gate
             &param,
             format!(
                 "`{param}` is not supported by this server (it would change the output, so it is \
-                 refused rather than ignored); supported: model, messages, max_tokens, \
-                 max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop, \
-                 stop_token_ids, presence_penalty, frequency_penalty, repetition_penalty, \
-                 logit_bias, logprobs, top_logprobs, min_tokens, ignore_eos, response_format, \
-                 structured_outputs, guided_json/regex/choice/grammar, tools, tool_choice, \
-                 parallel_tool_calls, stream, \
-                 stream_options.include_usage, n"
+                 refused rather than ignored); supported: {supported}"
             ),
         ));
     }

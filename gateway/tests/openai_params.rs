@@ -273,30 +273,19 @@ async fn every_chat_completions_parameter_is_served_or_refused_by_name() {
     }
 }
 
-/// `/tokenize` and `/detokenize` refuse what they would otherwise ignore: a prompt encoded with
-/// anything added, a count without the generation prompt, another model.
+/// `/tokenize` and `/detokenize` refuse what they would otherwise ignore: a count without the
+/// generation prompt, another model.
 #[tokio::test]
 async fn tokenize_refuses_what_it_would_ignore() {
     let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
     let (status, text) = request(gw, "POST", "/tokenize", r#"{"prompt": "hi"}"#).await;
     assert_eq!(status, 200, "{text}");
     assert!(json_body(&text)["count"].as_u64().unwrap() > 0);
-    for (path, body, needle) in [
-        (
-            "/tokenize",
-            r#"{"prompt": "hi", "add_special_tokens": true}"#,
-            "add_special_tokens",
-        ),
-        (
-            "/tokenize",
-            r#"{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false}"#,
-            "add_generation_prompt",
-        ),
-    ] {
-        let (status, text) = request(gw, "POST", path, body).await;
-        assert_eq!(status, 400, "{body}: {text}");
-        assert!(text.contains(needle), "{body}: {text}");
-    }
+    let body =
+        r#"{"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": false}"#;
+    let (status, text) = request(gw, "POST", "/tokenize", body).await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("add_generation_prompt"), "{text}");
     // A model this server does not serve is OpenAI's 404 model_not_found.
     for (path, body) in [
         ("/tokenize", r#"{"prompt": "hi", "model": "other"}"#),
@@ -317,4 +306,75 @@ async fn tokenize_refuses_what_it_would_ignore() {
             "{text}"
         );
     }
+}
+
+/// `/tokenize` takes vLLM's `add_special_tokens` (true or false: Qwen's tokenizer adds nothing,
+/// so the ids are the same) and `return_token_strs` (the tokens' strings), and its refusals
+/// list its own fields, not the chat route's.
+#[tokio::test]
+async fn tokenize_serves_vllms_fields_and_lists_its_own() {
+    let (gw, _dir) = start_gateway(ImageFetcher::new(FetchOptions::deny_all())).await;
+    let tokens = |body: serde_json::Value| async move {
+        let (status, text) = request(gw, "POST", "/tokenize", &body.to_string()).await;
+        assert_eq!(status, 200, "{body}: {text}");
+        json_body(&text)
+    };
+    let plain = tokens(json!({"prompt": "hello world"})).await;
+    assert!(plain["count"].as_u64().unwrap() > 0, "{plain}");
+    assert_eq!(plain["token_strs"], serde_json::Value::Null, "{plain}");
+    for add in [true, false] {
+        let v = tokens(json!({"prompt": "hello world", "add_special_tokens": add})).await;
+        assert_eq!(v["tokens"], plain["tokens"], "add_special_tokens {add}");
+    }
+    let chat = json!([{"role": "user", "content": "hello"}]);
+    let counted = tokens(json!({"messages": chat})).await;
+    let v = tokens(json!({"messages": chat, "add_special_tokens": false})).await;
+    assert_eq!(v["tokens"], counted["tokens"]);
+
+    let v = tokens(json!({"prompt": "hello world", "return_token_strs": true})).await;
+    assert_eq!(v["tokens"], plain["tokens"]);
+    let strs: Vec<&str> = v["token_strs"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no token_strs: {v}"))
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    assert_eq!(strs.len(), plain["tokens"].as_array().unwrap().len());
+    // Byte-level strings: the space is "Ġ".
+    assert_eq!(strs.concat(), "helloĠworld", "{v}");
+    let v = tokens(json!({"messages": chat, "return_token_strs": true})).await;
+    assert_eq!(
+        v["token_strs"].as_array().map(Vec::len),
+        counted["tokens"].as_array().map(Vec::len),
+        "{v}"
+    );
+    assert!(
+        v["token_strs"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("<|im_start|>"),
+        "{v}"
+    );
+
+    for (body, param) in [
+        (json!({"prompt": "hi", "temperature": 0.5}), "temperature"),
+        (json!({"messages": chat, "bogus": 1}), "bogus"),
+    ] {
+        let (status, text) = request(gw, "POST", "/tokenize", &body.to_string()).await;
+        assert_eq!(status, 400, "{body}: {text}");
+        let e = &json_body(&text)["error"];
+        assert_eq!(e["param"], param, "{text}");
+        let msg = e["message"].as_str().unwrap();
+        assert!(msg.contains("return_token_strs"), "{msg}");
+        assert!(!msg.contains("max_completion_tokens"), "{msg}");
+    }
+    let (status, text) = request(
+        gw,
+        "POST",
+        "/tokenize",
+        r#"{"prompt": "hi", "add_special_tokens": "yes"}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("add_special_tokens"), "{text}");
 }
