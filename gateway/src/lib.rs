@@ -11,6 +11,7 @@ pub mod cors;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod grpc_limits;
 pub mod http_serve;
 pub mod logprobs;
 pub mod metrics;
@@ -206,14 +207,17 @@ impl Bound {
         let router = core.router().clone();
         router.start(stop.clone()).await;
 
-        let svc = tonic::service::interceptor::InterceptedService::new(
-            vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(
-                core.clone(),
-            ))
-            // Room over the body limit, so that validation answers an oversized request with
-            // INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
-            .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
-            cfg.api_keys.interceptor(),
+        // A message over the decoding limit is RESOURCE_EXHAUSTED (tonic says OUT_OF_RANGE).
+        let svc = grpc_limits::OversizeIsResourceExhausted(
+            tonic::service::interceptor::InterceptedService::new(
+                vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(
+                    core.clone(),
+                ))
+                // Room over the body limit, so that validation answers an oversized request
+                // with INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
+                .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
+                cfg.api_keys.interceptor(),
+            ),
         );
         let drain_stop = stop.clone();
         let admission = core.admission().clone();
