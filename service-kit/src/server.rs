@@ -31,7 +31,8 @@ use tonic_health::server::HealthReporter;
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// How often the gRPC server pings an HTTP/2 connection to learn the peer is still there.
+/// How often the gRPC server pings an HTTP/2 connection to learn the peer is still there (see
+/// [`GrpcServer::http2_keepalive`]).
 pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed.
 pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
@@ -83,6 +84,8 @@ pub struct GrpcServer {
     ready: Option<watch::Receiver<bool>>,
     on_drain: Option<BoxFuture>,
     tls: Option<Arc<InternalTls>>,
+    /// Ping interval and timeout of HTTP/2 connections.
+    keepalive: (Duration, Duration),
 }
 
 impl GrpcServer {
@@ -118,6 +121,7 @@ impl GrpcServer {
             ready: None,
             on_drain: None,
             tls: None,
+            keepalive: (HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT),
         }
     }
 
@@ -151,6 +155,14 @@ impl GrpcServer {
     /// Sets `TCP_NODELAY` on accepted connections (off by default, the OS's choice).
     pub fn tcp_nodelay(mut self, on: bool) -> GrpcServer {
         self.tcp_nodelay = on;
+        self
+    }
+
+    /// Pings each HTTP/2 connection every `interval` and closes it when a ping goes
+    /// unanswered for `timeout` ([`HTTP2_KEEPALIVE_INTERVAL`], [`HTTP2_KEEPALIVE_TIMEOUT`] by
+    /// default).
+    pub fn http2_keepalive(mut self, interval: Duration, timeout: Duration) -> GrpcServer {
+        self.keepalive = (interval, timeout);
         self
     }
 
@@ -201,6 +213,7 @@ impl GrpcServer {
             ready,
             on_drain,
             tls,
+            keepalive: (keepalive_interval, keepalive_timeout),
         } = self;
         let (reporter, health) = grpc::health();
         grpc::set_serving(&reporter, service_name, false).await;
@@ -219,8 +232,8 @@ impl GrpcServer {
         let builder = tonic::transport::Server::builder()
             // A peer that stops answering pings (gone without a FIN, a half-open socket) is
             // dropped instead of holding its connection and streams forever.
-            .http2_keepalive_interval(Some(HTTP2_KEEPALIVE_INTERVAL))
-            .http2_keepalive_timeout(Some(HTTP2_KEEPALIVE_TIMEOUT))
+            .http2_keepalive_interval(Some(keepalive_interval))
+            .http2_keepalive_timeout(Some(keepalive_timeout))
             // tonic's default is no limit per connection.
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
             .add_routes(routes);
@@ -242,8 +255,8 @@ impl GrpcServer {
         };
         tracing::info!(
             %grpc_addr,
-            http2_keepalive_interval_s = HTTP2_KEEPALIVE_INTERVAL.as_secs(),
-            http2_keepalive_timeout_s = HTTP2_KEEPALIVE_TIMEOUT.as_secs(),
+            http2_keepalive_interval_ms = keepalive_interval.as_millis() as u64,
+            http2_keepalive_timeout_ms = keepalive_timeout.as_millis() as u64,
             max_concurrent_streams = MAX_CONCURRENT_STREAMS,
             "gRPC up over {transport} ({service_name} NOT_SERVING until it is loaded)"
         );

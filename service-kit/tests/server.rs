@@ -354,3 +354,69 @@ async fn bind_errors_name_the_listener_and_the_address() {
     assert_eq!((e.what, e.addr), ("metrics", addr));
     assert!(e.to_string().contains(&format!("metrics on {addr}")), "{e}");
 }
+
+/// One HTTP/2 frame read from `s`: (type, flags, payload).
+async fn read_frame(s: &mut tokio::net::TcpStream) -> std::io::Result<(u8, u8, Vec<u8>)> {
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).await?;
+    let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    s.read_exact(&mut payload).await?;
+    Ok((head[3], head[4], payload))
+}
+
+/// The gRPC port bounds each connection: its SETTINGS cap the calls open at once, and a peer
+/// that stops answering pings (gone without a FIN) is dropped. A raw HTTP/2 client that does
+/// the handshake, then never answers, sees the cap, a PING, and the connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_answering_pings_is_dropped() {
+    const SETTINGS: u8 = 0x4;
+    const PING: u8 = 0x6;
+    const MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    let grpc_listener = server::bind_grpc(loopback()).await.unwrap();
+    let grpc = grpc_listener.addr;
+    let (shutdown_tx, shutdown) = signal();
+    let (_release_tx, release) = watch::channel(false);
+    let task = tokio::spawn(
+        GrpcServer::on_listener(grpc_listener, NAME)
+            .add_service(GatewayServer::new(Held { release }))
+            .http2_keepalive(Duration::from_millis(200), Duration::from_millis(300))
+            .serve(async { Ok::<_, std::convert::Infallible>(()) }, shutdown),
+    );
+    let mut s = tokio::net::TcpStream::connect(grpc).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    let patience = Duration::from_secs(20);
+    let (mut max_streams, mut pinged) = (None, false);
+    let closed = tokio::time::timeout(patience, async {
+        loop {
+            let (kind, flags, payload) = match read_frame(&mut s).await {
+                Ok(f) => f,
+                Err(_) => return,
+            };
+            if kind == SETTINGS && flags & 1 == 0 {
+                for p in payload.chunks_exact(6) {
+                    if u16::from_be_bytes([p[0], p[1]]) == MAX_CONCURRENT_STREAMS {
+                        max_streams = Some(u32::from_be_bytes([p[2], p[3], p[4], p[5]]));
+                    }
+                }
+                // Acknowledge the server's settings: the handshake is done.
+                s.write_all(b"\x00\x00\x00\x04\x01\x00\x00\x00\x00")
+                    .await
+                    .unwrap();
+            }
+            // Never answered.
+            pinged |= kind == PING && flags & 1 == 0;
+        }
+    })
+    .await;
+    assert!(
+        closed.is_ok(),
+        "the connection was still open after {patience:?}"
+    );
+    assert!(pinged, "no PING before the close");
+    assert_eq!(max_streams, Some(server::MAX_CONCURRENT_STREAMS));
+    shutdown_tx.send(()).unwrap();
+    task.await.unwrap().unwrap().served.unwrap();
+}
