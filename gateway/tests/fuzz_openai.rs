@@ -137,12 +137,19 @@ fn http(path: &str, body: &str) -> (u16, Value) {
 }
 
 /// What every answer must be: a 200 (tokenize), a 503 for want of a replica (a request past
-/// every check), or a 400 / 413 with an OpenAI error body whose message is not empty and names
-/// its `param`. Never a dropped connection (a handler panic) or another 5xx.
+/// every check), or a 400 / 413 (or 404 `model_not_found` for a model not served) with an
+/// OpenAI error body whose message is not empty and names its `param`. Never a dropped
+/// connection (a handler panic) or another 5xx.
 fn check_answer(path: &str, status: u16, v: &Value) -> Result<Option<Refusal>, TestCaseError> {
     prop_assert!(status != 0, "{} dropped the connection (a panic?)", path);
     prop_assert!(
-        matches!(status, 200 | 400 | 413 | 503),
+        status != 404 || v["error"]["code"] == "model_not_found",
+        "{} answered 404 but not model_not_found: {}",
+        path,
+        v
+    );
+    prop_assert!(
+        matches!(status, 200 | 400 | 404 | 413 | 503),
         "{} answered {}: {}",
         path,
         status,
