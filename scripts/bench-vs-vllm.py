@@ -36,7 +36,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import Server, png, stream_chat  # noqa: E402
+from bench_common import Server, png, stream_chat, vllm_env  # noqa: E402
 
 WORDS = ("harbour lantern orchard granite meadow copper violin glacier saffron thunder "
          "willow compass marble falcon ember velvet canyon pepper quartz ribbon").split()
@@ -50,16 +50,7 @@ def text_prompt(seed, words=60):
 
 def start_vllm(a, log):
     s = Server("vLLM", a.vllm_http)
-    env = dict(os.environ)
-    venv_lib = os.path.join(os.path.dirname(os.path.dirname(a.vllm_python)), "lib")
-    preload = [p for p in ("/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-                           os.path.join(venv_lib, "libiomp5.so")) if os.path.exists(p)]
-    env.update({
-        "VLLM_CPU_KVCACHE_SPACE": str(a.vllm_kv_gib),
-        "VLLM_CPU_OMP_THREADS_BIND": a.cores,
-        "LD_PRELOAD": ":".join(preload),
-        "VLLM_TARGET_DEVICE": "cpu",
-    })
+    env = vllm_env(a.vllm_python, a.vllm_kv_gib, a.cores)
     host, port = a.vllm_http.rsplit(":", 1)
     cmd = [a.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", a.model,
            "--host", host, "--port", port, "--dtype", a.vllm_dtype, "--max-model-len", "4096",

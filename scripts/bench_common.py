@@ -88,3 +88,16 @@ class Server:
                 self.proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def vllm_env(vllm_python, kv_gib, cores):
+    """The environment vLLM's CPU server runs in: its KV cache size (GiB), the cores its OpenMP
+    threads bind to, and the LD_PRELOAD of tcmalloc and the venv's libiomp5 its CPU docs ask for.
+    """
+    env = dict(os.environ)
+    venv_lib = os.path.join(os.path.dirname(os.path.dirname(vllm_python)), "lib")
+    preload = [p for p in ("/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+                           os.path.join(venv_lib, "libiomp5.so")) if os.path.exists(p)]
+    env.update({"VLLM_CPU_KVCACHE_SPACE": str(kv_gib), "VLLM_CPU_OMP_THREADS_BIND": cores,
+                "LD_PRELOAD": ":".join(preload), "VLLM_TARGET_DEVICE": "cpu"})
+    return env

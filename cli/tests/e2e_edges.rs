@@ -111,30 +111,13 @@ async fn a_queued_stream_gets_its_status_line_at_once() {
     assert!(rest.contains("data: [DONE]"), "{rest}");
 }
 
-/// Raises this process's open-file limit to its hard limit (the gateway, its child, inherits
-/// it); returns the soft limit now in force.
-fn raise_file_limit() -> libc::rlim_t {
-    // SAFETY: getrlimit/setrlimit on this process with a valid, initialised struct.
-    unsafe {
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
-        r.rlim_cur
-    }
-}
-
 /// 2000 connections that send nothing and 500 that send half their headers: a generation is
 /// still answered while they are open, and the gateway closes every one of them after its
 /// header timeout (2 s here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_half_open_connections_are_closed_and_generation_goes_on() {
     let _g = serial();
-    let files = raise_file_limit();
+    let files = vlm_test_support::raise_file_limit();
     let (idle_n, half_n) = if files >= 3000 {
         (2000, 500)
     } else {

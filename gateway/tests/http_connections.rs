@@ -30,23 +30,6 @@ fn limits(header_ms: u64, body_ms: u64, idle_ms: u64, max_connections: usize) ->
     }
 }
 
-/// Raises this process's open-file limit to its hard limit (both ends of every test connection
-/// are in this process); returns the soft limit now in force.
-fn raise_file_limit() -> libc::rlim_t {
-    // SAFETY: getrlimit/setrlimit on this process with a valid, initialised struct.
-    unsafe {
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
-        r.rlim_cur = r.rlim_max;
-        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
-        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
-        r.rlim_cur
-    }
-}
-
 /// Waits until the server closes `s` (EOF or reset); false if it is still open after `wait`.
 async fn closed_within(s: &mut TcpStream, wait: Duration) -> bool {
     let mut buf = [0u8; 1024];
@@ -74,7 +57,7 @@ const IDLE_CLOSED: &str = "vlm_gateway_http_connections_closed_total{reason=\"id
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_and_half_open_connections_are_closed_and_requests_still_answered() {
-    let files = raise_file_limit();
+    let files = vlm_test_support::raise_file_limit();
     // Two descriptors per connection (both ends here), and room for the rest.
     let (idle_n, half_n) = if files >= 6000 {
         (2000, 500)

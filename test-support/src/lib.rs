@@ -4,6 +4,8 @@
 //! cores, a fixture that is not here) says so on stderr and, when `VLM_SKIP_LOG` names a file,
 //! appends `crate test: reason` to it. `.ci/run` sets it and prints the list at the end, so a
 //! green run says which hardware paths did not run on that machine.
+//!
+//! [`raise_file_limit`]: for the tests that hold thousands of connections.
 use std::io::Write;
 
 /// Records that the running test skips work, and why (see the crate's doc).
@@ -29,5 +31,23 @@ pub fn record(krate: &str, reason: &str) {
             // One write of the whole line: appends of parallel tests do not interleave.
             let _ = f.write_all(format!("{krate} {test}: {reason}\n").as_bytes());
         }
+    }
+}
+
+/// Raises this process's open-file limit to its hard limit (a test that holds thousands of
+/// connections, and the services it starts, which inherit it); returns the soft limit now in
+/// force.
+pub fn raise_file_limit() -> u64 {
+    // SAFETY: getrlimit/setrlimit on this process with a valid, initialised struct.
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut r), 0);
+        r.rlim_cur
     }
 }
