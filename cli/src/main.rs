@@ -32,6 +32,9 @@ enum Command {
     Plan(cmd::plan::PlanArgs),
     /// Write a checkpoint in the real Hugging Face layout with random weights.
     MakeModel(cmd::make_model::MakeModelArgs),
+    /// Write a checkpoint as the GGUF pair llama.cpp loads (LM quantized: q8_0, q4_k_m, f16,
+    /// bf16; vision f16), which `vlm up --model LM.gguf --mmproj V.gguf` serves.
+    Quantize(cmd::quantize::QuantizeArgs),
     /// Run preprocessing, the ViT, prefill and greedy decoding in-process and write every
     /// intermediate to a safetensors file.
     Inspect(cmd::inspect::InspectArgs),
@@ -49,6 +52,7 @@ fn main() -> ExitCode {
         Command::Bucket(a) => cmd::bucket::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::MakeModel(a) => cmd::make_model::run(a).map(|()| ExitCode::SUCCESS),
+        Command::Quantize(a) => cmd::quantize::run(a),
         Command::Inspect(a) => cmd::inspect::run(a).map(|()| ExitCode::SUCCESS),
         Command::Certs(a) => cmd::certs::run(a).map(|()| ExitCode::SUCCESS),
     };

@@ -43,6 +43,13 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    // candle's quantized matmul runs on a barrier pool of its own, sized from this variable
+    // when it is first used; the CPU backend runs those products as tasks of its own pool
+    // instead (backends/cpu kernels/quantized.rs), so candle's pool is the calling thread.
+    // Set before any thread starts.
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
     let args = Args::parse();
     let _telemetry = vlm_service_kit::telemetry::init("lm-service");
     let mut deploy =

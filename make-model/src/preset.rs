@@ -13,14 +13,18 @@ pub enum Preset {
     Tiny,
     /// The real Qwen3-VL-2B-Instruct dims, vocabulary size and special-token ids.
     Qwen3Vl2b,
+    /// Tiny with a 256-wide LM (intermediate 512, head_dim 64): the narrowest whose linear
+    /// weights GGUF's k-quants (256-value blocks) quantize, for the quantized tests.
+    Tiny256,
 }
 
 impl Preset {
-    pub const ALL: [Preset; 2] = [Preset::Tiny, Preset::Qwen3Vl2b];
+    pub const ALL: [Preset; 3] = [Preset::Tiny, Preset::Qwen3Vl2b, Preset::Tiny256];
 
     pub fn name(self) -> &'static str {
         match self {
             Preset::Tiny => "tiny",
+            Preset::Tiny256 => "tiny-256",
             Preset::Qwen3Vl2b => "qwen3-vl-2b",
         }
     }
@@ -28,7 +32,7 @@ impl Preset {
     /// f32 for tiny (test-friendly), bf16 for 2B (like the real checkpoint).
     pub fn default_dtype(self) -> WeightDtype {
         match self {
-            Preset::Tiny => WeightDtype::F32,
+            Preset::Tiny | Preset::Tiny256 => WeightDtype::F32,
             Preset::Qwen3Vl2b => WeightDtype::BF16,
         }
     }
@@ -36,7 +40,7 @@ impl Preset {
     /// Largest shard in bytes; `None` writes a single `model.safetensors`.
     pub fn default_max_shard_bytes(self) -> Option<u64> {
         match self {
-            Preset::Tiny => None,
+            Preset::Tiny | Preset::Tiny256 => None,
             Preset::Qwen3Vl2b => Some(2_000_000_000),
         }
     }
@@ -66,6 +70,15 @@ impl Preset {
                 v_out: 64,
                 v_positions: 64,
                 deepstack: vec![0, 2],
+            },
+            Preset::Tiny256 => Dims {
+                hidden: 256,
+                intermediate: 512,
+                layers: 2,
+                head_dim: 64,
+                mrope_section: [16, 8, 8],
+                v_out: 256,
+                ..Preset::Tiny.dims()
             },
             Preset::Qwen3Vl2b => Dims {
                 vocab: VocabLayout {
@@ -116,9 +129,10 @@ impl FromStr for Preset {
     fn from_str(s: &str) -> Result<Self, String> {
         match s.to_ascii_lowercase().as_str() {
             "tiny" => Ok(Preset::Tiny),
+            "tiny-256" => Ok(Preset::Tiny256),
             "qwen3-vl-2b" | "qwen3-vl-2b-instruct" | "2b" => Ok(Preset::Qwen3Vl2b),
             other => Err(format!(
-                "unknown preset {other:?}; use one of: tiny, qwen3-vl-2b"
+                "unknown preset {other:?}; use one of: tiny, tiny-256, qwen3-vl-2b"
             )),
         }
     }

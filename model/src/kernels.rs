@@ -8,7 +8,9 @@
 //! its own, such as compiled graphs) and the seam's `LmBackend` / `VisionBackend`.
 use crate::error::Result;
 use crate::text::AttnCall;
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
+use std::sync::Arc;
 
 pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// A linear layer's weight as this backend holds it (packed, on device, ...).
@@ -22,6 +24,15 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// Takes a (out, in) weight as loaded from the checkpoint (in its storage dtype, on
     /// [`Self::device`]).
     fn weight(&self, w: Tensor) -> Result<Self::Weight>;
+    /// Takes a block-quantized (out, in) weight (GGUF's Q8_0, Q4_K, ...), to multiply by
+    /// without a float copy. Backends that cannot refuse it, naming themselves.
+    fn quantized_weight(&self, w: Arc<QTensor>) -> Result<Self::Weight> {
+        Err(crate::ModelError::weights(format!(
+            "the {} backend does not run block-quantized weights ({:?}); use the cpu backend",
+            self.name(),
+            w.dtype()
+        )))
+    }
     /// (out, in) of a weight.
     fn weight_dims(&self, w: &Self::Weight) -> (usize, usize);
     /// One weight computing all of `parts` (same input) at once, their outputs side by side in

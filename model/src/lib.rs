@@ -7,6 +7,7 @@
 //! to the seam (`vlm-compute`), which [`lm_backend::TextBackend`] implements for any kernels.
 pub mod dtype;
 pub mod error;
+pub mod gguf;
 pub mod kernels;
 pub mod lm_backend;
 pub mod oracle;

@@ -2,9 +2,12 @@
 //! memory-mapped. Tensors are read lazily by name, so building only the vision tower (or only the
 //! LM) touches only that part's pages: a vision replica never holds LM weights.
 use crate::error::{ModelError, Result};
+use crate::gguf::GgufWeights;
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// The safetensors files of a checkpoint directory: `model.safetensors`, or the shards listed in
 /// `model.safetensors.index.json`, or else every `model*.safetensors` in the directory.
@@ -59,11 +62,59 @@ pub fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// A [`VarBuilder`] over the checkpoint's weights, converting to `dtype` on load.
+/// A [`VarBuilder`] over the checkpoint's weights, converting to `dtype` on load: its
+/// safetensors files, or the GGUF pair of a directory [`crate::gguf::materialize`] wrote.
 pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuilder<'static>> {
+    if let Some(g) = crate::gguf::open_dir(dir)? {
+        return Ok(VarBuilder::from_backend(Box::new(g), dtype, device.clone()));
+    }
     let files = safetensors_files(dir)?;
     // SAFETY: the files are mapped read-only; the checkpoint must not be modified while served,
     // which is the same contract every safetensors loader has.
     let vb = unsafe { VarBuilder::from_mmaped_safetensors(&files, dtype, device)? };
     Ok(vb)
+}
+
+/// The weights of a model being built: a [`VarBuilder`] at some prefix, and the GGUF pair when
+/// the checkpoint is one, whose block-quantized linear weights load quantized
+/// ([`Self::quantized`]) instead of through the builder.
+#[derive(Clone)]
+pub struct Weights {
+    vb: VarBuilder<'static>,
+    gguf: Option<Arc<GgufWeights>>,
+}
+
+impl Weights {
+    pub fn new(vb: VarBuilder<'static>, gguf: Option<Arc<GgufWeights>>) -> Self {
+        Weights { vb, gguf }
+    }
+
+    /// The checkpoint in `dir` (safetensors or a GGUF directory), floats as `dtype`.
+    pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
+        let gguf = crate::gguf::open_dir(dir)?.map(Arc::new);
+        let vb = match &gguf {
+            Some(g) => VarBuilder::from_backend(Box::new((**g).clone()), dtype, device.clone()),
+            None => var_builder(dir, dtype, device)?,
+        };
+        Ok(Weights { vb, gguf })
+    }
+
+    pub fn pp(&self, s: impl ToString) -> Self {
+        Weights {
+            vb: self.vb.pp(s),
+            gguf: self.gguf.clone(),
+        }
+    }
+
+    pub fn vb(&self) -> &VarBuilder<'static> {
+        &self.vb
+    }
+
+    /// `{prefix}.{name}` when the checkpoint stores it block-quantized.
+    pub fn quantized(&self, name: &str) -> Result<Option<Arc<QTensor>>> {
+        match &self.gguf {
+            Some(g) => g.quantized(&format!("{}.{name}", self.vb.prefix())),
+            None => Ok(None),
+        }
+    }
 }

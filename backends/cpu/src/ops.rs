@@ -14,9 +14,11 @@ use crate::kernels::candle_op::{SmallRowsMatmul, WideningMatmul};
 use crate::kernels::chunk_attention::chunk_attention;
 use crate::kernels::cpu_view::CpuF32;
 use crate::kernels::decode_attention::decode_attention;
+use crate::kernels::quantized::QuantizedWeight;
 use crate::kernels::{matmul_packed, PackedB};
 use crate::kv_raw::{with_layer, write_chunk_rows, write_decode_rows, KvLayer};
 use crate::options::CpuOptions;
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Device, Tensor};
 use std::sync::Arc;
 use vlm_model::text::{paged_attention, AttnCall, AttnRows, CacheGeometry, PagedKvCache};
@@ -56,19 +58,22 @@ pub enum CpuWeight {
     Packed(Arc<PackedB>),
     /// (out_dim, in_dim) in the storage dtype (f32, f16 or bf16).
     Dense(Tensor),
+    /// Block-quantized (GGUF Q8_0, Q4_K, Q6_K, ...), never expanded to floats
+    /// ([`QuantizedWeight`]).
+    Quantized(Arc<QuantizedWeight>),
 }
 
 impl CpuWeight {
     pub fn packed(&self) -> Option<&Arc<PackedB>> {
         match self {
             CpuWeight::Packed(p) => Some(p),
-            CpuWeight::Dense(_) => None,
+            _ => None,
         }
     }
     pub fn dense(&self) -> Option<&Tensor> {
         match self {
             CpuWeight::Dense(t) => Some(t),
-            CpuWeight::Packed(_) => None,
+            _ => None,
         }
     }
 }
@@ -92,9 +97,17 @@ impl Kernels for CpuKernels {
         Ok(CpuWeight::Dense(w))
     }
 
+    fn quantized_weight(&self, w: Arc<QTensor>) -> Result<CpuWeight> {
+        let parts = 2 * rayon::current_num_threads();
+        Ok(CpuWeight::Quantized(Arc::new(QuantizedWeight::new(
+            &w, parts,
+        )?)))
+    }
+
     fn weight_dims(&self, w: &CpuWeight) -> (usize, usize) {
         match w {
             CpuWeight::Packed(p) => (p.n(), p.k()),
+            CpuWeight::Quantized(q) => q.dims(),
             CpuWeight::Dense(t) => {
                 let d = t.dims();
                 (d[0], d[1])
@@ -146,6 +159,7 @@ impl Kernels for CpuKernels {
                 x.apply_op2_no_bwd(w, &WideningMatmul)?
             }
             CpuWeight::Dense(w) => x.matmul(&w.t()?)?,
+            CpuWeight::Quantized(q) => q.matmul(x)?,
         })
     }
 
@@ -170,6 +184,7 @@ impl Kernels for CpuKernels {
                 let idx = Tensor::new(ids, t.device())?;
                 Ok(t.index_select(&idx, 0)?.to_dtype(DType::F32)?)
             }
+            CpuWeight::Quantized(q) => Ok(q.rows(ids)?),
         }
     }
 

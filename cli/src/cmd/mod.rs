@@ -6,6 +6,7 @@ pub mod generate;
 pub mod inspect;
 pub mod make_model;
 pub mod plan;
+pub mod quantize;
 pub mod supervise;
 pub mod up;
 pub mod up_context;

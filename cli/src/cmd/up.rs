@@ -20,9 +20,13 @@ pub const LOCAL_CONFIG: &str = include_str!("../../../config/examples/local.yaml
 
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
-    /// Checkpoint directory; the cached tiny random checkpoint when omitted.
+    /// Checkpoint directory, or a GGUF file as llama.cpp writes it (with --mmproj); the
+    /// cached tiny random checkpoint when omitted.
     #[arg(long, env = "VLM_MODEL")]
     pub model: Option<PathBuf>,
+    /// The GGUF vision file (llama.cpp's `--mmproj`) that goes with a GGUF --model.
+    #[arg(long, env = "VLM_MMPROJ")]
+    pub mmproj: Option<PathBuf>,
     /// Deployment config; the embedded local.yaml when omitted.
     #[arg(long, env = "VLM_CONFIG")]
     pub config: Option<PathBuf>,
@@ -87,6 +91,42 @@ pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
     vlm_make_model::make_model(dir, &opts)
         .with_context(|| format!("making the tiny checkpoint in {}", dir.display()))?;
     Ok(())
+}
+
+fn is_gguf(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The checkpoint directory of a GGUF pair: the Hugging Face files derived from its metadata
+/// and a manifest naming the two files (`vlm_model::gguf::materialize`), under the cache dir,
+/// one per pair of paths. The services load the weights from the GGUF files themselves.
+fn gguf_checkpoint(model: &Path, mmproj: Option<&Path>) -> anyhow::Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let Some(mmproj) = mmproj else {
+        bail!(
+            "{} is a GGUF LM: give its vision file with --mmproj (llama.cpp's \
+             `convert_hf_to_gguf.py --mmproj` writes it)",
+            model.display()
+        );
+    };
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (std::path::absolute(model)?, std::path::absolute(mmproj)?).hash(&mut h);
+    let stem = model.file_stem().unwrap_or_default().to_string_lossy();
+    let dir = cache_dir()
+        .join("gguf")
+        .join(format!("{stem}-{:016x}", h.finish()));
+    vlm_model::gguf::materialize(model, mmproj, &dir)
+        .with_context(|| format!("loading GGUF {} + {}", model.display(), mmproj.display()))?;
+    eprintln!(
+        "GGUF: {} + {} (derived checkpoint files in {})",
+        model.display(),
+        mmproj.display(),
+        dir.display()
+    );
+    Ok(dir)
 }
 
 /// Below this many cores, the default layout shares every core between vision and LM.
@@ -381,6 +421,12 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         binary(&dir, "gateway")?,
     ];
     let model = match args.model {
+        Some(m) if is_gguf(&m) => gguf_checkpoint(&m, args.mmproj.as_deref())?,
+        Some(_) if args.mmproj.is_some() => {
+            bail!(
+                "--mmproj goes with a GGUF --model; a checkpoint directory holds its vision tower"
+            )
+        }
         Some(m) => m,
         None => {
             let m = cache_dir().join("tiny-s0");

@@ -6,8 +6,8 @@ use super::norm::RmsNorm;
 use super::step::{AttnCall, AttnRows};
 use crate::error::{ModelError, Result};
 use crate::kernels::Kernels;
+use crate::weights::Weights;
 use candle_core::Tensor;
-use candle_nn::VarBuilder;
 use vlm_compute::TextConfig;
 
 /// Everything a layer needs for one forward step besides its input.
@@ -45,7 +45,7 @@ pub struct Attention<K: Kernels> {
 
 impl<K: Kernels> Attention<K> {
     /// `vb` at `...layers.{i}.self_attn`.
-    pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(k: &K, cfg: &TextConfig, vb: Weights) -> Result<Self> {
         if cfg.attention_bias {
             return Err(ModelError::weights(
                 "text_config attention_bias=true is not supported (Qwen3-VL has no attention bias)",
@@ -68,8 +68,8 @@ impl<K: Kernels> Attention<K> {
             k: k.clone(),
             qkv,
             o_proj: Linear::load(k, &vb.pp("o_proj"), h * hd, d)?,
-            q_norm: RmsNorm::new(hd, cfg.rms_norm_eps, vb.pp("q_norm"))?,
-            k_norm: RmsNorm::new(hd, cfg.rms_norm_eps, vb.pp("k_norm"))?,
+            q_norm: RmsNorm::new(hd, cfg.rms_norm_eps, vb.pp("q_norm").vb().clone())?,
+            k_norm: RmsNorm::new(hd, cfg.rms_norm_eps, vb.pp("k_norm").vb().clone())?,
             num_heads: h,
             num_kv_heads: kv,
             head_dim: hd,

@@ -4,8 +4,8 @@ use super::mlp::Mlp;
 use super::norm::RmsNorm;
 use crate::error::Result;
 use crate::kernels::Kernels;
+use crate::weights::Weights;
 use candle_core::Tensor;
-use candle_nn::VarBuilder;
 use vlm_compute::TextConfig;
 
 #[derive(Debug, Clone)]
@@ -19,19 +19,19 @@ pub struct DecoderLayer<K: Kernels> {
 
 impl<K: Kernels> DecoderLayer<K> {
     /// `vb` at `model.language_model.layers.{i}`.
-    pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(k: &K, cfg: &TextConfig, vb: Weights) -> Result<Self> {
         Ok(DecoderLayer {
             self_attn: Attention::new(k, cfg, vb.pp("self_attn"))?,
             mlp: Mlp::new(k, cfg, vb.pp("mlp"))?,
             input_layernorm: RmsNorm::new(
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
-                vb.pp("input_layernorm"),
+                vb.pp("input_layernorm").vb().clone(),
             )?,
             post_attention_layernorm: RmsNorm::new(
                 cfg.hidden_size,
                 cfg.rms_norm_eps,
-                vb.pp("post_attention_layernorm"),
+                vb.pp("post_attention_layernorm").vb().clone(),
             )?,
             k: k.clone(),
         })

@@ -2,8 +2,10 @@
 //! [`Kernels`] want it (packed, widened, on device); activations are f32.
 use crate::error::{ModelError, Result};
 use crate::kernels::Kernels;
+use crate::weights::Weights;
+use candle_core::quantized::QTensor;
 use candle_core::{DType, Tensor};
-use candle_nn::VarBuilder;
+use std::sync::Arc;
 
 /// `y = x · Wᵀ`, W of shape (out_dim, in_dim).
 #[derive(Debug, Clone)]
@@ -34,9 +36,32 @@ impl<K: Kernels> Linear<K> {
         })
     }
 
-    /// Loads `{vb prefix}.weight` of shape (out_dim, in_dim) in the builder's dtype.
-    pub fn load(k: &K, vb: &VarBuilder, in_dim: usize, out_dim: usize) -> Result<Self> {
-        Self::from_weight(k, vb.get((out_dim, in_dim), "weight")?)
+    /// Loads `{prefix}.weight` of shape (out_dim, in_dim): kept block-quantized when the
+    /// checkpoint stores it so (GGUF), else in the builder's dtype.
+    pub fn load(k: &K, w: &Weights, in_dim: usize, out_dim: usize) -> Result<Self> {
+        if let Some(q) = w.quantized("weight")? {
+            let dims = q.shape().dims().to_vec();
+            if dims != [out_dim, in_dim] {
+                return Err(ModelError::weights(format!(
+                    "{}.weight has shape {dims:?}, the model expects [{out_dim}, {in_dim}]",
+                    w.vb().prefix()
+                )));
+            }
+            return Self::from_quantized(k, q);
+        }
+        Self::from_weight(k, w.vb().get((out_dim, in_dim), "weight")?)
+    }
+
+    /// Wraps a block-quantized (out_dim, in_dim) weight, which the backend multiplies by
+    /// without a float copy ([`Kernels::quantized_weight`]).
+    pub fn from_quantized(k: &K, weight: Arc<QTensor>) -> Result<Self> {
+        let (out_dim, in_dim) = weight.shape().dims2()?;
+        Ok(Linear {
+            weight: k.quantized_weight(weight)?,
+            k: k.clone(),
+            in_dim,
+            out_dim,
+        })
     }
 
     /// One layer computing `parts` (all of the same input) at once, their outputs side by side

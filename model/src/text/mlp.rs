@@ -2,8 +2,8 @@
 use super::linear::Linear;
 use crate::error::Result;
 use crate::kernels::Kernels;
+use crate::weights::Weights;
 use candle_core::Tensor;
-use candle_nn::VarBuilder;
 use vlm_compute::TextConfig;
 
 #[derive(Debug, Clone)]
@@ -34,7 +34,7 @@ impl<K: Kernels> Mlp<K> {
     }
 
     /// `vb` at `...layers.{i}.mlp`.
-    pub fn new(k: &K, cfg: &TextConfig, vb: VarBuilder) -> Result<Self> {
+    pub fn new(k: &K, cfg: &TextConfig, vb: Weights) -> Result<Self> {
         let (d, i) = (cfg.hidden_size, cfg.intermediate_size);
         let gate = Linear::load(k, &vb.pp("gate_proj"), d, i)?;
         let up = Linear::load(k, &vb.pp("up_proj"), d, i)?;

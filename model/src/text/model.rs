@@ -10,7 +10,7 @@ use super::rope::MRope;
 use super::step::{causal_mask, AttnRows};
 use crate::error::{ModelError, Result};
 use crate::kernels::Kernels;
-use crate::weights::var_builder;
+use crate::weights::Weights;
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use std::path::Path;
@@ -50,21 +50,27 @@ impl<K: Kernels> TextModel<K> {
     /// `lm_head` only), storing the linear and embedding weights as `dtype` (f32, f16 or bf16).
     pub fn load(k: &K, dir: &Path, dtype: DType) -> Result<TextModel<K>> {
         let cfg = Qwen3VlConfig::from_dir(dir)?;
-        let vb = var_builder(dir, dtype, k.device())?;
-        Self::new(k, &cfg, vb)
+        let w = Weights::open(dir, dtype, k.device())?;
+        Self::from_weights(k, &cfg, w)
     }
 
     /// Builds the model from a [`VarBuilder`] rooted at the checkpoint's top level; the weight
     /// storage dtype is the builder's.
-    pub fn new(k: &K, cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel<K>> {
-        Self::build(k, cfg, vb).map_err(|e| match e {
+    pub fn new(k: &K, cfg: &Qwen3VlConfig, vb: VarBuilder<'static>) -> Result<TextModel<K>> {
+        Self::from_weights(k, cfg, Weights::new(vb, None))
+    }
+
+    /// [`Self::new`] over [`Weights`], which may hold block-quantized linear weights.
+    pub fn from_weights(k: &K, cfg: &Qwen3VlConfig, w: Weights) -> Result<TextModel<K>> {
+        Self::build(k, cfg, w).map_err(|e| match e {
             ModelError::Candle(c) => ModelError::weights(c.to_string()),
             other => other,
         })
     }
 
-    fn build(k: &K, cfg: &Qwen3VlConfig, vb: VarBuilder) -> Result<TextModel<K>> {
+    fn build(k: &K, cfg: &Qwen3VlConfig, w: Weights) -> Result<TextModel<K>> {
         let t = &cfg.text;
+        let vb = w.vb().clone();
         let weight_dtype = vb.dtype();
         if !matches!(weight_dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(ModelError::invalid(format!(
@@ -86,23 +92,37 @@ impl<K: Kernels> TextModel<K> {
                 t.num_hidden_layers
             )));
         }
-        let lm = vb.pp("model.language_model");
-        let table = lm
-            .pp("embed_tokens")
-            .get((t.vocab_size, t.hidden_size), "weight")?
-            .contiguous()?;
+        let lm = w.pp("model.language_model");
         let layers = (0..t.num_hidden_layers)
             .map(|i| DecoderLayer::new(k, t, lm.pp("layers").pp(i)))
             .collect::<Result<Vec<_>>>()?;
-        let norm = RmsNorm::new(t.hidden_size, t.rms_norm_eps, lm.pp("norm"))?;
-        let (embed_tokens, lm_head) = if cfg.tie_word_embeddings {
+        let norm = RmsNorm::new(t.hidden_size, t.rms_norm_eps, lm.vb().pp("norm"))?;
+        let quantized_table = match cfg.tie_word_embeddings {
+            true => lm.pp("embed_tokens").quantized("weight")?,
+            false => None,
+        };
+        let (embed_tokens, lm_head) = if let Some(q) = quantized_table {
+            // A tied quantized table (GGUF token_embd) stays quantized: the head multiplies
+            // by it and embeddings are its rows, dequantized per lookup.
+            (Embedding::TiedToHead, Linear::from_quantized(k, q)?)
+        } else if cfg.tie_word_embeddings {
+            let table = lm
+                .vb()
+                .pp("embed_tokens")
+                .get((t.vocab_size, t.hidden_size), "weight")?
+                .contiguous()?;
             // One copy: the head holds the table as the backend wants it and embeddings are
             // looked up in it.
             (Embedding::TiedToHead, Linear::from_weight(k, table)?)
         } else {
+            let table = lm
+                .vb()
+                .pp("embed_tokens")
+                .get((t.vocab_size, t.hidden_size), "weight")?
+                .contiguous()?;
             (
                 Embedding::Table(table),
-                Linear::load(k, &vb.pp("lm_head"), t.hidden_size, t.vocab_size)?,
+                Linear::load(k, &w.pp("lm_head"), t.hidden_size, t.vocab_size)?,
             )
         };
         Ok(TextModel {

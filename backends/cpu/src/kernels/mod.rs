@@ -17,6 +17,7 @@ pub(crate) mod multiversion;
 pub mod packed;
 pub mod peak;
 pub mod ptr;
+pub mod quantized;
 pub mod rms_norm;
 pub mod softmax;
 pub mod tiled;
