@@ -243,3 +243,68 @@ fn a_part_that_dies_while_loading_is_named_at_once() {
         "{err}"
     );
 }
+
+/// A GGUF pair written by `vlm quantize` (Q8_0 LM, f16 mmproj) is served by `vlm up --model
+/// LM.gguf --mmproj V.gguf`: a text and an image request are answered; without --mmproj the
+/// start is refused, naming the flag.
+#[test]
+fn a_gguf_pair_serves_text_and_images() {
+    use base64::Engine;
+    let vlm = vlm_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    let lm = dir.path().join("tiny-q8_0.gguf");
+    let mmproj = dir.path().join("mmproj-tiny-q8_0.gguf");
+    let ok = |args: &[&str]| assert_succeeded(&Command::new(&vlm).args(args).output().unwrap());
+    ok(&[
+        "make-model",
+        "--preset",
+        "tiny",
+        "--out",
+        ckpt.to_str().unwrap(),
+    ]);
+    ok(&[
+        "quantize",
+        "--scheme",
+        "q8_0",
+        ckpt.to_str().unwrap(),
+        lm.to_str().unwrap(),
+    ]);
+    assert!(mmproj.is_file());
+
+    let refused = vlm_up(&vlm, dir.path())
+        .args(["--model", lm.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("--mmproj"), "{err}");
+
+    let (up, grpc, http) = start_up(
+        &vlm,
+        dir.path(),
+        &[
+            "--model",
+            lm.to_str().unwrap(),
+            "--mmproj",
+            mmproj.to_str().unwrap(),
+        ],
+    );
+    let b64 = base64::engine::general_purpose::STANDARD.encode(support::png(64, 64, 1));
+    for content in [
+        serde_json::json!("Hello there"),
+        serde_json::json!([
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": "Describe it."}]),
+    ] {
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, body) = support::post_json(&http, &body);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
+    }
+    drain(up, &grpc);
+}
