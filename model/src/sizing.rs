@@ -21,7 +21,18 @@ pub fn dtypes(dtype: Dtype) -> Dtypes {
 /// Bytes of a part's weights as this crate loads them with matrices stored as `weights` (a
 /// bf16 matrix packed by a backend takes the same bytes): 1-D norm weights and biases in f32,
 /// everything else counted as the planner counts it (`ModelDims::params`).
+///
+/// A GGUF LM takes the bytes its derived config states (`vlm_model::gguf::materialize`), plus
+/// an untied embedding table expanded to `weights`.
 pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
+    if let (Part::Lm, Some(stored)) = (part, d.lm_stored_bytes) {
+        let table = if d.tied {
+            0
+        } else {
+            d.vocab * d.text_hidden * weights.bytes()
+        };
+        return stored + table;
+    }
     let p = d.params();
     let (all, vectors) = match part {
         Part::Visual => (p.visual, p.visual_vectors),

@@ -36,6 +36,10 @@ pub struct ModelDims {
     pub vocab: u64,
     /// `lm_head` shares `embed_tokens` (not counted twice).
     pub tied: bool,
+    /// Bytes the LM's weights of a GGUF checkpoint take when loaded
+    /// (`quantization_config.lm_weight_bytes` of its derived config.json); `None` for float
+    /// checkpoints, whose bytes follow from the parameter count and dtype.
+    pub lm_stored_bytes: Option<u64>,
 }
 
 /// Parameter counts by part.
@@ -75,6 +79,7 @@ impl ModelDims {
             head_dim: 128,
             vocab: 151_936,
             tied: true,
+            lm_stored_bytes: None,
         }
     }
 
@@ -124,6 +129,7 @@ impl ModelDims {
                 .tie_word_embeddings
                 .or(t.tie_word_embeddings)
                 .unwrap_or(false),
+            lm_stored_bytes: raw.quantization_config.and_then(|q| q.lm_weight_bytes),
         })
     }
 
@@ -198,6 +204,12 @@ struct RawConfig {
     text_config: RawText,
     vision_config: RawVision,
     tie_word_embeddings: Option<bool>,
+    quantization_config: Option<RawQuantization>,
+}
+
+#[derive(Deserialize)]
+struct RawQuantization {
+    lm_weight_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]

@@ -116,11 +116,11 @@ impl GgufFile {
     }
 
     /// Bytes the tensors take in the file (what the quantized weights take in memory).
-    pub fn tensor_bytes(&self, filter: impl Fn(&str) -> bool) -> u64 {
+    pub fn tensor_bytes(&self, filter: impl Fn(&str, GgmlDType) -> bool) -> u64 {
         self.content
             .tensor_infos
             .iter()
-            .filter(|(n, _)| filter(n))
+            .filter(|(n, t)| filter(n, t.ggml_dtype))
             .map(|(_, t)| {
                 let d = t.ggml_dtype;
                 (t.shape.elem_count() / d.block_size() * d.type_size()) as u64

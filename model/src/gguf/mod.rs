@@ -62,8 +62,22 @@ pub fn materialize(model: &Path, mmproj: &Path, out: &Path) -> Result<()> {
     let lm = GgufFile::open(&model)?;
     let mm = GgufFile::open(&mmproj)?;
     let tokens = derive::Tokens::read(&lm)?;
+    let mut config = derive::config_json(&lm, &mm, &tokens)?;
+    // What the planner sizes the LM's weights by (`ModelDims::lm_stored_bytes`): block-
+    // quantized tensors twice (candle's kernels keep a repacked copy beside the file's
+    // layout: the 2B in Q8_0 stores 1.83 GB and holds ~3.7 GB), float tensors as stored.
+    let quantized = lm.tensor_bytes(|_, t| is_block_quantized(t));
+    let floats = lm.tensor_bytes(|_, t| !is_block_quantized(t));
+    config["quantization_config"] = serde_json::json!({
+        "quant_method": "gguf",
+        "lm_weight_bytes": 2 * quantized + floats,
+    });
+    // The served model id: the LM file's name, as llama.cpp's server reports it.
+    if let Some(stem) = model.file_stem() {
+        config["_name_or_path"] = serde_json::json!(stem.to_string_lossy());
+    }
     let files = [
-        ("config.json", derive::config_json(&lm, &mm, &tokens)?),
+        ("config.json", config),
         ("tokenizer.json", derive::tokenizer_json(&lm, &tokens)?),
         (
             "tokenizer_config.json",
