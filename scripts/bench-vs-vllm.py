@@ -21,6 +21,10 @@ not pay for that. Prints one table per layout: medians over rounds (min-max in b
 ours / vLLM.
 `--against NAME=CONFIG` puts another of our layouts where vLLM was (an A/B of two configs of
 ours through the same client, alternated the same way; no vLLM needed).
+`--against llama.cpp --llama-server PATH` puts llama.cpp's server there, on a GGUF --model with
+its --mmproj (ours gets the same two files; llama-server runs with the issue's flags:
+`-t THREADS -c 16384 --parallel 8`). Build llama.cpp as issue 46 says (llama-cpp-python's
+vendored copy, `cmake --build build --target llama-server llama-quantize`).
 Standard library only on the client side; vLLM's own environment runs vLLM.
 """
 import argparse
@@ -63,6 +67,20 @@ def start_vllm(a, log):
     return s
 
 
+def start_llama(a, log):
+    s = Server("llama.cpp", a.vllm_http)
+    host, port = a.vllm_http.rsplit(":", 1)
+    threads = str(len(a.cores.split(",")) if "," in a.cores else
+                  int(a.cores.split("-")[1]) - int(a.cores.split("-")[0]) + 1)
+    cmd = [a.llama_server, "-m", a.model, "-t", threads, "-c", "16384", "--parallel", "8",
+           "--host", host, "--port", port, "--alias", "bench"]
+    if a.mmproj:
+        cmd += ["--mmproj", a.mmproj]
+    s.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    s.wait_ready(a.ready_timeout)
+    return s
+
+
 def start_ours(a, name, config, log, http=None, grpc=None):
     http, grpc = http or a.ours_http, grpc or a.ours_grpc
     s = Server(f"ours ({name})", http)
@@ -70,6 +88,8 @@ def start_ours(a, name, config, log, http=None, grpc=None):
            "--listen", grpc, "--ready-timeout-s", str(a.ready_timeout)]
     if config:
         cmd += ["--config", config]
+    if a.mmproj:
+        cmd += ["--mmproj", a.mmproj]
     s.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     s.wait_ready(a.ready_timeout)
     return s
@@ -163,6 +183,8 @@ def main():
                     help="the reference side: `vllm`, or NAME[=CONFIG], another of our layouts "
                          "(an A/B of two configs; it listens on --vllm-http)")
     ap.add_argument("--vlm", default="target/release/vlm")
+    ap.add_argument("--mmproj", help="the vision GGUF of a GGUF --model (both servers)")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server (with --against llama.cpp)")
     ap.add_argument("--ours", action="append", default=[],
                     help="NAME[=CONFIG]; `default` = vlm up without --config (repeatable)")
     ap.add_argument("--rounds", type=int, default=2)
@@ -185,7 +207,11 @@ def main():
     ref_name = a.against.split("=", 1)[0]
     vllm_log = open(os.path.join(a.logs, f"bench-{ref_name}.log"), "w")
     print(f"starting {ref_name} (log {vllm_log.name})", flush=True)
-    if a.against == "vllm":
+    if a.against == "llama.cpp":
+        if not a.llama_server:
+            ap.error("--against llama.cpp needs --llama-server PATH")
+        vllm = start_llama(a, vllm_log)
+    elif a.against == "vllm":
         if not a.vllm_python:
             ap.error("--vllm-python is needed to run vLLM (or pass --against NAME[=CONFIG])")
         vllm = start_vllm(a, vllm_log)

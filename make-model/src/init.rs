@@ -47,6 +47,9 @@ pub fn fill(out: &mut [u8], key: u64, start: u64, init: Init, dtype: WeightDtype
     match init {
         Init::Constant(c) => fill_with(out, dtype, start, |_| c),
         Init::Normal { std } => fill_with(out, dtype, start, |i| std * unit_normalish(key, i)),
+        Init::Around { center, std } => {
+            fill_with(out, dtype, start, |i| center + std * unit_normalish(key, i))
+        }
     }
 }
 

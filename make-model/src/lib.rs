@@ -146,7 +146,7 @@ pub fn make_model(dir: &Path, opts: &MakeOptions) -> Result<MadeCheckpoint> {
         "weights": opts.weights
     });
     let config = write_metadata(dir, opts.preset, &config_json, opts.tokenizer.as_deref())?;
-    let specs = weight_manifest(&config);
+    let specs = manifest_of(opts.preset, &config);
     let parameters: u64 = specs.iter().map(|s| s.numel() as u64).sum();
     let mut made = MadeCheckpoint {
         dir: dir.to_path_buf(),
@@ -183,7 +183,16 @@ pub fn make_model(dir: &Path, opts: &MakeOptions) -> Result<MadeCheckpoint> {
 
 /// The tensors a preset's checkpoint holds (names, shapes, init), without writing anything.
 pub fn preset_manifest(preset: Preset) -> Result<Vec<TensorSpec>> {
-    Ok(weight_manifest(&preset_config(preset)?))
+    Ok(manifest_of(preset, &preset_config(preset)?))
+}
+
+fn manifest_of(preset: Preset, config: &Qwen3VlConfig) -> Vec<TensorSpec> {
+    let specs = weight_manifest(config);
+    if preset.jittered_norms() {
+        manifest::jitter_constants(specs)
+    } else {
+        specs
+    }
 }
 
 /// The preset's config as the model crate reads it.

@@ -9,6 +9,25 @@ pub enum Init {
     Constant(f32),
     /// Zero-mean, this standard deviation (bell-shaped, bounded at ~3.5 std).
     Normal { std: f32 },
+    /// `center` plus zero-mean noise of this standard deviation.
+    Around { center: f32, std: f32 },
+}
+
+/// The manifest with every constant (norm) weight jittered by 10% around its value.
+pub fn jitter_constants(specs: Vec<TensorSpec>) -> Vec<TensorSpec> {
+    specs
+        .into_iter()
+        .map(|s| match s.init {
+            Init::Constant(c) => TensorSpec {
+                init: Init::Around {
+                    center: c,
+                    std: 0.1 * c.abs(),
+                },
+                ..s
+            },
+            _ => s,
+        })
+        .collect()
 }
 
 /// One tensor of the checkpoint.

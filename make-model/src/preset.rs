@@ -14,7 +14,10 @@ pub enum Preset {
     /// The real Qwen3-VL-2B-Instruct dims, vocabulary size and special-token ids.
     Qwen3Vl2b,
     /// Tiny with a 256-wide LM (intermediate 512, head_dim 64): the narrowest whose linear
-    /// weights GGUF's k-quants (256-value blocks) quantize, for the quantized tests.
+    /// weights GGUF's k-quants (256-value blocks) quantize, for the quantized tests. Its norm
+    /// weights are 1 ± 10% (as trained ones are not all 1): with all-1 norms an integer-scaled
+    /// GGUF embedding row reaches the activation rounding with exact .5 ties, which 1-ulp
+    /// differences between two correct implementations then round apart.
     Tiny256,
 }
 
@@ -105,6 +108,11 @@ impl Preset {
                 deepstack: vec![5, 11, 17],
             },
         }
+    }
+
+    /// Whether the norm weights are jittered around their constant ([`Preset::Tiny256`]).
+    pub fn jittered_norms(self) -> bool {
+        self == Preset::Tiny256
     }
 
     /// Where the tokenizer puts its pieces (and so the special-token ids of config.json).

@@ -19,7 +19,8 @@ pub enum Scheme {
     BF16,
     Q8_0,
     /// llama.cpp's Q4_K_M mix (`llama_tensor_get_type` in `llama-quant.cpp`): Q4_K, with Q6_K
-    /// for the output head and for `attn_v` / `ffn_down` of the layers `use_more_bits` picks.
+    /// for the output head (the token table when the head is tied to it) and for `attn_v` /
+    /// `ffn_down` of the layers `use_more_bits` picks.
     Q4KM,
 }
 
@@ -49,8 +50,9 @@ impl Scheme {
         }
     }
 
-    /// The type of LM tensor `name` (GGUF name) of `layers` layers.
-    fn lm_type(self, name: &str, layers: usize) -> GgmlDType {
+    /// The type of LM tensor `name` (GGUF name) of `layers` layers; `tied`: the model has no
+    /// `output.weight`, `token_embd` is its head.
+    fn lm_type(self, name: &str, layers: usize, tied: bool) -> GgmlDType {
         match self {
             Scheme::F16 => GgmlDType::F16,
             Scheme::BF16 => GgmlDType::BF16,
@@ -62,7 +64,8 @@ impl Scheme {
                     .and_then(|i| i.parse::<usize>().ok());
                 let more_bits =
                     |i: usize| i < layers / 8 || i >= 7 * layers / 8 || (i - layers / 8) % 3 == 2;
-                let six = name == "output.weight"
+                let head = name == "output.weight" || (tied && name == "token_embd.weight");
+                let six = head
                     || (layer.is_some_and(more_bits)
                         && (name.ends_with("attn_v.weight") || name.ends_with("ffn_down.weight")));
                 if six {
@@ -218,7 +221,10 @@ pub fn quantize_checkpoint(
                 let ty = if vector {
                     GgmlDType::F32
                 } else {
-                    fit(scheme.lm_type(&name, t.num_hidden_layers), tensor.dim(1)?)
+                    fit(
+                        scheme.lm_type(&name, t.num_hidden_layers, cfg.tie_word_embeddings),
+                        tensor.dim(1)?,
+                    )
                 };
                 lm_tensors.insert(name, quantize(&tensor, ty)?);
             }
