@@ -21,6 +21,9 @@ not pay for that. Prints one table per layout: medians over rounds (min-max in b
 ours / vLLM.
 `--against NAME=CONFIG` puts another of our layouts where vLLM was (an A/B of two configs of
 ours through the same client, alternated the same way; no vLLM needed).
+`--one-at-a-time` runs one server at a time instead (start, warm up, measure, stop; the order
+alternating by round): llama.cpp's threads poll for work while idle and would take the cores
+of the server measured beside it.
 `--against llama.cpp --llama-server PATH` puts llama.cpp's server there, on a GGUF --model with
 its --mmproj (ours gets the same two files; llama-server runs with the issue's flags:
 `-t THREADS -c 16384 --parallel 8`). Build llama.cpp as issue 46 says (llama-cpp-python's
@@ -175,6 +178,64 @@ def summary(vals):
     return med, f"{med:.2f} [{min(vals):.2f}-{max(vals):.2f}]"
 
 
+def start_reference(a, ref_name):
+    log = open(os.path.join(a.logs, f"bench-{ref_name}.log"), "w")
+    print(f"starting {ref_name} (log {log.name})", flush=True)
+    if a.against == "llama.cpp":
+        return start_llama(a, log)
+    if a.against == "vllm":
+        return start_vllm(a, log)
+    name, config = (a.against.split("=", 1) + [None])[:2]
+    host, port = a.ours_grpc.rsplit(":", 1)
+    return start_ours(a, name, config, log, http=a.vllm_http, grpc=f"{host}:{int(port) + 10}")
+
+
+def print_table(name, ref_name, kinds, got):
+    print(f"\n| {name}: request | metric | {ref_name} | ours | ours / {ref_name} |\n"
+          "|---|---|---|---|---|")
+    for k in kinds:
+        for metric in got[("ours", k)][0]:
+            mv, sv = summary([m[metric] for m in got[(ref_name, k)]])
+            mo, so = summary([m[metric] for m in got[("ours", k)]])
+            ratio = f"{mo / mv:.2f}" if mv and mo else "n/a"
+            print(f"| {k} | {metric} | {sv} | {so} | {ratio} |")
+    print(flush=True)
+
+
+def one_at_a_time(a, layout, kinds, ref_name):
+    """Each round starts one server, warms every kind, measures every kind, stops it, then the
+    other (the order alternating round by round): no server spins next to the one measured."""
+    name, config = layout
+    got = {(s, k): [] for s in ("ours", ref_name) for k in kinds}
+    seed = 1
+    for r in range(a.rounds):
+        order = ["ours", ref_name]
+        if r % 2:
+            order.reverse()
+        for side in order:
+            if side == "ours":
+                log = open(os.path.join(a.logs, f"bench-ours-{name}.log"), "w")
+                print(f"starting ours ({name}; log {log.name})", flush=True)
+                server = start_ours(a, name, config, log)
+            else:
+                server = start_reference(a, ref_name)
+            try:
+                for k in kinds:
+                    run_kind(server, k, seed)  # warm-up
+                    seed += 1
+                for k in kinds:
+                    wait_idle(a.settle_s)
+                    m = run_kind(server, k, seed)
+                    seed += 1
+                    got[(side, k)].append(m)
+                    print(f"  round {r + 1} {k:8} {side:8} "
+                          + ", ".join(f"{n} {v:.2f}" for n, v in m.items() if v is not None),
+                          flush=True)
+            finally:
+                server.stop()
+    print_table(name, ref_name, kinds, got)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", required=True, help="checkpoint both servers load")
@@ -201,25 +262,20 @@ def main():
                     help="before each measured request, wait (at most this long) until the "
                          "machine is idle: the other server may still be spinning")
     ap.add_argument("--logs", default=tempfile.gettempdir())
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="run the servers one at a time (each round: start, warm, measure, "
+                         "stop), for peers that keep cores busy while idle (llama.cpp polls)")
     a = ap.parse_args()
     layouts = [(o.split("=", 1) + [None])[:2] for o in (a.ours or ["default"])]
     kinds = a.kinds.split(",")
     ref_name = a.against.split("=", 1)[0]
-    vllm_log = open(os.path.join(a.logs, f"bench-{ref_name}.log"), "w")
-    print(f"starting {ref_name} (log {vllm_log.name})", flush=True)
-    if a.against == "llama.cpp":
-        if not a.llama_server:
-            ap.error("--against llama.cpp needs --llama-server PATH")
-        vllm = start_llama(a, vllm_log)
-    elif a.against == "vllm":
-        if not a.vllm_python:
-            ap.error("--vllm-python is needed to run vLLM (or pass --against NAME[=CONFIG])")
-        vllm = start_vllm(a, vllm_log)
-    else:
-        name, config = (a.against.split("=", 1) + [None])[:2]
-        host, port = a.ours_grpc.rsplit(":", 1)
-        vllm = start_ours(a, name, config, vllm_log, http=a.vllm_http,
-                          grpc=f"{host}:{int(port) + 10}")
+    if a.against == "llama.cpp" and not a.llama_server:
+        ap.error("--against llama.cpp needs --llama-server PATH")
+    if a.against == "vllm" and not a.vllm_python:
+        ap.error("--vllm-python is needed to run vLLM (or pass --against NAME[=CONFIG])")
+    if a.one_at_a_time:
+        return one_at_a_time(a, layouts[0], kinds, ref_name)
+    vllm = start_reference(a, ref_name)
     seed = 1
     try:
         # One warm-up of each kind on the reference (vLLM's first requests compile and allocate).
@@ -251,15 +307,7 @@ def main():
                                               if v is not None), flush=True)
             finally:
                 ours.stop()
-            print(f"\n| {name}: request | metric | {ref_name} | ours | ours / {ref_name} |\n"
-                  "|---|---|---|---|---|")
-            for k in kinds:
-                for metric in got[("ours", k)][0]:
-                    mv, sv = summary([m[metric] for m in got[(ref_name, k)]])
-                    mo, so = summary([m[metric] for m in got[("ours", k)]])
-                    ratio = f"{mo / mv:.2f}" if mv and mo else "n/a"
-                    print(f"| {k} | {metric} | {sv} | {so} | {ratio} |")
-            print(flush=True)
+            print_table(name, ref_name, kinds, got)
     finally:
         vllm.stop()
 

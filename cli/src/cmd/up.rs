@@ -115,9 +115,11 @@ fn gguf_checkpoint(model: &Path, mmproj: Option<&Path>) -> anyhow::Result<PathBu
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (std::path::absolute(model)?, std::path::absolute(mmproj)?).hash(&mut h);
     let stem = model.file_stem().unwrap_or_default().to_string_lossy();
+    // The directory's name is the served model id: the file's, as llama.cpp's server has it.
     let dir = cache_dir()
         .join("gguf")
-        .join(format!("{stem}-{:016x}", h.finish()));
+        .join(format!("{:016x}", h.finish()))
+        .join(stem.as_ref());
     vlm_model::gguf::materialize(model, mmproj, &dir)
         .with_context(|| format!("loading GGUF {} + {}", model.display(), mmproj.display()))?;
     eprintln!(

@@ -16,6 +16,16 @@ use candle_core::{DType, Device, Module, Result, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
 
+/// Up to this many activation rows (decode) a Q4_K / Q5_K product reads the weight in the
+/// file's compact blocks (`k_quants::matmul`: ggml's `vec_dot_q4_K_q8_K` per row, as llama.cpp
+/// decodes), which measured up to 1.9x candle's repacked tiles at one row on Zen 4 (the tiles
+/// expand each superblock's scales to f32: 192 bytes read per 144 stored); more rows take the
+/// tiles, which reuse each expanded tile across rows. Both pair the weight with Q8_K rows, so
+/// the results agree to summation order. Q6_K already decodes compact in candle; Q8_0's
+/// compact product pairs it with Q8_0 rows (another scheme) and measured slower, so it stays
+/// on the tiles.
+const COMPACT_ROWS: usize = 4;
+
 /// Rows of a slice are a multiple of this (candle's repacked tiles take 16 rows).
 const ROW_ALIGN: usize = 64;
 
@@ -68,6 +78,26 @@ impl QuantizedWeight {
     /// x (m, k) f32 -> x · Wᵀ (m, n) f32.
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?.contiguous()?;
+        let m = x.dim(0)?;
+        if m <= COMPACT_ROWS && matches!(self.dtype, GgmlDType::Q4K | GgmlDType::Q5K) {
+            let xs = x.flatten_all()?.to_vec1::<f32>()?;
+            let parts: Vec<Vec<f32>> = self
+                .slices
+                .par_iter()
+                .map(|(_, q)| compact_matmul(q, &xs, m, self.k))
+                .collect::<Result<_>>()?;
+            let mut out = vec![0f32; m * self.n];
+            let mut col = 0;
+            for part in &parts {
+                let w = part.len() / m;
+                for r in 0..m {
+                    out[r * self.n + col..r * self.n + col + w]
+                        .copy_from_slice(&part[r * w..(r + 1) * w]);
+                }
+                col += w;
+            }
+            return Tensor::from_vec(out, (m, self.n), &Device::Cpu);
+        }
         let parts: Vec<Tensor> = self
             .slices
             .par_iter()
@@ -95,4 +125,49 @@ impl QuantizedWeight {
             .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&rows, 0)?.to_dtype(DType::F32)
     }
+}
+
+/// `xs` (m, k) · Wᵀ for the slice `q` (n, k) on the calling thread, on its compact blocks.
+fn compact_matmul(
+    q: &candle_core::quantized::QMatMul,
+    xs: &[f32],
+    m: usize,
+    k: usize,
+) -> Result<Vec<f32>> {
+    use candle_core::quantized::k_quants::{self as kq, GgmlType};
+    use candle_core::quantized::QMatMul;
+    let QMatMul::QTensor(t) = q else {
+        candle_core::bail!("a quantized slice holds floats")
+    };
+    let n = t.shape().dims2()?.0;
+    let data = t.data()?;
+    let mut out = vec![0f32; m * n];
+    fn run<T: GgmlType>(
+        data: &[u8],
+        xs: &[f32],
+        mkn: (usize, usize, usize),
+        out: &mut [f32],
+    ) -> Result<()> {
+        // SAFETY: `data` is the QTensor's own storage, a Vec<T> viewed as bytes (aligned for T,
+        // a whole number of blocks).
+        let blocks = unsafe {
+            std::slice::from_raw_parts(
+                data.as_ptr() as *const T,
+                data.len() / std::mem::size_of::<T>(),
+            )
+        };
+        kq::matmul::<T>(mkn, xs, blocks, out)
+    }
+    let mkn = (m, k, n);
+    match t.dtype() {
+        GgmlDType::Q8_0 => run::<kq::BlockQ8_0>(&data, xs, mkn, &mut out)?,
+        GgmlDType::Q4_0 => run::<kq::BlockQ4_0>(&data, xs, mkn, &mut out)?,
+        GgmlDType::Q4_1 => run::<kq::BlockQ4_1>(&data, xs, mkn, &mut out)?,
+        GgmlDType::Q5_0 => run::<kq::BlockQ5_0>(&data, xs, mkn, &mut out)?,
+        GgmlDType::Q4K => run::<kq::BlockQ4K>(&data, xs, mkn, &mut out)?,
+        GgmlDType::Q5K => run::<kq::BlockQ5K>(&data, xs, mkn, &mut out)?,
+        GgmlDType::Q6K => run::<kq::BlockQ6K>(&data, xs, mkn, &mut out)?,
+        other => candle_core::bail!("no compact product for {other:?}"),
+    }
+    Ok(out)
 }
