@@ -117,7 +117,7 @@ pub fn plan_video(
 ) -> Result<ValidVideo, GatewayError> {
     let (width, height, total, fps) = match &v.source {
         VideoSource::Mp4(data) => {
-            let info = vlm_preprocess::read_mp4_info(data).map_err(|e| refuse(index, strip(&e)))?;
+            let info = vlm_preprocess::read_video_info(data).map_err(|e| refuse(index, e))?;
             if v.frames_fps.is_some() {
                 return Err(refuse(
                     index,
@@ -284,8 +284,8 @@ pub fn decode_groups(
     let g = &v.geometry;
     let frames: Vec<RgbImage> = match &v.source {
         VideoSource::Mp4(data) => {
-            vlm_preprocess::decode_mp4_frames(data, &g.indices, max_frame_pixels)
-                .map_err(|e| refuse(index, strip(&e)))?
+            vlm_preprocess::decode_video_frames(data, &g.indices, max_frame_pixels)
+                .map_err(|e| refuse(index, e))?
         }
         VideoSource::Frames(files) => {
             let mut out: Vec<RgbImage> = Vec::with_capacity(g.indices.len());

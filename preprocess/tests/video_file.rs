@@ -1,8 +1,9 @@
-//! MP4 (H.264) files: round trips through OpenH264's encoder, a libx264 clip with B-frames
-//! (bit-exact against PyAV's decode), the PyAV golden fixture when present, the refusals, and
-//! corrupt inputs (truncated, random, flipped bytes), which must give errors and never panic.
+//! MP4 (H.264) files embedded here: a libx264 clip with B-frames (against PyAV's decode), the
+//! PyAV golden fixture when present, the refusals, and corrupt inputs (truncated, random,
+//! flipped bytes), which must give errors and never panic. Other codecs and containers:
+//! `video_codecs.rs`.
 use image::{Rgb, RgbImage};
-use vlm_preprocess::{decode_mp4_frames, encode_mp4_h264, is_mp4, read_mp4_info};
+use vlm_preprocess::{decode_video_frames, read_video_info};
 
 const LIMIT: u64 = 1 << 24;
 
@@ -24,10 +25,6 @@ fn pattern(w: u32, h: u32, t: i64) -> RgbImage {
     })
 }
 
-fn clip(w: u32, h: u32, n: u32) -> Vec<RgbImage> {
-    (0..n as i64).map(|t| pattern(w, h, t)).collect()
-}
-
 /// Mean absolute difference per channel value.
 fn mad(a: &RgbImage, b: &RgbImage) -> f64 {
     assert_eq!(a.dimensions(), b.dimensions());
@@ -44,16 +41,6 @@ fn all_indices(n: u32) -> Vec<u32> {
     (0..n).collect()
 }
 
-/// The offset of `needle` in the file's `moov` box (not in the frame data, where the bytes
-/// could occur by chance).
-fn find(mp4: &[u8], needle: &[u8]) -> usize {
-    let (body, len) = top_box(mp4, b"moov");
-    body + mp4[body..body + len]
-        .windows(needle.len())
-        .position(|w| w == needle)
-        .unwrap_or_else(|| panic!("{:?} not in moov", String::from_utf8_lossy(needle)))
-}
-
 /// (offset of the body, body length) of the first top-level box of type `kind`.
 fn top_box(mp4: &[u8], kind: &[u8; 4]) -> (usize, usize) {
     let mut pos = 0;
@@ -65,56 +52,6 @@ fn top_box(mp4: &[u8], kind: &[u8; 4]) -> (usize, usize) {
         pos += size;
     }
     panic!("no top-level {kind:?} box");
-}
-
-#[test]
-fn round_trip_through_openh264() {
-    for (w, h, n) in [(64, 48, 12), (96, 64, 16)] {
-        let src = clip(w, h, n);
-        let mp4 = encode_mp4_h264(&src, 8).unwrap();
-        assert!(is_mp4(&mp4));
-        let info = read_mp4_info(&mp4).unwrap();
-        assert_eq!((info.width, info.height, info.frames), (w, h, n));
-        assert_eq!(info.fps, Some(8.0));
-        assert!((info.duration_s - n as f64 / 8.0).abs() < 1e-9, "{info:?}");
-        assert!(
-            info.codec.contains("H.264 Constrained Baseline"),
-            "{}",
-            info.codec
-        );
-
-        let idx = [0, 3, 3, 7];
-        let frames = decode_mp4_frames(&mp4, &idx, LIMIT).unwrap();
-        assert_eq!(frames.len(), idx.len());
-        assert_eq!(frames[1], frames[2]);
-        for (&i, f) in idx.iter().zip(&frames) {
-            assert_eq!(f.dimensions(), (w, h));
-            let own = mad(f, &src[i as usize]);
-            assert!(
-                own < 6.0,
-                "{w}x{h} frame {i}: {own:.2} levels off its source"
-            );
-            for (j, other) in src.iter().enumerate() {
-                if j != i as usize {
-                    let d = mad(f, other);
-                    assert!(
-                        own * 2.0 < d,
-                        "{w}x{h} frame {i}: {own:.2} from its source, {d:.2} from frame {j}"
-                    );
-                }
-            }
-        }
-        // A subset decodes to the same pixels as the whole clip.
-        let all = decode_mp4_frames(&mp4, &all_indices(n), LIMIT).unwrap();
-        assert_eq!(all.len(), n as usize);
-        assert_eq!(
-            (&all[0], &all[3], &all[7]),
-            (&frames[0], &frames[1], &frames[3])
-        );
-        let last = decode_mp4_frames(&mp4, &[n - 1], LIMIT).unwrap();
-        assert_eq!(last[0], all[n as usize - 1]);
-        assert!(decode_mp4_frames(&mp4, &[], LIMIT).unwrap().is_empty());
-    }
 }
 
 /// libx264 (PyAV 18.1, FFmpeg 8 mp4 muxer, `+bitexact`): 64x48 at 8 fps, 10 frames of
@@ -211,12 +148,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 #[test]
 fn libx264_b_frames_decode_in_presentation_order_bit_exact_with_pyav() {
     let mp4 = unhex(X264_B_FRAMES);
-    assert!(is_mp4(&mp4));
-    let info = read_mp4_info(&mp4).unwrap();
+    let info = read_video_info(&mp4).unwrap();
     assert_eq!((info.width, info.height, info.frames), (64, 48, 10));
     assert_eq!(info.fps, Some(8.0));
-    assert!(info.codec.contains("H.264 High profile"), "{}", info.codec);
-    let all = decode_mp4_frames(&mp4, &all_indices(10), LIMIT).unwrap();
+    assert!(info.codec == "h264 (High)", "{}", info.codec);
+    let all = decode_video_frames(&mp4, &all_indices(10), LIMIT).unwrap();
     for (i, f) in all.iter().enumerate() {
         assert_eq!(
             fnv1a(f.as_raw()),
@@ -228,10 +164,10 @@ fn libx264_b_frames_decode_in_presentation_order_bit_exact_with_pyav() {
     }
     // Each frame alone (stopping early, flushing the reorder buffer), and repeats.
     for i in 0..10u32 {
-        let one = decode_mp4_frames(&mp4, &[i], LIMIT).unwrap();
+        let one = decode_video_frames(&mp4, &[i], LIMIT).unwrap();
         assert_eq!(one[0], all[i as usize], "frame {i} alone");
     }
-    let some = decode_mp4_frames(&mp4, &[1, 2, 2, 8], LIMIT).unwrap();
+    let some = decode_video_frames(&mp4, &[1, 2, 2, 8], LIMIT).unwrap();
     assert_eq!(
         some,
         vec![
@@ -262,7 +198,7 @@ fn pyav_golden_fixture() {
     let want = golden.tensor("decoded_frames_u8").unwrap();
     let shape = want.shape().to_vec();
     assert_eq!(shape.len(), 4);
-    let info = read_mp4_info(&mp4).unwrap();
+    let info = read_video_info(&mp4).unwrap();
     assert_eq!(
         (
             info.frames as usize,
@@ -272,7 +208,7 @@ fn pyav_golden_fixture() {
         ),
         (shape[0], shape[1], shape[2], shape[3])
     );
-    let frames = decode_mp4_frames(&mp4, &all_indices(info.frames), LIMIT).unwrap();
+    let frames = decode_video_frames(&mp4, &all_indices(info.frames), LIMIT).unwrap();
     let per = shape[1] * shape[2] * 3;
     let (mut max, mut differing) = (0u8, 0usize);
     for (i, f) in frames.iter().enumerate() {
@@ -292,101 +228,57 @@ fn pyav_golden_fixture() {
 
 #[test]
 fn the_pixel_limit_is_enforced_before_decoding() {
-    let mut mp4 = encode_mp4_h264(&clip(64, 48, 8), 8).unwrap();
+    let mut mp4 = unhex(X264_B_FRAMES);
     // Wreck every frame: only a check made before decoding can still answer with the limit.
     let (body, len) = top_box(&mp4, b"mdat");
     mp4[body..body + len].fill(0xee);
-    let e = decode_mp4_frames(&mp4, &[0], 64 * 48 - 1)
+    let e = decode_video_frames(&mp4, &[0], 64 * 48 - 1)
         .unwrap_err()
         .to_string();
     assert!(
         e.contains("64x48 = 3072 pixels") && e.contains("decode limit of 3071 pixels"),
         "{e}"
     );
-    let e = decode_mp4_frames(&mp4, &[0], 64 * 48)
+    let e = decode_video_frames(&mp4, &[9], 64 * 48)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("corrupt H.264 stream"), "{e}");
+    assert!(e.contains("corrupt or truncated video"), "{e}");
 }
 
 #[test]
 fn an_index_beyond_the_track_is_refused() {
-    let mp4 = encode_mp4_h264(&clip(64, 48, 8), 8).unwrap();
-    let e = decode_mp4_frames(&mp4, &[0, 3, 8], LIMIT)
+    let mp4 = unhex(X264_B_FRAMES);
+    let e = decode_video_frames(&mp4, &[0, 3, 10], LIMIT)
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("frame index 8 is beyond the video's 8 frames"),
+        e.contains("frame index 10 is beyond the video's 10 frames"),
         "{e}"
     );
 }
 
 #[test]
-fn non_mp4_data_is_refused() {
+fn non_video_data_is_refused() {
     let mut png = std::io::Cursor::new(Vec::new());
     pattern(16, 16, 0)
         .write_to(&mut png, image::ImageFormat::Png)
         .unwrap();
     let png = png.into_inner();
-    for data in [&png[..], b"hello, this is not a video", b"\0\0\0\x08ftyx"] {
-        assert!(!is_mp4(data));
-        let e = read_mp4_info(data).unwrap_err().to_string();
-        assert!(e.contains("not an MP4 file"), "{e}");
-        let e = decode_mp4_frames(data, &[0], LIMIT)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("not an MP4 file"), "{e}");
-    }
-    let e = read_mp4_info(&[]).unwrap_err().to_string();
-    assert!(e.contains("empty"), "{e}");
-}
-
-#[test]
-fn unsupported_tracks_are_named() {
-    let mp4 = encode_mp4_h264(&clip(64, 48, 4), 8).unwrap();
-    let entry = find(&mp4, b"stsd") + 12 + 4; // stsd header + entry size -> entry type
-    assert_eq!(&mp4[entry..entry + 4], b"avc1");
-    for (kind, name) in [
-        (b"hvc1", "HEVC/H.265"),
-        (b"vp09", "VP9"),
-        (b"av01", "AV1"),
-        (b"mp4v", "MPEG-4 Part 2"),
-    ] {
-        let mut other = mp4.clone();
-        other[entry..entry + 4].copy_from_slice(kind);
-        let e = read_mp4_info(&other).unwrap_err().to_string();
-        let want = format!(
-            "unsupported codec {name} ('{}'); H.264 ('avc1') is supported",
-            std::str::from_utf8(kind).unwrap()
-        );
-        assert!(e.contains(&want), "{e}");
-        assert!(decode_mp4_frames(&other, &[0], LIMIT).is_err());
-    }
-
-    // An audio-only file.
-    let mut audio = mp4.clone();
-    let hdlr = find(&audio, b"vide");
-    audio[hdlr..hdlr + 4].copy_from_slice(b"soun");
-    let e = read_mp4_info(&audio).unwrap_err().to_string();
-    assert!(e.contains("no video track (its tracks: soun)"), "{e}");
-
-    // No samples.
-    let mut empty = mp4.clone();
-    let stsz = find(&empty, b"stsz") + 4 + 8; // type, version/flags, sample_size -> count
-    empty[stsz..stsz + 4].copy_from_slice(&0u32.to_be_bytes());
-    let e = read_mp4_info(&empty).unwrap_err().to_string();
-    assert!(e.contains("no frames (0 samples)"), "{e}");
-
-    // An H.264 profile OpenH264 does not decode (Extended: same SPS syntax as Baseline).
-    let mut extended = mp4.clone();
-    let sps = find(&extended, b"avcC") + 4 + 8; // avcC body, 6 header bytes, SPS length
-    assert_eq!(extended[sps], 0x67);
-    extended[sps + 1] = 88;
-    let e = read_mp4_info(&extended).unwrap_err().to_string();
+    let e = read_video_info(&png).unwrap_err().to_string();
     assert!(
-        e.contains("unsupported H.264 profile: Extended (profile_idc 88)"),
+        e.contains("unsupported video container 'png_pipe'"),
         "{e}"
     );
+    for data in [&png[..], b"hello, this is not a video", b"\0\0\0\x08ftyx"] {
+        let e = read_video_info(data).unwrap_err().to_string();
+        assert!(
+            e.contains("unrecognised video format") || e.contains("unsupported video container"),
+            "{e}"
+        );
+        assert!(decode_video_frames(data, &[0], LIMIT).is_err());
+    }
+    let e = read_video_info(&[]).unwrap_err().to_string();
+    assert!(e.contains("empty"), "{e}");
 }
 
 /// xorshift64*: deterministic noise without a dependency.
@@ -403,9 +295,9 @@ impl Noise {
 
 /// Decodes every frame; the result may be an error, but it must come back.
 fn try_all(mp4: &[u8]) -> Result<usize, String> {
-    let info = read_mp4_info(mp4).map_err(|e| e.to_string())?;
+    let info = read_video_info(mp4).map_err(|e| e.to_string())?;
     let frames =
-        decode_mp4_frames(mp4, &all_indices(info.frames), LIMIT).map_err(|e| e.to_string())?;
+        decode_video_frames(mp4, &all_indices(info.frames), LIMIT).map_err(|e| e.to_string())?;
     assert_eq!(frames.len(), info.frames as usize);
     for f in &frames {
         assert_eq!(f.dimensions(), (info.width, info.height));
@@ -415,20 +307,24 @@ fn try_all(mp4: &[u8]) -> Result<usize, String> {
 
 #[test]
 fn truncated_files_are_refused() {
-    let ours = encode_mp4_h264(&clip(64, 48, 8), 8).unwrap();
-    for mp4 in [ours, unhex(X264_B_FRAMES)] {
+    for mp4 in [unhex(X264_B_FRAMES), unhex(X264_BT709_FULL_RANGE)] {
         let n = mp4.len();
         let mut cuts: Vec<usize> = (0..n).step_by(n / 29).collect();
         cuts.extend([1, 7, 8, 9, 31, 32, 33, n - 8, n - 1]);
+        // The `moov` is at the end: every cut loses the header (the last bytes are `udta`,
+        // which the demuxer may do without).
         for keep in cuts {
-            let e = try_all(&mp4[..keep]).expect_err(&format!("{keep} of {n} bytes decoded"));
-            assert!(
-                e.contains("truncated")
-                    || e.contains("no 'moov' box")
-                    || e.contains("not an MP4")
-                    || e.contains("empty"),
-                "cut to {keep} of {n}: {e}"
-            );
+            match try_all(&mp4[..keep]) {
+                Err(e) => assert!(
+                    e.contains("truncated")
+                        || e.contains("unrecognised video format")
+                        || e.contains("unsupported video container")
+                        || e.contains("no video stream")
+                        || e.contains("empty"),
+                    "cut to {keep} of {n}: {e}"
+                ),
+                Ok(_) => assert!(keep >= n - 64, "{keep} of {n} bytes decoded"),
+            }
         }
     }
 }
@@ -449,8 +345,7 @@ fn random_bytes_are_refused() {
 
 #[test]
 fn flipped_bytes_in_the_frames_never_panic() {
-    let ours = encode_mp4_h264(&clip(64, 48, 8), 8).unwrap();
-    for mp4 in [ours, unhex(X264_B_FRAMES)] {
+    for mp4 in [unhex(X264_B_FRAMES), unhex(X264_BT709_FULL_RANGE)] {
         let (body, len) = top_box(&mp4, b"mdat");
         let mut noise = Noise(len as u64 | 1);
         let (mut errors, mut tries) = (0, 0);
@@ -463,20 +358,19 @@ fn flipped_bytes_in_the_frames_never_panic() {
             let mut bad = mp4.clone();
             bad[body + at] ^= 1 << (noise.next() % 8);
             tries += 1;
+            // FFmpeg conceals most damage (as PyAV decodes it too); what it cannot is an error.
             if let Err(e) = try_all(&bad) {
-                assert!(e.contains("H.264"), "byte {at} of mdat: {e}");
+                assert!(e.contains("corrupt or truncated video"), "byte {at} of mdat: {e}");
                 errors += 1;
             }
         }
         eprintln!("{errors} of {tries} single-bit flips in mdat were refused (the others decoded)");
-        assert!(errors > 0);
     }
 }
 
 #[test]
 fn flipped_bytes_in_the_header_never_panic() {
-    let ours = encode_mp4_h264(&clip(64, 48, 8), 8).unwrap();
-    for mp4 in [ours, unhex(X264_B_FRAMES)] {
+    for mp4 in [unhex(X264_B_FRAMES), unhex(X264_BT709_FULL_RANGE)] {
         let (body, len) = top_box(&mp4, b"moov");
         let mut refused = 0;
         for at in body - 8..body + len {
@@ -491,20 +385,6 @@ fn flipped_bytes_in_the_header_never_panic() {
             (len + 8) * 3
         );
     }
-}
-
-#[test]
-fn encoder_input_is_checked() {
-    assert!(encode_mp4_h264(&[], 8).is_err());
-    assert!(encode_mp4_h264(&clip(64, 48, 2), 0).is_err());
-    let e = encode_mp4_h264(&[pattern(63, 48, 0)], 8)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("even sides"), "{e}");
-    let e = encode_mp4_h264(&[pattern(64, 48, 0), pattern(96, 64, 1)], 8)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("same size"), "{e}");
 }
 
 /// libx264 (as above), 32x32, 3 frames, no B-frames, tagged BT.709 matrix and full range in its
@@ -551,9 +431,9 @@ const X264_BT709_PYAV_FNV: [u64; 3] = [0xbe8bafbd1af1b953, 0x301e7a9cf47b9a03, 0
 #[test]
 fn vui_colour_signalling_is_followed_like_pyav() {
     let mp4 = unhex(X264_BT709_FULL_RANGE);
-    let info = read_mp4_info(&mp4).unwrap();
+    let info = read_video_info(&mp4).unwrap();
     assert_eq!((info.width, info.height, info.frames), (32, 32, 3));
-    let frames = decode_mp4_frames(&mp4, &[0, 1, 2], LIMIT).unwrap();
+    let frames = decode_video_frames(&mp4, &[0, 1, 2], LIMIT).unwrap();
     for (i, f) in frames.iter().enumerate() {
         // (Not close to `pattern`: PyAV encoded its BT.601 limited-range YUV under these tags.)
         assert_eq!(fnv1a(f.as_raw()), X264_BT709_PYAV_FNV[i], "frame {i}");

@@ -6,6 +6,10 @@
 //! green run says which hardware paths did not run on that machine.
 //!
 //! [`raise_file_limit`]: for the tests that hold thousands of connections.
+//!
+//! [`ffmpeg`]: video fixtures made with the ffmpeg CLI.
+pub mod ffmpeg;
+
 use std::io::Write;
 
 /// Records that the running test skips work, and why (see the crate's doc).

@@ -102,7 +102,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
     };
     for path in &args.video {
         let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-        let info = vlm_preprocess::read_mp4_info(&bytes)
+        let info = vlm_preprocess::read_video_info(&bytes)
             .with_context(|| format!("reading {}", path.display()))?;
         let g = VideoGeometry::plan(
             info.width,
@@ -113,7 +113,7 @@ pub fn run(args: InspectArgs) -> anyhow::Result<()> {
             &video_cfg,
         )
         .with_context(|| format!("planning {}", path.display()))?;
-        let frames = vlm_preprocess::decode_mp4_frames(&bytes, &g.indices, pp.max_decode_pixels)
+        let frames = vlm_preprocess::decode_video_frames(&bytes, &g.indices, pp.max_decode_pixels)
             .with_context(|| format!("decoding {}", path.display()))?;
         for (a, b) in vlm_preprocess::temporal_groups(&frames, g.resized_width, g.resized_height)? {
             pixels.push(vlm_preprocess::preprocess_video_group(&[&a, &b], &pp)?);

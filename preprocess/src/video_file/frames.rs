@@ -1,0 +1,144 @@
+//! Decoding the sampled frames: packets of the selected stream into the decoder until the
+//! last wanted frame comes out; only the wanted pictures are converted to RGB.
+use super::avio::MemoryInput;
+use super::error::VideoError;
+use super::rgb::ToRgb;
+use super::stream::Selected;
+use super::{Budget, DecodedVideo};
+use ffmpeg_next::codec::context::Context;
+use ffmpeg_next::codec::decoder::Video as Decoder;
+use ffmpeg_next::util::frame::Video as Frame;
+use ffmpeg_next::{Error, Packet};
+use image::RgbImage;
+use std::collections::BTreeMap;
+
+fn open_decoder(
+    input: &MemoryInput<'_>,
+    sel: &Selected,
+    max_pixels: u64,
+) -> Result<Decoder, VideoError> {
+    let stream = input.input().stream(sel.index).expect("selected index");
+    let mut ctx = Context::from_parameters(stream.parameters())
+        .map_err(|e| VideoError::corrupt("the stream's codec parameters", e))?;
+    // SAFETY: a fresh, unopened codec context.
+    unsafe {
+        let c = ctx.as_mut_ptr();
+        // libavcodec refuses pictures over this before allocating them (in-band size changes).
+        (*c).max_pixels = i64::try_from(max_pixels).unwrap_or(i64::MAX);
+        (*c).pkt_timebase = sel.time_base.into();
+        // One thread: the caller runs several decodes at once, each bounded.
+        (*c).thread_count = 1;
+    }
+    ctx.decoder()
+        .open_as(sel.decoder)
+        .and_then(|d| d.video())
+        .map_err(|e| VideoError::corrupt(format!("opening the {} decoder", sel.info.codec), e))
+}
+
+/// Decodes up to the last of `indices` (presentation order) and returns the wanted frames.
+pub(super) fn decode(
+    input: &mut MemoryInput<'_>,
+    sel: &Selected,
+    indices: &[u32],
+    max_pixels: u64,
+    budget: &Budget,
+) -> Result<DecodedVideo, VideoError> {
+    let Some(&last) = indices.iter().max() else {
+        return Ok(DecodedVideo::default());
+    };
+    let mut decoder = open_decoder(input, sel, max_pixels)?;
+    let mut wanted: BTreeMap<u32, Option<(RgbImage, f64)>> =
+        indices.iter().map(|&i| (i, None)).collect();
+    let mut to_rgb = ToRgb::new(sel.rotation);
+    let mut frame = Frame::empty();
+    let mut packet = Packet::empty();
+    let (mut next, mut read) = (0u32, 0u64);
+    let mut last_frame: Option<(RgbImage, f64)> = None;
+    let (w, h) = (sel.info.width, sel.info.height);
+
+    // Takes every picture the decoder has ready; true once the last wanted one is in.
+    let mut drain = |decoder: &mut Decoder, next: &mut u32| -> Result<bool, VideoError> {
+        loop {
+            match decoder.receive_frame(&mut frame) {
+                Ok(()) => {}
+                Err(Error::Eof) => return Ok(false),
+                Err(Error::Other { errno }) if errno == ffmpeg_next::util::error::EAGAIN => {
+                    return Ok(false)
+                }
+                Err(e) => return Err(VideoError::corrupt("decoding", e)),
+            }
+            let k = *next;
+            *next += 1;
+            let slot = wanted.get_mut(&k);
+            if slot.is_none() && k < last {
+                continue; // decoded, never converted
+            }
+            let rgb = to_rgb.convert(&frame)?;
+            if rgb.dimensions() != (w, h) {
+                return Err(VideoError::Corrupt(format!(
+                    "frame {k} decodes to {}x{}, the header says {w}x{h}",
+                    rgb.width(),
+                    rgb.height()
+                )));
+            }
+            let pts = frame.timestamp().unwrap_or(sel.start_pts);
+            let t = (pts - sel.start_pts) as f64 * f64::from(sel.time_base);
+            if let Some(slot) = slot {
+                *slot = Some((rgb.clone(), t));
+            }
+            last_frame = Some((rgb, t));
+            if k >= last {
+                return Ok(true);
+            }
+        }
+    };
+
+    let mut done = false;
+    while !done {
+        match packet.read(input.input_mut()) {
+            Ok(()) => {}
+            Err(Error::Eof) => break,
+            Err(e) => return Err(VideoError::corrupt("reading the packets", e)),
+        }
+        read += 1;
+        budget.check(read)?;
+        if packet.stream() != sel.index {
+            continue;
+        }
+        if let Err(e) = decoder.send_packet(&packet) {
+            // A damaged packet: FFmpeg's CLI and PyAV go on with the next one too.
+            if !matches!(e, Error::InvalidData) {
+                return Err(VideoError::corrupt("decoding", e));
+            }
+        }
+        done = drain(&mut decoder, &mut next)?;
+    }
+    if !done {
+        let _ = decoder.send_eof();
+        done = drain(&mut decoder, &mut next)?;
+    }
+    let decoded = next;
+    if !done {
+        // The container's count can be a frame or two over what the decoder outputs (edit
+        // lists, a dropped leading frame): past the end, the last frame stands in, as
+        // decord/torchcodec clamp. More than that is a damaged stream.
+        let slack = 2.max(sel.info.frames / 100);
+        if decoded == 0 || last >= decoded + slack {
+            return Err(VideoError::Corrupt(format!(
+                "the stream ends after {decoded} decodable frames of the {} its header \
+                 states; frame {last} was asked for",
+                sel.info.frames
+            )));
+        }
+    }
+    let mut out = DecodedVideo::default();
+    for i in indices {
+        let (img, t) = match wanted.get(i) {
+            Some(Some(f)) => f.clone(),
+            _ => last_frame.clone().expect("decoded > 0"),
+        };
+        out.frames.push(img);
+        out.times_s.push(t);
+    }
+    Ok(out)
+}

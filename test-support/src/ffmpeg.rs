@@ -1,0 +1,82 @@
+//! Video fixtures made by the ffmpeg CLI (Debian's `ffmpeg`, installed by
+//! `deploy/ci-install.sh`), in a temporary directory: `None` when no `ffmpeg` is on PATH, so a
+//! test can `skip!`.
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Whether the ffmpeg CLI runs here.
+pub fn available() -> bool {
+    Command::new("ffmpeg")
+        .arg("-version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+fn scratch(ext: &str) -> PathBuf {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("vlm-ffmpeg-{}-{n}.{ext}", std::process::id()))
+}
+
+/// Runs `ffmpeg -y -loglevel error <args> <out.ext>` and returns the file's bytes. Panics when
+/// ffmpeg is there but fails (a wrong fixture recipe), with its stderr.
+pub fn make(args: &[&str], ext: &str) -> Option<Vec<u8>> {
+    make_with_input(args, ext, None)
+}
+
+/// [`make`] with `input` on ffmpeg's stdin (`-i -`).
+pub fn make_with_input(args: &[&str], ext: &str, input: Option<&[u8]>) -> Option<Vec<u8>> {
+    if !available() {
+        return None;
+    }
+    let out = scratch(ext);
+    let mut child = Command::new("ffmpeg")
+        .args(["-y", "-nostdin", "-loglevel", "error"])
+        .args(args)
+        .arg(&out)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning ffmpeg");
+    if let Some(data) = input {
+        let mut stdin = child.stdin.take().expect("piped");
+        stdin.write_all(data).expect("writing to ffmpeg");
+    }
+    let res = child.wait_with_output().expect("waiting for ffmpeg");
+    assert!(
+        res.status.success(),
+        "ffmpeg {args:?} failed: {}",
+        String::from_utf8_lossy(&res.stderr)
+    );
+    let bytes = std::fs::read(&out).expect("ffmpeg's output");
+    let _ = std::fs::remove_file(&out);
+    Some(bytes)
+}
+
+/// Encodes raw RGB24 frames (`width` x `height`, concatenated) at `fps` with `codec_args`
+/// (e.g. `["-c:v", "libx264", "-pix_fmt", "yuv420p"]`) into a file of type `ext`.
+pub fn encode_rgb(
+    rgb: &[u8],
+    width: u32,
+    height: u32,
+    fps: u32,
+    codec_args: &[&str],
+    ext: &str,
+) -> Option<Vec<u8>> {
+    let size = format!("{width}x{height}");
+    let rate = fps.to_string();
+    let mut args = vec![
+        "-f", "rawvideo", "-pix_fmt", "rgb24", "-s", &size, "-r", &rate, "-i", "-",
+    ];
+    args.extend_from_slice(codec_args);
+    make_with_input(&args, ext, Some(rgb))
+}
