@@ -265,10 +265,7 @@ fn non_video_data_is_refused() {
         .unwrap();
     let png = png.into_inner();
     let e = read_video_info(&png).unwrap_err().to_string();
-    assert!(
-        e.contains("unsupported video container 'png_pipe'"),
-        "{e}"
-    );
+    assert!(e.contains("unsupported video container 'png_pipe'"), "{e}");
     for data in [&png[..], b"hello, this is not a video", b"\0\0\0\x08ftyx"] {
         let e = read_video_info(data).unwrap_err().to_string();
         assert!(
@@ -360,7 +357,10 @@ fn flipped_bytes_in_the_frames_never_panic() {
             tries += 1;
             // FFmpeg conceals most damage (as PyAV decodes it too); what it cannot is an error.
             if let Err(e) = try_all(&bad) {
-                assert!(e.contains("corrupt or truncated video"), "byte {at} of mdat: {e}");
+                assert!(
+                    e.contains("corrupt or truncated video"),
+                    "byte {at} of mdat: {e}"
+                );
                 errors += 1;
             }
         }

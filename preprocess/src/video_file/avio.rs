@@ -168,13 +168,17 @@ pub(super) fn open(bytes: &[u8]) -> Result<MemoryInput<'_>, VideoError> {
         if avio.is_null() {
             ffi::av_free(buffer as *mut c_void);
             drop(Box::from_raw(reader));
-            return Err(VideoError::Corrupt("out of memory opening the video".into()));
+            return Err(VideoError::Corrupt(
+                "out of memory opening the video".into(),
+            ));
         }
         let mut ctx = ffi::avformat_alloc_context();
         if ctx.is_null() {
             free_avio(&mut avio);
             drop(Box::from_raw(reader));
-            return Err(VideoError::Corrupt("out of memory opening the video".into()));
+            return Err(VideoError::Corrupt(
+                "out of memory opening the video".into(),
+            ));
         }
         (*ctx).pb = avio;
         (*ctx).flags |= ffi::AVFMT_FLAG_CUSTOM_IO;
@@ -182,7 +186,19 @@ pub(super) fn open(bytes: &[u8]) -> Result<MemoryInput<'_>, VideoError> {
         let mut opts: *mut ffi::AVDictionary = ptr::null_mut();
         let wl = std::ffi::CString::new(DEMUXER_WHITELIST).expect("no NUL");
         ffi::av_dict_set(&mut opts, c"format_whitelist".as_ptr(), wl.as_ptr(), 0);
-        ffi::av_dict_set(&mut opts, c"protocol_whitelist".as_ptr(), c"none".as_ptr(), 0);
+        ffi::av_dict_set(
+            &mut opts,
+            c"protocol_whitelist".as_ptr(),
+            c"none".as_ptr(),
+            0,
+        );
+        // The decoders FFmpeg's own probing may open (`avformat_find_stream_info`).
+        ffi::av_dict_set(
+            &mut opts,
+            c"codec_whitelist".as_ptr(),
+            c"h264,hevc,vp8,vp9,libdav1d,libaom-av1,av1,mpeg4".as_ptr(),
+            0,
+        );
         // On failure avformat_open_input frees `ctx` (not our `pb`).
         let ret = ffi::avformat_open_input(&mut ctx, ptr::null(), fmt, &mut opts);
         ffi::av_dict_free(&mut opts);

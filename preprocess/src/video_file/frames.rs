@@ -54,6 +54,7 @@ pub(super) fn decode(
     let mut packet = Packet::empty();
     let (mut next, mut read) = (0u32, 0u64);
     let mut last_frame: Option<(RgbImage, f64)> = None;
+    let mut first_pts: Option<i64> = None;
     let (w, h) = (sel.info.width, sel.info.height);
 
     // Takes every picture the decoder has ready; true once the last wanted one is in.
@@ -69,6 +70,9 @@ pub(super) fn decode(
             }
             let k = *next;
             *next += 1;
+            if k == 0 {
+                first_pts = frame.timestamp();
+            }
             let slot = wanted.get_mut(&k);
             if slot.is_none() && k < last {
                 continue; // decoded, never converted
@@ -81,8 +85,11 @@ pub(super) fn decode(
                     rgb.height()
                 )));
             }
-            let pts = frame.timestamp().unwrap_or(sel.start_pts);
-            let t = (pts - sel.start_pts) as f64 * f64::from(sel.time_base);
+            // Times from the first frame's timestamp (a fragmented MP4 has no edit list to
+            // take the B-frame delay off; the header's start time is often unset).
+            let pts = frame.timestamp().unwrap_or(0);
+            let origin = *first_pts.get_or_insert(pts);
+            let t = pts.saturating_sub(origin) as f64 * f64::from(sel.time_base);
             if let Some(slot) = slot {
                 *slot = Some((rgb.clone(), t));
             }

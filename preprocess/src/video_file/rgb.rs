@@ -30,9 +30,10 @@ impl ToRgb {
         let (fmt, w, h) = (frame.format(), frame.width(), frame.height());
         if !matches!(&self.scaler, Some((f, sw, sh, _)) if (*f, *sw, *sh) == (fmt, w, h)) {
             // BILINEAR as PyAV's default; no scaling happens, so only the colour path matters.
-            let scaler = Scaler::get(fmt, w, h, Pixel::RGB24, w, h, Flags::BILINEAR).map_err(
-                |e| VideoError::corrupt(format!("no RGB conversion for {fmt:?} {w}x{h}"), e),
-            )?;
+            let scaler =
+                Scaler::get(fmt, w, h, Pixel::RGB24, w, h, Flags::BILINEAR).map_err(|e| {
+                    VideoError::corrupt(format!("no RGB conversion for {fmt:?} {w}x{h}"), e)
+                })?;
             self.scaler = Some((fmt, w, h, scaler));
             self.out = Frame::empty();
         }

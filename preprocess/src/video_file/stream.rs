@@ -28,7 +28,6 @@ pub(super) struct Selected {
     /// Clockwise degrees to turn decoded frames by (0, 90, 180, 270).
     pub rotation: u32,
     pub time_base: Rational,
-    pub start_pts: i64,
     /// Whether the packets were read to count the frames (the header had no count): the
     /// demuxer must be opened again to decode.
     pub counted: bool,
@@ -149,11 +148,24 @@ pub(super) fn select(
         .ok_or_else(|| VideoError::NoDecoder {
             name: codec_name(id),
         })?;
-    // SAFETY: codecpar of an opened stream.
-    let (width, height) = unsafe {
-        let p = params.as_ptr();
-        ((*p).width, (*p).height)
+    let size = |input: &MemoryInput<'_>| {
+        let params = input.input().stream(index).expect("index").parameters();
+        // SAFETY: codecpar of an opened stream.
+        unsafe { ((*params.as_ptr()).width, (*params.as_ptr()).height) }
     };
+    let (mut width, mut height) = size(input);
+    if width <= 0 || height <= 0 {
+        // Some muxers leave the size to the bitstream (MPEG-4 Part 2 in MP4): FFmpeg's probe
+        // decodes the first frames for it, with only the allowed decoders.
+        // SAFETY: an opened format context.
+        let ret = unsafe {
+            ffi::avformat_find_stream_info(input.input_mut().as_mut_ptr(), std::ptr::null_mut())
+        };
+        if ret >= 0 {
+            (width, height) = size(input);
+        }
+    }
+    let stream = input.input().stream(index).expect("index from streams()");
     if width <= 0 || height <= 0 {
         return Err(VideoError::Corrupt(format!(
             "the {} stream's header has no frame size ({width}x{height})",
@@ -165,10 +177,6 @@ pub(super) fn select(
     let rotation = rotation(&stream);
     let avg = stream.avg_frame_rate();
     let rate = (avg.numerator() > 0 && avg.denominator() > 0).then(|| f64::from(avg));
-    let start_pts = match stream.start_time() {
-        ffi::AV_NOPTS_VALUE => 0,
-        t => t,
-    };
     let mut duration_s = match stream.duration() {
         d if d > 0 && tb.numerator() > 0 && tb.denominator() > 0 => seconds(d, tb),
         _ => match input.input().duration() {
@@ -222,7 +230,6 @@ pub(super) fn select(
         info,
         rotation,
         time_base: tb,
-        start_pts,
         counted,
     })
 }
