@@ -188,6 +188,76 @@ async fn a_video_is_served_as_the_in_process_pipeline_encodes_it() {
     };
     assert_eq!(v["usage"]["prompt_tokens"], text_only, "{v}");
 
+    // The same clip as VP9 in WebM and as a MOV: the MIME type is a hint, the bytes decide.
+    let vp9 = [
+        "-c:v",
+        "libvpx-vp9",
+        "-deadline",
+        "realtime",
+        "-pix_fmt",
+        "yuv420p",
+        "-f",
+        "webm",
+    ];
+    let webm = vlm_test_support::ffmpeg::encode_rgb(&rgb, w, h, 8, &vp9, "webm").expect("ffmpeg");
+    let mov =
+        vlm_test_support::ffmpeg::encode_rgb(&rgb, w, h, 8, &h264[..4], "mov").expect("ffmpeg");
+    for (mime, file) in [
+        ("application/octet-stream", &webm),
+        ("video/webm", &webm),
+        ("video/quicktime", &mov),
+    ] {
+        let body = chat(
+            serde_json::json!([{"type": "video_url", "video_url": {"url": data_url(mime, file)}},
+                               {"type": "text", "text": prompt}]),
+            serde_json::json!({"mm_processor_kwargs": {"fps": 4}}),
+        );
+        let (status, body) = post_json(&c.http(), &body);
+        assert_eq!(status, 200, "{mime}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["prompt_tokens"], text_only, "{mime}: {v}");
+    }
+
+    // vLLM's pre-sampled frames: data:video/jpeg;base64,<frame>,<frame>,... (all of them used).
+    let jpegs: Vec<String> = (0..4)
+        .map(|k| {
+            let mut out = std::io::Cursor::new(Vec::new());
+            frame(k, w, h)
+                .write_to(&mut out, image::ImageFormat::Jpeg)
+                .unwrap();
+            base64::engine::general_purpose::STANDARD.encode(out.into_inner())
+        })
+        .collect();
+    let url = format!("data:video/jpeg;base64,{}", jpegs.join(","));
+    let body = chat(
+        serde_json::json!([{"type": "video_url", "video_url": {"url": url}},
+                           {"type": "text", "text": prompt}]),
+        serde_json::json!({}),
+    );
+    let (status, body) = post_json(&c.http(), &body);
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // 4 frames given, no rate: every one used, as the gateway plans frames.
+    let jpeg_geo = VideoGeometry::plan(
+        w,
+        h,
+        4,
+        None,
+        Sampling::NumFrames(4),
+        &VideoProcessorConfig::default(),
+    )
+    .unwrap();
+    let msg = ChatMessage::user(vec![ChatPart::Video, ChatPart::Text(prompt.into())]);
+    let vision = [VisionTokens::Video {
+        tokens_per_group: jpeg_geo.group_tokens() as usize,
+        timestamps: jpeg_geo.timestamps.clone(),
+    }];
+    let want = tok
+        .encode_prompt_vision(&[msg], &[], &vision, usize::MAX)
+        .unwrap()
+        .len();
+    assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
+
     // Bad videos: 400 naming the problem; the stack keeps serving.
     let mut corrupt = mp4.clone();
     corrupt.truncate(mp4.len() / 3);
@@ -198,9 +268,9 @@ async fn a_video_is_served_as_the_in_process_pipeline_encodes_it() {
             "video 0",
         ),
         (
-            serde_json::json!([{"type": "video_url", "video_url": {"url": data_url("video/webm", b"\x1a\x45\xdf\xa3")}}]),
+            serde_json::json!([{"type": "video_url", "video_url": {"url": data_url("image/png", b"\x1a\x45\xdf\xa3")}}]),
             serde_json::json!({}),
-            "video/mp4",
+            "unsupported video type",
         ),
         (
             serde_json::json!([{"type": "video", "video": []}]),

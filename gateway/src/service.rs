@@ -27,23 +27,25 @@ fn video_input(v: pb::VideoPart, param: &str) -> Result<crate::video::VideoInput
     use crate::video::VideoSource;
     use vlm_config::video::Sampling;
     let source = match (v.data.is_empty(), v.frames.is_empty()) {
-        (false, true) => VideoSource::Mp4(v.data.into()),
+        (false, true) => VideoSource::File(v.data.into()),
         (true, false) => VideoSource::Frames(v.frames.into_iter().map(Into::into).collect()),
         (false, false) => {
             return Err(GatewayError::validation(format!(
-                "{param}: set data (an MP4) or frames, not both"
+                "{param}: set data (a video file) or frames, not both"
             )))
         }
         (true, true) => {
             return Err(GatewayError::validation(format!(
-                "{param}: set data (an MP4) or frames (image files)"
+                "{param}: set data (a video file) or frames (image files)"
             )))
         }
     };
-    if !v.mime_type.is_empty() && v.mime_type != "video/mp4" {
+    if !crate::openai_video::video_file_mime(&v.mime_type) {
         return Err(GatewayError::validation(format!(
-            "{param}.mime_type {:?}: video/mp4 (H.264) is supported",
-            v.mime_type
+            "{param}.mime_type {:?}: a video file's type is one of {} (the bytes decide the \
+             container)",
+            v.mime_type,
+            crate::openai_video::VIDEO_FILE_MIME.join(", ")
         )));
     }
     let positive = |x: f64, what: &str| {

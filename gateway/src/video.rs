@@ -20,8 +20,8 @@ pub type Group = (RgbImage, RgbImage);
 /// Where a video's frames come from.
 #[derive(Debug, Clone, PartialEq)]
 pub enum VideoSource {
-    /// An MP4 (H.264) file.
-    Mp4(Bytes),
+    /// A video file: MP4/MOV, Matroska/WebM or AVI, told apart by its bytes (FFmpeg's probe).
+    File(Bytes),
     /// Image files (PNG, JPEG), all the same size, in order.
     Frames(Vec<Bytes>),
 }
@@ -30,9 +30,9 @@ pub enum VideoSource {
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoInput {
     pub source: VideoSource,
-    /// The rate `Frames` were taken at; an MP4's comes from the file.
+    /// The rate `Frames` were taken at; a file's comes from its header.
     pub frames_fps: Option<f64>,
-    /// `Default`: the processor's fps for an MP4, every frame for `Frames`.
+    /// `Default`: the processor's fps for a file, every frame for `Frames`.
     pub sampling: Sampling,
     /// The request's pixel budget for all sampled frames; bounded by the server's.
     pub max_pixels: Option<u64>,
@@ -45,7 +45,7 @@ pub struct VideoLimits {
     pub max_videos: usize,
     /// Frames sampled from one video (`--max-video-frames`), whatever fps or num_frames asks.
     pub max_frames: u32,
-    /// Frames of an MP4 decoded to reach the sampled ones (`--max-video-source-frames`): the
+    /// Frames of a video file decoded to reach the sampled ones (`--max-video-source-frames`): the
     /// decode work one video may cost.
     pub max_source_frames: u32,
     /// Pixels of all sampled frames of one video after the resize: the processor's budget,
@@ -106,7 +106,7 @@ fn strip(e: &vlm_preprocess::PreprocessError) -> String {
     s.strip_prefix("invalid input: ").unwrap_or(&s).to_string()
 }
 
-/// Reads the header (an MP4's `moov`, each frame file's image header), samples, plans the
+/// Reads the header (a video file's, each frame file's image header), samples, plans the
 /// resize and the bucket, and checks every ceiling. Nothing is decoded.
 pub fn plan_video(
     index: usize,
@@ -116,12 +116,12 @@ pub fn plan_video(
     limits: &VideoLimits,
 ) -> Result<ValidVideo, GatewayError> {
     let (width, height, total, fps) = match &v.source {
-        VideoSource::Mp4(data) => {
+        VideoSource::File(data) => {
             let info = vlm_preprocess::read_video_info(data).map_err(|e| refuse(index, e))?;
             if v.frames_fps.is_some() {
                 return Err(refuse(
                     index,
-                    "frames_fps is for videos given as frames; an MP4's rate is read from the file",
+                    "frames_fps is for videos given as frames; a video file's rate is read from the file",
                 ));
             }
             (info.width, info.height, info.frames, info.fps)
@@ -212,7 +212,7 @@ pub fn plan_video(
     // fps sampling is clamped to the ceiling by `cfg.max_frames`; num_frames was checked.
     let geometry = VideoGeometry::plan(width, height, total, fps, sampling, &cfg)
         .map_err(|e| refuse(index, e))?;
-    if matches!(v.source, VideoSource::Mp4(_)) {
+    if matches!(v.source, VideoSource::File(_)) {
         let needed = geometry.indices.last().map_or(0, |i| i + 1);
         if needed > limits.max_source_frames {
             return Err(refuse(
@@ -252,7 +252,7 @@ pub fn plan_video(
 fn video_hash(source: &VideoSource, g: &VideoGeometry) -> [u8; 32] {
     let mut h = Sha256::new();
     match source {
-        VideoSource::Mp4(d) => {
+        VideoSource::File(d) => {
             h.update(b"mp4");
             h.update(d);
         }
@@ -283,7 +283,7 @@ pub fn decode_groups(
 ) -> Result<Vec<Group>, GatewayError> {
     let g = &v.geometry;
     let frames: Vec<RgbImage> = match &v.source {
-        VideoSource::Mp4(data) => {
+        VideoSource::File(data) => {
             vlm_preprocess::decode_video_frames(data, &g.indices, max_frame_pixels)
                 .map_err(|e| refuse(index, e))?
         }
