@@ -106,7 +106,7 @@ impl Budget {
                 limit: format!("{} packets", self.max_packets),
             });
         }
-        if packets % 64 == 0 && Instant::now() > self.deadline {
+        if Instant::now() > self.deadline {
             return Err(VideoError::DecodeBudget {
                 what: "out of time",
                 limit: format!("{:?}", self.max_time),

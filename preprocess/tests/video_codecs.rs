@@ -449,3 +449,82 @@ fn hostile_input_is_refused() {
     let e = decode_video(&file, &[11], &tight).unwrap_err().to_string();
     assert!(e.contains("too many packets"), "{e}");
 }
+
+/// Bytes flipped all over clips of each codec: errors or frames, never a crash or a hang
+/// (FFmpeg's parsers run on them; a crash would abort this test's process).
+#[test]
+fn mutated_files_never_crash() {
+    need_ffmpeg!();
+    let src = source(W, H, 6);
+    let recipes: &[(&[&str], &str)] = &[
+        (
+            &["-c:v", "libx264", "-pix_fmt", "yuv420p", "-bf", "2"],
+            "mp4",
+        ),
+        (
+            &[
+                "-c:v",
+                "libx265",
+                "-x265-params",
+                "log-level=none",
+                "-pix_fmt",
+                "yuv420p",
+            ],
+            "mkv",
+        ),
+        (
+            &[
+                "-c:v",
+                "libvpx-vp9",
+                "-deadline",
+                "realtime",
+                "-pix_fmt",
+                "yuv420p",
+            ],
+            "webm",
+        ),
+        (
+            &[
+                "-c:v",
+                "libaom-av1",
+                "-cpu-used",
+                "8",
+                "-usage",
+                "realtime",
+                "-pix_fmt",
+                "yuv420p",
+            ],
+            "mp4",
+        ),
+        (&["-c:v", "mpeg4"], "avi"),
+    ];
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let started = std::time::Instant::now();
+    for (args, ext) in recipes {
+        let file = encode(&src, args, ext).expect("ffmpeg");
+        let (mut ok, mut refused) = (0, 0);
+        for _ in 0..250 {
+            let mut bad = file.clone();
+            for _ in 0..1 + next() % 4 {
+                let at = (next() % bad.len() as u64) as usize;
+                bad[at] ^= 1 << (next() % 8);
+            }
+            let res = read_video_info(&bad).and_then(|i| {
+                let idx: Vec<u32> = (0..i.frames.min(64)).collect();
+                decode_video_frames(&bad, &idx, LIMIT)
+            });
+            match res {
+                Ok(_) => ok += 1,
+                Err(_) => refused += 1,
+            }
+        }
+        eprintln!("{ext} {}: {ok} decoded, {refused} refused", args[1]);
+    }
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+}
