@@ -58,8 +58,8 @@ struct Args {
     /// Frames sampled from one video, whatever its fps or num_frames asks.
     #[arg(long, env = "VLM_GATEWAY_MAX_VIDEO_FRAMES", default_value_t = video::DEFAULT_MAX_VIDEO_FRAMES)]
     max_video_frames: u32,
-    /// Frames of an MP4 the gateway decodes to reach the sampled ones (the decode work of one
-    /// video): 18000 is 10 minutes at 30 fps.
+    /// Frames of a video file the gateway decodes to reach the sampled ones (the decode work of
+    /// one video): 18000 is 10 minutes at 30 fps.
     #[arg(
         long,
         env = "VLM_GATEWAY_MAX_VIDEO_SOURCE_FRAMES",

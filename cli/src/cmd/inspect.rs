@@ -24,9 +24,9 @@ pub struct InspectArgs {
     /// Image file (PNG, JPEG, WebP, GIF). Repeat for several images, in prompt order.
     #[arg(long)]
     pub image: Vec<PathBuf>,
-    /// Video file (MP4, H.264), sampled, resized and laid out as Qwen3-VL's video processor
-    /// does (the checkpoint's video_preprocessor_config.json, else fps 2). Repeat for several;
-    /// videos follow the images in the prompt.
+    /// Video file (MP4/MOV, WebM/MKV or AVI), sampled, resized and laid out as Qwen3-VL's video
+    /// processor does (the checkpoint's video_preprocessor_config.json, else fps 2). Repeat for
+    /// several; videos follow the images in the prompt.
     #[arg(long)]
     pub video: Vec<PathBuf>,
     /// User text: rendered with the checkpoint's chat template as one user turn holding the
