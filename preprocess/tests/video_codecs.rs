@@ -528,3 +528,40 @@ fn mutated_files_never_crash() {
     }
     assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
 }
+
+/// Decode time of a 1080p 30 fps 10 s H.264 clip sampled at 2 fps (20 of 300 frames), printed:
+/// `cargo test -p vlm-preprocess --test video_codecs -- --ignored --nocapture timing`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn timing_1080p() {
+    need_ffmpeg!();
+    let file = ffmpeg::make(
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=1920x1080:rate=30:duration=10",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ],
+        "mp4",
+    )
+    .expect("ffmpeg");
+    let t = std::time::Instant::now();
+    let info = read_video_info(&file).unwrap();
+    let header = t.elapsed();
+    let idx: Vec<u32> = (0..20).map(|k| k * 15 + 7).collect();
+    let t = std::time::Instant::now();
+    let frames = decode_video_frames(&file, &idx, LIMIT).unwrap();
+    eprintln!(
+        "1080p H.264, {} frames, {} bytes: header {header:?}, 20 sampled frames decoded in {:?}",
+        info.frames,
+        file.len(),
+        t.elapsed()
+    );
+    assert_eq!(frames.len(), 20);
+}
