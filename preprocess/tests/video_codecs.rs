@@ -1,7 +1,7 @@
 //! Every container and codec users send (issue 39), made with the ffmpeg CLI from known RGB
 //! frames and decoded back: header info, frames close to their sources in presentation
 //! order, rotation, a long clip, and hostile input. Skipped (with a message) without ffmpeg.
-use image::{Rgb, RgbImage};
+use image::RgbImage;
 use vlm_preprocess::{decode_video, decode_video_frames, read_video_info, DecodeLimits};
 use vlm_test_support::ffmpeg;
 
@@ -11,22 +11,9 @@ const H: u32 = 48;
 const N: u32 = 12;
 const FPS: u32 = 8;
 
-/// A triangle wave 0..=255 (no wrap-around edges).
-fn tri(v: i64) -> u8 {
-    let v = v.rem_euclid(510);
-    (if v <= 255 { v } else { 510 - v }) as u8
-}
-
 /// Frame `t`: smooth moving gradients (lossy codecs keep them well at tiny sizes).
 fn pattern(w: u32, h: u32, t: i64) -> RgbImage {
-    RgbImage::from_fn(w, h, |x, y| {
-        let (x, y) = (x as i64, y as i64);
-        Rgb([
-            tri(x * 3 + t * 12),
-            tri(y * 4 + t * 7),
-            tri((x + y) * 2 + 128 - t * 9),
-        ])
-    })
+    RgbImage::from_raw(w, h, vlm_test_support::ffmpeg::gradient_frame(w, h, t)).unwrap()
 }
 
 fn source(w: u32, h: u32, n: u32) -> Vec<RgbImage> {

@@ -2,27 +2,14 @@
 //! PyAV golden fixture when present, the refusals, and corrupt inputs (truncated, random,
 //! flipped bytes), which must give errors and never panic. Other codecs and containers:
 //! `video_codecs.rs`.
-use image::{Rgb, RgbImage};
+use image::RgbImage;
 use vlm_preprocess::{decode_video_frames, read_video_info};
 
 const LIMIT: u64 = 1 << 24;
 
-/// A triangle wave 0..=255 (no wrap-around edges).
-fn tri(v: i64) -> u8 {
-    let v = v.rem_euclid(510);
-    (if v <= 255 { v } else { 510 - v }) as u8
-}
-
 /// Frame `t` of a clip of moving gradients (the same formula made the embedded libx264 clip).
 fn pattern(w: u32, h: u32, t: i64) -> RgbImage {
-    RgbImage::from_fn(w, h, |x, y| {
-        let (x, y) = (x as i64, y as i64);
-        Rgb([
-            tri(x * 3 + t * 12),
-            tri(y * 4 + t * 7),
-            tri((x + y) * 2 + 128 - t * 9),
-        ])
-    })
+    RgbImage::from_raw(w, h, vlm_test_support::ffmpeg::gradient_frame(w, h, t)).unwrap()
 }
 
 /// Mean absolute difference per channel value.

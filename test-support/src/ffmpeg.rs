@@ -80,3 +80,25 @@ pub fn encode_rgb(
     args.extend_from_slice(codec_args);
     make_with_input(&args, ext, Some(rgb))
 }
+
+/// A triangle wave 0..=255 (no wrap-around edges).
+fn tri(v: i64) -> u8 {
+    let v = v.rem_euclid(510);
+    (if v <= 255 { v } else { 510 - v }) as u8
+}
+
+/// Frame `t` of a clip of smooth moving gradients, `w` x `h` RGB bytes row by row (lossy
+/// codecs keep them well at tiny sizes; the same formula made the embedded libx264 clips).
+pub fn gradient_frame(w: u32, h: u32, t: i64) -> Vec<u8> {
+    let mut out = Vec::with_capacity((w * h * 3) as usize);
+    for y in 0..h as i64 {
+        for x in 0..w as i64 {
+            out.extend([
+                tri(x * 3 + t * 12),
+                tri(y * 4 + t * 7),
+                tri((x + y) * 2 + 128 - t * 9),
+            ]);
+        }
+    }
+    out
+}
