@@ -193,7 +193,7 @@ fn unknown_architectures_and_tensor_types_are_refused_by_name() {
     let dir = pair.lm.parent().unwrap();
     let mmproj = dir.join("mmproj.gguf");
     let w = Tensor::zeros((4, 256), DType::F32, &Device::Cpu).unwrap();
-    let llama = dir.join("llama.gguf");
+    let llama = dir.join("other-arch.gguf");
     write_gguf(
         &llama,
         &[("general.architecture", Value::String("llama".into()))],
@@ -205,7 +205,7 @@ fn unknown_architectures_and_tensor_types_are_refused_by_name() {
     let err = materialize(&llama, &mmproj, &dir.join("a"))
         .unwrap_err()
         .to_string();
-    assert!(err.contains("llama"), "{err}");
+    assert!(err.contains("architecture llama is not served"), "{err}");
     let q2 = dir.join("q2k.gguf");
     write_gguf(
         &q2,

@@ -15,13 +15,7 @@ fn pattern(w: u32, h: u32, t: i64) -> RgbImage {
 /// Mean absolute difference per channel value.
 fn mad(a: &RgbImage, b: &RgbImage) -> f64 {
     assert_eq!(a.dimensions(), b.dimensions());
-    let sum: u64 = a
-        .as_raw()
-        .iter()
-        .zip(b.as_raw())
-        .map(|(x, y)| x.abs_diff(*y) as u64)
-        .sum();
-    sum as f64 / a.as_raw().len() as f64
+    vlm_test_support::ffmpeg::mean_abs_diff(a.as_raw(), b.as_raw())
 }
 
 fn all_indices(n: u32) -> Vec<u32> {

@@ -102,3 +102,10 @@ pub fn gradient_frame(w: u32, h: u32, t: i64) -> Vec<u8> {
     }
     out
 }
+
+/// Mean absolute difference per byte of two equally long frames (RGB bytes).
+pub fn mean_abs_diff(a: &[u8], b: &[u8]) -> f64 {
+    assert_eq!(a.len(), b.len(), "frames of different sizes");
+    let sum: u64 = a.iter().zip(b).map(|(x, y)| x.abs_diff(*y) as u64).sum();
+    sum as f64 / a.len() as f64
+}

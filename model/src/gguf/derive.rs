@@ -102,8 +102,9 @@ pub fn deepstack_layers(mmproj: &GgufFile) -> Result<Vec<usize>> {
         .collect())
 }
 
-/// `config.json` of the pair. `dtype` is the HF name of the weights' dtype.
-pub fn config_json(lm: &GgufFile, mmproj: &GgufFile, tokens: &Tokens) -> Result<Json> {
+/// Refuses a pair this server does not run: an LM whose architecture is not `qwen3vl`, an
+/// mmproj whose projector is not Qwen3-VL's. Checked before anything else is read.
+pub fn check_architecture(lm: &GgufFile, mmproj: &GgufFile) -> Result<()> {
     let arch = lm.string("general.architecture")?;
     if arch != "qwen3vl" {
         return Err(ModelError::config(
@@ -118,6 +119,12 @@ pub fn config_json(lm: &GgufFile, mmproj: &GgufFile, tokens: &Tokens) -> Result<
             format!("projector {projector} is not Qwen3-VL's (qwen3vl_merger)"),
         ));
     }
+    Ok(())
+}
+
+/// `config.json` of the pair (after [`check_architecture`]).
+pub fn config_json(lm: &GgufFile, mmproj: &GgufFile, tokens: &Tokens) -> Result<Json> {
+    let arch = "qwen3vl";
     let a = |k: &str| format!("{arch}.{k}");
     let hidden = lm.usize(&a("embedding_length"))?;
     let heads = lm.usize(&a("attention.head_count"))?;
@@ -189,9 +196,9 @@ pub fn config_json(lm: &GgufFile, mmproj: &GgufFile, tokens: &Tokens) -> Result<
     }))
 }
 
-/// The dtype the unquantized weights are served in: f16 for an F16 file (`general.file_type`
-/// 1, `LLAMA_FTYPE_MOSTLY_F16`), bf16 otherwise (quantized files keep bf16 activations'
-/// neighbours, the embedding and norms, at bf16 or f32).
+/// The dtype the float weights are served in: f16 for an F16 file (`general.file_type` 1,
+/// `LLAMA_FTYPE_MOSTLY_F16`), bf16 otherwise (a quantized file's float tensors are its norms,
+/// stored in f32 and served as the model's activations need).
 fn dtype_name(lm: &GgufFile) -> &'static str {
     match lm.usize("general.file_type") {
         Ok(1) => "float16",

@@ -61,6 +61,7 @@ pub fn materialize(model: &Path, mmproj: &Path, out: &Path) -> Result<()> {
     let (model, mmproj) = (abs(model)?, abs(mmproj)?);
     let lm = GgufFile::open(&model)?;
     let mm = GgufFile::open(&mmproj)?;
+    derive::check_architecture(&lm, &mm)?;
     let tokens = derive::Tokens::read(&lm)?;
     let mut config = derive::config_json(&lm, &mm, &tokens)?;
     // What the planner sizes the LM's weights by (`ModelDims::lm_stored_bytes`): block-
