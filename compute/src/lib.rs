@@ -1,8 +1,9 @@
 //! The compute seam: what the services need from a compute backend, and the host-side data that
 //! crosses it. No tensor library here.
 //!
-//! * LM: [`LmBackend`] — prefill a chunk, run one decode step of a batch bucket over the paged
-//!   KV cache, logits out to the host for sampling, report its memory.
+//! * LM: [`LmBackend`] — one step of prefill chunks (of one or several sequences) and a decode
+//!   batch bucket over the paged KV cache, logits out to the host for sampling, report its
+//!   memory.
 //! * ViT: [`VisionBackend`] — encode one image in one bucket, report the bytes each bucket holds.
 //! * Data: [`HostTensor`] (little-endian bytes + dtype + shape), [`ImageEmbeds`], the step
 //!   inputs ([`PrefillChunk`], [`DecodeRow`]) built from a [`PromptLayout`].
@@ -27,7 +28,7 @@ pub use embeds_lru::EmbedsLru;
 pub use error::{ComputeError, Result};
 pub use info::BackendInfo;
 pub use layout::{build_chunk, PromptLayout};
-pub use lm::{check_table, DecodeRow, ImageRows, LmBackend, PrefillChunk};
+pub use lm::{check_table, DecodeRow, ImageRows, LmBackend, PrefillChunk, StepLogits};
 pub use memory::{BucketMemory, LmMemory, VisionMemory};
 pub use model_config::{Qwen3VlConfig, TextConfig, VisionConfig};
 pub use rope_index::{decode_position, get_rope_index, get_rope_index_runs, Position3};

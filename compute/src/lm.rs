@@ -55,6 +55,14 @@ pub struct DecodeRow {
     pub block_table: Vec<u32>,
 }
 
+/// What a [`LmBackend::packed_step`] gives back: each chunk's last-token logits (vocab,), in the
+/// order given, and each decode row's.
+#[derive(Debug)]
+pub struct StepLogits {
+    pub chunks: Vec<Result<Vec<f32>>>,
+    pub decode: Result<Vec<Vec<f32>>>,
+}
+
 /// What the LM service needs from compute. One instance serves one LM replica's device pool;
 /// the service calls it from one thread (its step loop).
 pub trait LmBackend: Send {
@@ -71,21 +79,30 @@ pub trait LmBackend: Send {
     /// logits (vocab,) of each given row, in order.
     fn decode(&mut self, bucket: usize, rows: &[DecodeRow]) -> Result<Vec<Vec<f32>>>;
 
-    /// A step with both a decode batch and a prefill chunk: the chunk's last-token logits and
-    /// each decode row's, each `Result` as [`Self::prefill`] and [`Self::decode`] would give it.
-    /// This default runs the two apart (decode first); a backend that can run them through the
-    /// weights together, each product reading the weights once for both, overrides it.
-    fn prefill_and_decode(
+    /// One step of prefill chunks of several sequences (each `chunks[i]` as in [`Self::prefill`])
+    /// and a decode batch in the bucket of `bucket` rows (`rows` may be empty: no decode). Each
+    /// part's `Result` is what [`Self::prefill`] and [`Self::decode`] would give it alone. This
+    /// default runs them apart (decode first, then the chunks in order); a backend that can run
+    /// them through the weights together, each product reading the weights once for all,
+    /// overrides it.
+    fn packed_step(
         &mut self,
-        chunk: &PrefillChunk,
+        chunks: &[PrefillChunk],
         bucket: usize,
         rows: &[DecodeRow],
-    ) -> (Result<Vec<f32>>, Result<Vec<Vec<f32>>>) {
-        let decoded = self.decode(bucket, rows);
-        (self.prefill(chunk), decoded)
+    ) -> StepLogits {
+        let decode = if rows.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.decode(bucket, rows)
+        };
+        StepLogits {
+            chunks: chunks.iter().map(|c| self.prefill(c)).collect(),
+            decode,
+        }
     }
 
-    /// Whether [`Self::prefill_and_decode`] runs the two together (for `Info` and the logs).
+    /// Whether [`Self::packed_step`] runs its parts together (for `Info` and the logs).
     fn mixes_steps(&self) -> bool {
         false
     }

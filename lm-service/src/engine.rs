@@ -5,7 +5,7 @@
 use crate::error::LmError;
 use crate::kv::{BlockKey, ImageSpan, KeyChain, SeqId};
 use crate::sampler::{Sampled, Sampler, SamplingConfig};
-use crate::scheduler::{Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
+use crate::scheduler::{PrefillPlan, Scheduler, SchedulerConfig, SchedulerLoad, StepPlan};
 use crate::structured::Guide;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -45,7 +45,7 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// The compute backend, its devices and kernels.
     pub backend: BackendInfo,
-    /// A step's prefill chunk and decode rows share one forward pass.
+    /// A step's prefill chunks and decode rows share one forward pass.
     pub mixed_steps: bool,
 }
 
@@ -516,7 +516,7 @@ impl Engine {
             }
         }
 
-        // The decode rows and the prefill chunk of this step, built before anything runs.
+        // The decode rows and the prefill chunks of this step, built before anything runs.
         let decode_rows: Option<Result<Vec<DecodeRow>, LmError>> = plan.decode.as_ref().map(|d| {
             let rows: Vec<DecodeRow> = d
                 .rows
@@ -537,106 +537,117 @@ impl Engine {
                 Err(LmError::internal("a decode row's sequence is missing"))
             }
         });
-        let chunk: Option<(tracing::Span, Result<PrefillChunk, LmError>)> =
-            plan.prefill.as_ref().and_then(|p| {
-                let s = self.seqs.get(&p.seq)?;
-                let span = tracing::info_span!(parent: &s.req.span, "prefill_chunk", start = p.start, len = p.len);
-                // A range the chunk builder refuses is a scheduler bug, not the caller's.
-                let c = build_chunk(
-                    &s.req.layout,
-                    &s.req.prompt,
-                    &s.generated,
-                    &s.req.images,
-                    p.start,
-                    p.len,
-                    p.block_table.clone(),
-                )
-                .map_err(|e| LmError::internal(e.to_string()));
-                Some((span, c))
-            });
-
-        // Decode, and the prefill chunk with it when there is one: the backend may run the two
-        // through the weights together (`LmBackend::prefill_and_decode`).
-        let mut decoded: Option<Result<Vec<Vec<f32>>, LmError>> = None;
-        let mut prefilled: Option<Result<Vec<f32>, LmError>> = None;
-        if let (Some(d), Some(rows)) = (&plan.decode, decode_rows) {
-            // One step serves several requests: the step span stands alone, and each request's
-            // span records the graph its sequence ran in, so the request's trace shows it.
-            let with_prefill = plan
-                .prefill
-                .as_ref()
-                .filter(|_| chunk.is_some())
-                .map_or(0, |p| p.len);
-            let span = tracing::info_span!(
-                "decode_step",
-                graph = d.graph,
-                rows = d.rows.len(),
-                with_prefill
-            );
-            let _g = span.enter();
-            for r in &d.rows {
-                if let Some(s) = self.seqs.get(&r.seq) {
-                    s.req.span.record("graph", d.graph);
+        // Each planned chunk of a sequence still here: built, or the error that fails it.
+        let mut chunk_failures: Vec<(SeqId, LmError)> = Vec::new();
+        let mut chunks: Vec<(&PrefillPlan, tracing::Span)> = Vec::new();
+        let mut inputs: Vec<PrefillChunk> = Vec::new();
+        for p in &plan.prefills {
+            let Some(s) = self.seqs.get(&p.seq) else {
+                continue;
+            };
+            let span = tracing::info_span!(parent: &s.req.span, "prefill_chunk", start = p.start, len = p.len, packed = plan.prefills.len());
+            // A range the chunk builder refuses is a scheduler bug, not the caller's.
+            match build_chunk(
+                &s.req.layout,
+                &s.req.prompt,
+                &s.generated,
+                &s.req.images,
+                p.start,
+                p.len,
+                p.block_table.clone(),
+            ) {
+                Ok(c) => {
+                    chunks.push((p, span));
+                    inputs.push(c);
                 }
-            }
-            match rows {
-                Ok(rows) => {
-                    // The rows' grammar masks are computed on a thread beside the forward pass
-                    // (they depend only on the tokens so far); sampling then only applies them.
-                    let mut guides: Vec<&mut Guide> = self
-                        .seqs
-                        .iter_mut()
-                        .filter(|(id, _)| d.rows.iter().any(|r| r.seq == **id))
-                        .filter_map(|(_, s)| s.sampler.guide_mut())
-                        .collect();
-                    let backend = &mut self.backend;
-                    let chunk = chunk.as_ref();
-                    let (p, dec) = std::thread::scope(|scope| {
-                        let masks = (!guides.is_empty()).then(|| {
-                            scope.spawn(move || guides.iter_mut().for_each(|g| g.prepare()))
-                        });
-                        let out = match chunk {
-                            Some((pspan, Ok(c))) => {
-                                let _p = pspan.enter();
-                                let (p, dec) =
-                                    backend.prefill_and_decode(c, d.graph as usize, &rows);
-                                (Some(p.map_err(LmError::from)), dec)
-                            }
-                            _ => (None, backend.decode(d.graph as usize, &rows)),
-                        };
-                        if let Some(h) = masks {
-                            let _ = h.join();
-                        }
-                        out
-                    });
-                    prefilled = p;
-                    decoded = Some(dec.map_err(LmError::from));
-                }
-                Err(e) => decoded = Some(Err(e)),
-            }
-            metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string())
-                .increment(1);
-        }
-
-        // The prefill chunk, when the decode batch did not take it along.
-        if let (Some(p), Some((pspan, c))) = (&plan.prefill, chunk) {
-            if prefilled.is_none() {
-                let _g = pspan.enter();
-                prefilled = Some(c.and_then(|c| self.backend.prefill(&c).map_err(LmError::from)));
+                Err(e) => chunk_failures.push((p.seq, LmError::internal(e.to_string()))),
             }
             metrics::counter!("vlm_lm_prefill_tokens_total").increment(p.len as u64);
         }
+        if chunks.len() > 1 {
+            metrics::counter!("vlm_lm_packed_prefill_steps_total").increment(1);
+        }
+
+        // One packed step: the chunks and the decode batch, which the backend may run through
+        // the weights together (`LmBackend::packed_step`).
+        let (graph, rows) = match (&plan.decode, decode_rows) {
+            (Some(d), Some(Ok(rows))) => (d.graph as usize, rows),
+            (Some(d), Some(Err(e))) => {
+                for r in &d.rows {
+                    self.fail(r.seq, e.clone());
+                }
+                (0, Vec::new())
+            }
+            _ => (0, Vec::new()),
+        };
+        let decoding = !rows.is_empty();
+        let span = tracing::info_span!(
+            "step",
+            graph,
+            rows = rows.len(),
+            prefill_chunks = chunks.len(),
+            prefill_tokens = chunks.iter().map(|(p, _)| p.len).sum::<usize>()
+        );
+        let out = if decoding || !chunks.is_empty() {
+            let _g = span.enter();
+            // Each request's span records the graph its sequence ran in, so the request's
+            // trace shows it; its chunk's span covers the step that carried it.
+            let mut entered: Vec<_> = chunks.iter().map(|(_, s)| s.enter()).collect();
+            if let Some(d) = plan.decode.as_ref().filter(|_| decoding) {
+                for r in &d.rows {
+                    if let Some(s) = self.seqs.get(&r.seq) {
+                        s.req.span.record("graph", d.graph);
+                    }
+                }
+                metrics::counter!("vlm_lm_decode_steps_total", "graph" => d.graph.to_string())
+                    .increment(1);
+            }
+            // The rows' grammar masks are computed on a thread beside the forward pass (they
+            // depend only on the tokens so far); sampling then only applies them.
+            let mut guides: Vec<&mut Guide> = match &plan.decode {
+                Some(d) if decoding => self
+                    .seqs
+                    .iter_mut()
+                    .filter(|(id, _)| d.rows.iter().any(|r| r.seq == **id))
+                    .filter_map(|(_, s)| s.sampler.guide_mut())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            let backend = &mut self.backend;
+            let inputs = &inputs;
+            let out = std::thread::scope(|scope| {
+                let masks = (!guides.is_empty())
+                    .then(|| scope.spawn(move || guides.iter_mut().for_each(|g| g.prepare())));
+                let out = backend.packed_step(inputs, graph, &rows);
+                if let Some(h) = masks {
+                    let _ = h.join();
+                }
+                out
+            });
+            while entered.pop().is_some() {} // exited innermost first
+            Some(out)
+        } else {
+            None
+        };
 
         self.sched.update(plan);
 
-        if let (Some(d), Some(out)) = (&plan.decode, decoded) {
-            match out {
+        for (id, e) in chunk_failures {
+            tracing::warn!(error = %e, "prefill chunk failed");
+            self.fail(id, e);
+        }
+        let Some(out) = out else {
+            return;
+        };
+        if let Some(d) = plan.decode.as_ref().filter(|_| decoding) {
+            match out.decode {
                 Ok(logits) => {
                     for (r, row) in d.rows.iter().zip(logits) {
                         self.sample_and_emit(r.seq, &row);
                     }
                 }
                 Err(e) => {
+                    let e = LmError::from(e);
                     tracing::error!(error = %e, "decode step failed");
                     for r in &d.rows {
                         self.fail(r.seq, e.clone());
@@ -644,11 +655,12 @@ impl Engine {
                 }
             }
         }
-        if let (Some(p), Some(out)) = (&plan.prefill, prefilled) {
-            match out {
+        for ((p, _), logits) in chunks.iter().zip(out.chunks) {
+            match logits {
                 Ok(logits) if p.sample => self.sample_and_emit(p.seq, &logits),
                 Ok(_) => {}
                 Err(e) => {
+                    let e = LmError::from(e);
                     tracing::warn!(error = %e, "prefill chunk failed");
                     self.fail(p.seq, e);
                 }

@@ -13,9 +13,10 @@
 //!    queue, recomputed later) until the allocation fits;
 //! 3. when nothing was preempted, waiting sequences are admitted in order while the batch has a
 //!    slot and their prefill fits the free blocks (head of line blocks the rest: no starvation);
-//! 4. the oldest prefilling sequence gets one chunk of at most `prefill_chunk_size` tokens,
-//!    run in the same step as the decode batch, so running streams never stall behind a long
-//!    prompt;
+//! 4. prefilling sequences, oldest first, get chunks out of a budget of `prefill_chunk_size`
+//!    tokens per step (vLLM v1's token budget, decode rows not counted): a long prompt takes
+//!    the whole budget, short ones are packed into one step. The chunks run in the same step as
+//!    the decode batch, so running streams never stall behind a long prompt;
 //! 5. the decode batch runs the smallest decode graph that holds it
 //!    ([`vlm_config::DeployConfig::decoder_graph_for`]).
 //!
@@ -62,12 +63,14 @@ pub struct StepPlan {
     /// Sequences that joined the running batch this step.
     pub admitted: Vec<SeqId>,
     pub decode: Option<DecodePlan>,
-    pub prefill: Option<PrefillPlan>,
+    /// Prefill chunks of different sequences, oldest first, together at most
+    /// `prefill_chunk_size` tokens.
+    pub prefills: Vec<PrefillPlan>,
 }
 
 impl StepPlan {
     pub fn is_idle(&self) -> bool {
-        self.decode.is_none() && self.prefill.is_none()
+        self.decode.is_none() && self.prefills.is_empty()
     }
 }
 
@@ -325,17 +328,45 @@ impl Scheduler {
             }
         }
 
-        // 4. One prefill chunk for the oldest prefilling sequence.
-        let chunk = self.cfg.deploy.prefill_chunk_size.max(1) as usize;
-        if let Some(&id) = self.running.iter().find(|id| {
-            let m = &self.seqs[id];
-            m.num_computed < m.prefill_target()
-        }) {
+        // 4. Prefill chunks, oldest first, out of the step's token budget.
+        let mut budget = self.cfg.deploy.prefill_chunk_size.max(1) as usize;
+        let prefilling: Vec<SeqId> = self
+            .running
+            .iter()
+            .copied()
+            .filter(|id| {
+                let m = &self.seqs[id];
+                m.num_computed < m.prefill_target()
+            })
+            .collect();
+        // Blocks computed by this step's earlier chunks: a sequence whose next block is one of
+        // them waits a step and reads it from the prefix cache instead (an identical prompt
+        // admitted in the same step).
+        let mut computing: Vec<BlockKey> = Vec::new();
+        for id in prefilling {
+            if budget == 0 {
+                break;
+            }
             self.adopt_computed_prefix(id);
             let m = &self.seqs[&id];
+            if self.cfg.prefix_caching {
+                let next = m.num_computed / self.cfg.block_len as usize;
+                if m.keys.get(next).is_some_and(|k| computing.contains(k)) {
+                    continue;
+                }
+            }
             let target = m.prefill_target();
-            let len = chunk.min(target - m.num_computed);
-            plan.prefill = Some(PrefillPlan {
+            if m.num_computed >= target {
+                continue; // the cache held the rest
+            }
+            let len = budget.min(target - m.num_computed);
+            budget -= len;
+            if self.cfg.prefix_caching {
+                let block_len = self.cfg.block_len as usize;
+                let blocks = m.num_computed / block_len..(m.num_computed + len) / block_len;
+                computing.extend(m.keys.iter().skip(blocks.start).take(blocks.len()));
+            }
+            plan.prefills.push(PrefillPlan {
                 seq: id,
                 start: m.num_computed,
                 len,
@@ -422,7 +453,7 @@ impl Scheduler {
     }
 
     /// Records that `plan` ran: decode rows cached their token and produced one more; the
-    /// prefill chunk is cached (and produced the first token when `sample`). Sequences the
+    /// prefill chunks are cached (and produced the first token when `sample`). Sequences the
     /// caller removed in between are skipped. Blocks that became full are registered in the
     /// prefix cache.
     pub fn update(&mut self, plan: &StepPlan) {
@@ -435,7 +466,7 @@ impl Scheduler {
                 self.register_computed(r.seq);
             }
         }
-        if let Some(p) = &plan.prefill {
+        for p in &plan.prefills {
             if let Some(m) = self.seqs.get_mut(&p.seq) {
                 m.num_computed += p.len;
                 if p.sample {
@@ -558,7 +589,14 @@ mod tests {
         let p = s.schedule(now);
         assert_eq!(p.admitted, vec![5, 3]);
         assert_eq!(s.waiting().collect::<Vec<_>>(), vec![9]);
-        assert_eq!(p.prefill.as_ref().unwrap().seq, 5, "oldest prefills first");
+        assert_eq!(
+            p.prefills
+                .iter()
+                .map(|c| (c.seq, c.len))
+                .collect::<Vec<_>>(),
+            vec![(5, 10), (3, 10)],
+            "oldest first, both in the budget"
+        );
         s.update(&p);
         s.finish(5);
         let p = s.schedule(now);
@@ -595,7 +633,8 @@ mod tests {
             let p = step(&mut s, now);
             let d = p.decode.expect("the running stream decodes every step");
             assert_eq!(d.rows.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1]);
-            let c = p.prefill.expect("a chunk every step");
+            assert_eq!(p.prefills.len(), 1, "a chunk every step");
+            let c = &p.prefills[0];
             chunks.push((c.seq, c.start, c.len, c.sample));
         }
         assert_eq!(
@@ -611,7 +650,65 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![(1, 6), (2, 10)]
         );
-        assert!(p.prefill.is_none());
+        assert!(p.prefills.is_empty());
+    }
+
+    #[test]
+    fn short_prompts_are_packed_under_the_token_budget() {
+        let now = Instant::now();
+        // Budget 16: prompts of 5, 6 and 9 tokens; the third gets what is left.
+        let mut s = Scheduler::new(cfg(4, &[1, 2, 4], 16, 100, 4));
+        s.add(1, 3, None);
+        run_until_decoding(&mut s, 1, now);
+        for (id, len) in [(2u64, 5usize), (3, 6), (4, 9)] {
+            s.add(id, len, None);
+        }
+        let p = step(&mut s, now);
+        assert_eq!(p.admitted, vec![2, 3, 4]);
+        let chunks: Vec<_> = p
+            .prefills
+            .iter()
+            .map(|c| (c.seq, c.start, c.len, c.sample))
+            .collect();
+        assert_eq!(
+            chunks,
+            vec![(2, 0, 5, true), (3, 0, 6, true), (4, 0, 5, false)]
+        );
+        assert_eq!(
+            p.decode.unwrap().rows.len(),
+            1,
+            "the running stream decodes too"
+        );
+        let p = step(&mut s, now);
+        let chunks: Vec<_> = p.prefills.iter().map(|c| (c.seq, c.start, c.len)).collect();
+        assert_eq!(chunks, vec![(4, 5, 4)]);
+        let d = p.decode.unwrap();
+        assert_eq!(
+            d.rows.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            vec![1, 2, 3],
+            "packed prompts decode from the next step"
+        );
+    }
+
+    #[test]
+    fn a_long_prompt_takes_the_whole_budget_and_the_next_waits() {
+        let now = Instant::now();
+        let mut s = Scheduler::new(cfg(4, &[1, 2, 4], 8, 100, 4));
+        s.add(1, 20, None);
+        s.add(2, 3, None);
+        let lens: Vec<Vec<(u64, usize)>> = (0..4)
+            .map(|_| {
+                step(&mut s, now)
+                    .prefills
+                    .iter()
+                    .map(|c| (c.seq, c.len))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            lens,
+            vec![vec![(1, 8)], vec![(1, 8)], vec![(1, 4), (2, 3)], vec![]],
+        );
     }
 
     #[test]
@@ -625,7 +722,11 @@ mod tests {
         for id in 1..=3u64 {
             run_until_decoding(&mut s, id, now);
         }
-        // Seq 1 took the last free block; seq 2 now needs a second block: the newest (3) goes.
+        // The three prompts were packed into one step; the next step fills each one's block.
+        let p = step(&mut s, now);
+        assert!(p.preempted.is_empty());
+        assert_eq!(p.decode.unwrap().rows.len(), 3);
+        // Seq 1 takes the last free block; seq 2 now needs a second block: the newest (3) goes.
         let p = step(&mut s, now);
         assert_eq!(p.preempted, vec![3]);
         let d = p.decode.unwrap();
@@ -640,8 +741,8 @@ mod tests {
         s.finish(1);
         let p = step(&mut s, now);
         assert_eq!(p.admitted, vec![3]);
-        let c = p.prefill.unwrap();
-        assert_eq!((c.seq, c.start, c.len, c.sample), (3, 0, 3, false));
+        let c = &p.prefills[0];
+        assert_eq!((c.seq, c.start, c.len, c.sample), (3, 0, 4, false));
         let p = step(&mut s, now);
         let d = p.decode.unwrap();
         assert_eq!(
@@ -649,7 +750,7 @@ mod tests {
                 .iter()
                 .map(|r| (r.seq, r.context_len))
                 .collect::<Vec<_>>(),
-            vec![(2, 6), (3, 3)]
+            vec![(2, 6), (3, 4)]
         );
     }
 
@@ -731,7 +832,10 @@ mod tests {
             (l.running, l.waiting, l.free_blocks, l.total_blocks),
             (2, 1, 7, 10)
         );
-        assert_eq!(l.tokens_in_flight, 12, "seq 1 sampled its first token");
+        assert_eq!(
+            l.tokens_in_flight, 13,
+            "seqs 1 and 2 shared the step and sampled their first tokens"
+        );
         assert!(s.finish(1));
         assert!(!s.finish(1));
         assert_eq!(s.load().free_blocks, 9);
@@ -768,7 +872,7 @@ mod tests {
         let plans = run_until_decoding(&mut s, 2, now);
         let first = plans
             .iter()
-            .find_map(|p| p.prefill.clone().filter(|c| c.seq == 2))
+            .find_map(|p| p.prefills.iter().find(|c| c.seq == 2).cloned())
             .unwrap();
         assert_eq!(
             (first.start, first.len),
@@ -875,7 +979,7 @@ mod tests {
         let plans = run_until_decoding(&mut s, 2, now);
         let first = plans
             .iter()
-            .find_map(|p| p.prefill.clone().filter(|c| c.seq == 2))
+            .find_map(|p| p.prefills.iter().find(|c| c.seq == 2).cloned())
             .unwrap();
         assert_eq!(first.start, 8);
         assert_eq!(
@@ -900,7 +1004,7 @@ mod tests {
         let plans = run_until_decoding(&mut s, 2, now);
         let chunks: Vec<(usize, usize)> = plans
             .iter()
-            .filter_map(|p| p.prefill.clone().filter(|c| c.seq == 2))
+            .filter_map(|p| p.prefills.iter().find(|c| c.seq == 2).cloned())
             .map(|c| (c.start, c.len))
             .collect();
         assert_eq!(

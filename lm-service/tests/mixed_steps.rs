@@ -1,9 +1,9 @@
-//! A step with a prefill chunk and decode rows, run through the weights together
-//! (`LmBackend::prefill_and_decode`), gives every sequence the numbers of the two run apart:
-//! the chunk's logits, the decode rows' logits, and the K/V both leave in the cache (read back by
-//! the decode steps after it). The bf16 model on the bf16 kernel (row-independent products)
-//! takes the joint path and must match to the bit; f32 runs them apart and must too.
-//! A bad block table in one part fails that part alone.
+//! A step with prefill chunks of several sequences and decode rows, run through the weights
+//! together (`LmBackend::packed_step`), gives every sequence the numbers of the parts run
+//! apart: the chunks' logits, the decode rows' logits, and the K/V they leave in the cache
+//! (read back by the decode steps after it). The bf16 model on the bf16 kernel
+//! (row-independent products) takes the joint path and must match to the bit; f32 runs them
+//! apart and must too. A bad block table in one part fails that part alone.
 mod support;
 
 use support::{text_prompt, tiny_dir, tiny_image_embeds, tiny_lm_backend};
@@ -69,7 +69,8 @@ fn schedule(b: &mut dyn LmBackend, a: &Seq, s: &Seq, joint: bool) -> Vec<Vec<f32
         let c = s.chunk(start);
         let rows = [a.row(a_tok, a_ctx)];
         let (p, d) = if joint {
-            b.prefill_and_decode(&c, 1, &rows)
+            let mut out = b.packed_step(std::slice::from_ref(&c), 1, &rows);
+            (out.chunks.remove(0), out.decode)
         } else {
             let d = b.decode(1, &rows);
             (b.prefill(&c), d)
@@ -155,13 +156,120 @@ fn a_bad_part_of_a_joint_step_fails_alone() {
     // A decode row whose table is too short for its context: the chunk still runs.
     let mut bad = a.row(1, a.prompt.len());
     bad.block_table.truncate(1);
-    let (p, d) = b.prefill_and_decode(&s.chunk(0), 1, &[bad]);
-    assert!(p.is_ok(), "{p:?}");
-    assert!(d.is_err());
-    // A chunk whose table is too short: the decode row still runs.
+    let out = b.packed_step(&[s.chunk(0)], 1, &[bad]);
+    assert!(out.chunks[0].is_ok(), "{:?}", out.chunks[0]);
+    assert!(out.decode.is_err());
+    // A chunk whose table is too short: the decode row and the other chunk still run.
     let mut c = s.chunk(0);
     c.block_table.truncate(1);
-    let (p, d) = b.prefill_and_decode(&c, 1, &[a.row(1, a.prompt.len())]);
-    assert!(p.is_err());
-    assert!(d.is_ok(), "{d:?}");
+    let out = b.packed_step(&[c, s.chunk(CHUNK)], 1, &[a.row(1, a.prompt.len())]);
+    assert!(out.chunks[0].is_err());
+    assert!(out.chunks[1].is_ok(), "{:?}", out.chunks[1]);
+    assert!(out.decode.is_ok(), "{:?}", out.decode);
+}
+
+/// One step of a packed schedule: chunks (sequence, start) and decode rows (sequence).
+struct PackedStep {
+    chunks: Vec<(usize, usize)>,
+    decode: Vec<usize>,
+}
+
+fn packed(chunks: &[(usize, usize)], decode: &[usize]) -> PackedStep {
+    PackedStep {
+        chunks: chunks.to_vec(),
+        decode: decode.to_vec(),
+    }
+}
+
+/// Every logits vector of `steps` over `seqs`, the parts of each step run together
+/// (`packed_step`) or one by one (`prefill`, `decode`). A sequence's next token is the argmax
+/// of its last logits; its context grows by each chunk and decode row.
+fn packed_schedule(
+    b: &mut dyn LmBackend,
+    seqs: &[&Seq],
+    steps: &[PackedStep],
+    joint: bool,
+) -> Vec<Vec<f32>> {
+    let mut ctx = vec![0usize; seqs.len()];
+    let mut tok = vec![0u32; seqs.len()];
+    let mut out = Vec::new();
+    for step in steps {
+        let chunks: Vec<_> = step
+            .chunks
+            .iter()
+            .map(|&(i, at)| seqs[i].chunk(at))
+            .collect();
+        let rows: Vec<_> = step
+            .decode
+            .iter()
+            .map(|&i| seqs[i].row(tok[i], ctx[i]))
+            .collect();
+        let bucket = rows.len().next_power_of_two();
+        let (c, d) = if joint {
+            let o = b.packed_step(&chunks, bucket, &rows);
+            (o.chunks, o.decode)
+        } else {
+            let d = if rows.is_empty() {
+                Ok(Vec::new())
+            } else {
+                b.decode(bucket, &rows)
+            };
+            (chunks.iter().map(|c| b.prefill(c)).collect(), d)
+        };
+        for (&(i, _), (logits, chunk)) in step.chunks.iter().zip(c.into_iter().zip(&chunks)) {
+            let logits = logits.unwrap();
+            tok[i] = vlm_compute::argmax(&logits);
+            ctx[i] += chunk.tokens.len();
+            out.push(logits);
+        }
+        for (&i, logits) in step.decode.iter().zip(d.unwrap()) {
+            tok[i] = vlm_compute::argmax(&logits);
+            ctx[i] += 1;
+            out.push(logits);
+        }
+    }
+    out
+}
+
+#[test]
+fn packed_chunks_of_several_sequences_give_their_numbers_apart() {
+    let (a, s) = sequences();
+    let cfg = Qwen3VlConfig::from_dir(&tiny_dir()).unwrap();
+    let text = |n, seed, blocks: std::ops::Range<u32>| {
+        let prompt = text_prompt(n, seed);
+        Seq {
+            layout: PromptLayout::new(&prompt, &[], &cfg).unwrap(),
+            table: blocks.collect(),
+            prompt,
+            images: Vec::new(),
+        }
+    };
+    // A (20 tokens), S (text, image, text: several chunks), C (7 tokens), D (30 tokens).
+    let (c, d) = (text(7, 31, 30..34), text(30, 41, 40..46));
+    let seqs = [&a, &s, &c, &d];
+    assert!(a.prompt.len() <= CHUNK && s.prompt.len() > 2 * CHUNK);
+    let mut steps = vec![
+        packed(&[(0, 0)], &[]),
+        // Three sequences' first chunks with A's decode row; C's prompt ends here. S's image
+        // rows sit after other chunks' rows.
+        packed(&[(2, 0), (1, 0), (3, 0)], &[0]),
+        // D's prompt ends here.
+        packed(&[(3, CHUNK), (1, CHUNK)], &[0, 2]),
+    ];
+    for at in (2 * CHUNK..s.prompt.len()).step_by(CHUNK) {
+        steps.push(packed(&[(1, at)], &[0, 2, 3]));
+    }
+    steps.push(packed(&[], &[0, 1, 2, 3]));
+    steps.push(packed(&[], &[0, 1, 2, 3]));
+    for dtype in [Dtype::F32, Dtype::Bf16] {
+        let want = packed_schedule(backend(dtype).as_mut(), &seqs, &steps, false);
+        let got = packed_schedule(backend(dtype).as_mut(), &seqs, &steps, true);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                g.iter().zip(w).all(|(x, y)| x.to_bits() == y.to_bits()),
+                "{dtype:?}: logits {i} differ between the packed and the one-by-one step"
+            );
+        }
+    }
 }

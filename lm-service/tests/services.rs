@@ -78,6 +78,14 @@ async fn concurrent_requests_match_running_alone() {
         lm.metrics_text()
     );
     assert_eq!(lm.metric("vlm_lm_preemptions_total"), Some(0.0));
+    // The short prompts' chunks were packed into shared steps (5 + 17 + 40 tokens fit 64).
+    assert!(
+        lm.metric("vlm_lm_packed_prefill_steps_total")
+            .unwrap_or(0.0)
+            > 0.0,
+        "{}",
+        lm.metrics_text()
+    );
     let text = lm.metrics_text();
     for name in [
         "vlm_lm_time_to_first_token_seconds_count",
@@ -710,6 +718,12 @@ async fn preempted_image_prompts_recompute_to_identical_outputs() {
         "the pool was meant to force preemption"
     );
     assert_eq!(alone, together);
+    assert!(
+        lm.metric("vlm_lm_packed_prefill_steps_total")
+            .unwrap_or(0.0)
+            > 0.0,
+        "image prompts' chunks were meant to share steps"
+    );
     assert_eq!(
         lm.metric("vlm_lm_embedding_cache_misses_total"),
         Some(1.0),

@@ -56,7 +56,7 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn matmul(&self, x: &Tensor, w: &Self::Weight) -> Result<Tensor>;
     /// Whether each row of [`Self::matmul`] by `w` comes out the same bits whatever other rows
     /// share the call. A model whose products all do runs prefill chunks and decode rows
-    /// through the weights together (`TextModel::prefill_and_decode`) without changing any
+    /// through the weights together (`TextModel::packed_step`) without changing any
     /// sequence's numbers.
     fn row_independent(&self, _w: &Self::Weight) -> bool {
         false

@@ -4,7 +4,7 @@ use crate::error::Result;
 use crate::kernels::Kernels;
 use crate::text::{BatchInput, DecodeBatch, PagedKvCache, TextModel};
 use candle_core::DType;
-use vlm_compute::{BackendInfo, DecodeRow, LmBackend, LmMemory, PrefillChunk};
+use vlm_compute::{BackendInfo, DecodeRow, LmBackend, LmMemory, PrefillChunk, StepLogits};
 
 /// The text model and its KV cache.
 #[derive(Debug)]
@@ -71,34 +71,44 @@ impl<K: Kernels> LmBackend for TextBackend<K> {
     }
 
     /// Together when every product is row-independent (no sequence's numbers change), so the
-    /// decode rows ride along the chunk's products; apart otherwise, and again apart when the
+    /// chunks and decode rows share each product; apart otherwise, and again apart when the
     /// joint forward fails, so that an error is charged to the part that caused it.
-    fn prefill_and_decode(
+    fn packed_step(
         &mut self,
-        chunk: &PrefillChunk,
+        chunks: &[PrefillChunk],
         bucket: usize,
         rows: &[DecodeRow],
-    ) -> (
-        vlm_compute::Result<Vec<f32>>,
-        vlm_compute::Result<Vec<Vec<f32>>>,
-    ) {
-        if self.mixes_steps() && !rows.is_empty() {
-            let mut joint = || -> Result<(Vec<f32>, Vec<Vec<f32>>)> {
-                let (c, d) = self.model.prefill_and_decode(chunk, rows, &mut self.kv)?;
-                Ok((
-                    c.squeeze(0)?.to_dtype(DType::F32)?.to_vec1()?,
-                    d.to_dtype(DType::F32)?.to_vec2()?,
-                ))
+    ) -> StepLogits {
+        let parts = chunks.len() + usize::from(!rows.is_empty());
+        if self.mixes_steps() && parts > 1 {
+            let mut joint = || -> Result<StepLogits> {
+                let logits = self
+                    .model
+                    .packed_step(chunks, rows, &mut self.kv)?
+                    .to_dtype(DType::F32)?
+                    .to_vec2()?;
+                let mut logits = logits.into_iter();
+                Ok(StepLogits {
+                    chunks: logits.by_ref().take(chunks.len()).map(Ok).collect(),
+                    decode: Ok(logits.collect()),
+                })
             };
-            // The inputs are checked before any compute, so an error here is one of the two
+            // The inputs are checked before any compute, so an error here is one of the
             // parts' (a bad block table, an image row out of range): running them apart
-            // charges it to that part alone, as a step without the other would.
-            if let Ok((c, d)) = joint() {
-                return (Ok(c), Ok(d));
+            // charges it to that part alone, as a step without the others would.
+            if let Ok(out) = joint() {
+                return out;
             }
         }
-        let decoded = self.decode(bucket, rows);
-        (self.prefill(chunk), decoded)
+        let decode = if rows.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.decode(bucket, rows)
+        };
+        StepLogits {
+            chunks: chunks.iter().map(|c| self.prefill(c)).collect(),
+            decode,
+        }
     }
 
     fn mixes_steps(&self) -> bool {

@@ -15,11 +15,17 @@ pub(crate) struct Step<'a> {
     /// (n, head_dim/2) rotary tables of the step's rows.
     pub cos: Tensor,
     pub sin: Tensor,
-    pub rows: AttnRows<'a>,
-    /// A mixed step: the rows from the first `.0` on are decode rows of other sequences,
-    /// attending as `.1` says (`rows` then covers the first `.0`, a prefill chunk).
-    pub decode_tail: Option<(usize, AttnRows<'a>)>,
+    /// The step's rows in order, as runs that attend apart: a prefill chunk of one sequence,
+    /// or a decode batch (one row per sequence). A packed step has several chunks and at most
+    /// one decode batch (last).
+    pub segments: Vec<Segment<'a>>,
     pub kv: &'a PagedKvCache,
+}
+
+/// `rows` consecutive rows of a step, attending as `attn` says.
+pub(crate) struct Segment<'a> {
+    pub rows: usize,
+    pub attn: AttnRows<'a>,
 }
 
 /// q/k/v projections: three layers, or one with the three weights stacked (when the backend
@@ -132,25 +138,22 @@ impl<K: Kernels> Attention<K> {
                 scale: self.scale as f32,
             })
         };
-        match &step.decode_tail {
-            None => call(&q, &k, &v, &step.rows),
-            // The chunk's rows and the decode rows attend apart, each as in a step of its own.
-            Some((c, rows)) => {
-                let d = n - c;
-                let chunk = call(
-                    &q.narrow(0, 0, *c)?,
-                    &k.narrow(0, 0, *c)?,
-                    &v.narrow(0, 0, *c)?,
-                    &step.rows,
-                )?;
-                let decode = call(
-                    &q.narrow(0, *c, d)?,
-                    &k.narrow(0, *c, d)?,
-                    &v.narrow(0, *c, d)?,
-                    rows,
-                )?;
-                Ok(Tensor::cat(&[&chunk, &decode], 0)?)
-            }
+        // Each segment attends as in a step of its own (its sequence's cache and causal mask).
+        if let [only] = step.segments.as_slice() {
+            return call(&q, &k, &v, &only.attn);
         }
+        let mut outs = Vec::with_capacity(step.segments.len());
+        let mut at = 0;
+        for seg in &step.segments {
+            let part = |t: &Tensor| t.narrow(0, at, seg.rows);
+            outs.push(call(&part(&q)?, &part(&k)?, &part(&v)?, &seg.attn)?);
+            at += seg.rows;
+        }
+        if at != n {
+            return Err(ModelError::invalid(format!(
+                "a step's segments cover {at} rows of {n}"
+            )));
+        }
+        Ok(Tensor::cat(&outs, 0)?)
     }
 }

@@ -2,6 +2,7 @@
 use super::attention::{Attention, Step};
 use super::mlp::Mlp;
 use super::norm::RmsNorm;
+use super::step::take_rows;
 use crate::error::Result;
 use crate::kernels::Kernels;
 use crate::weights::Weights;
@@ -54,24 +55,23 @@ impl<K: Kernels> DecoderLayer<K> {
         self.k.add(&x, &h)
     }
 
-    /// [`Self::forward`] of the model's last layer where only rows `from..` of its output are
-    /// read (the logits of a prefill chunk's last position, and of the decode rows after it in
-    /// a mixed step): every row's K/V still goes to the cache and every row attends (a kernel's
-    /// attention covers the chunk), but the o projection and the MLP run on rows `from..` alone.
-    /// x: (n, hidden) -> (n - from, hidden), the values of those rows of `forward` where the
+    /// [`Self::forward`] of the model's last layer where only the rows `keep` of its output
+    /// are read (the logits of each prefill chunk's last position and of the decode rows):
+    /// every row's K/V still goes to the cache and every row attends (a kernel's attention
+    /// covers the chunk), but the o projection and the MLP run on the kept rows alone.
+    /// x: (n, hidden) -> (keep.len(), hidden), the values of those rows of `forward` where the
     /// products are row-independent.
-    pub(crate) fn forward_rows_from(
+    pub(crate) fn forward_rows(
         &self,
         x: &Tensor,
         step: &Step,
         layer: usize,
-        from: usize,
+        keep: &[usize],
     ) -> Result<Tensor> {
-        let n = x.dim(0)?;
         let h = self.input_layernorm.forward(&self.k, x)?;
         let y = self.self_attn.attend(&h, step, layer)?;
-        let h = self.self_attn.project(&y.narrow(0, from, n - from)?)?;
-        let x = self.k.add(&x.narrow(0, from, n - from)?, &h)?;
+        let h = self.self_attn.project(&take_rows(&y, keep)?)?;
+        let x = self.k.add(&take_rows(x, keep)?, &h)?;
         let h = self
             .mlp
             .forward(&self.post_attention_layernorm.forward(&self.k, &x)?)?;

@@ -1,13 +1,13 @@
 //! `Qwen3VLTextModel` + `lm_head`: token embedding with image rows scattered in, the decoder
 //! layers with deepstack injection, final norm, logits of the last position of each row.
-use super::attention::Step;
+use super::attention::{Segment, Step};
 use super::batch::{BatchInput, DecodeBatch};
 use super::kv_cache::PagedKvCache;
 use super::layer::DecoderLayer;
 use super::linear::Linear;
 use super::norm::RmsNorm;
 use super::rope::MRope;
-use super::step::{causal_mask, AttnRows};
+use super::step::{causal_mask, take_rows, AttnRows};
 use crate::error::{ModelError, Result};
 use crate::kernels::Kernels;
 use crate::weights::Weights;
@@ -235,20 +235,19 @@ impl<K: Kernels> TextModel<K> {
         self.k.step(|| self.prefill_chunk(c, kv))
     }
 
-    /// One prefill chunk and one decode row of each of `decode` (other sequences) in one
-    /// forward: each product reads the weights once for both, so the decode rows cost little
-    /// next to the chunk. Returns the chunk's last-token logits (1, vocab) and the decode rows'
-    /// (decode.len(), vocab): what [`Self::prefill`] and [`Self::decode`] give apart, to the
-    /// bit where [`Self::row_independent`].
-    pub fn prefill_and_decode(
+    /// Prefill chunks of several sequences and one decode row of each of `decode` (other
+    /// sequences) in one forward: each product reads the weights once for all, so short chunks
+    /// and decode rows cost little next to a long one. Returns (chunks.len() + decode.len(),
+    /// vocab): each chunk's last-token logits, then the decode rows', what [`Self::prefill`]
+    /// and [`Self::decode`] give apart, to the bit where [`Self::row_independent`].
+    pub fn packed_step(
         &self,
-        c: &PrefillChunk,
+        chunks: &[PrefillChunk],
         decode: &[DecodeRow],
         kv: &mut PagedKvCache,
-    ) -> Result<(Tensor, Tensor)> {
+    ) -> Result<Tensor> {
         self.check_cache(kv)?;
-        let logits = self.k.step(|| self.chunk_step(c, decode, kv))?;
-        Ok((logits.narrow(0, 0, 1)?, logits.narrow(0, 1, decode.len())?))
+        self.k.step(|| self.chunk_step(chunks, decode, kv))
     }
 
     /// Whether the backend computes each row of every product independently of the others
@@ -284,28 +283,39 @@ impl<K: Kernels> TextModel<K> {
     }
 
     fn prefill_chunk(&self, c: &PrefillChunk, kv: &PagedKvCache) -> Result<Tensor> {
-        self.chunk_step(c, &[], kv)
+        self.chunk_step(std::slice::from_ref(c), &[], kv)
     }
 
-    /// A prefill chunk and, after its rows, one decode row for each of `decode` (other
-    /// sequences) through the layers together: the logits of the chunk's last token, then of
-    /// each decode row, (1 + decode.len(), vocab).
+    /// Prefill chunks and, after their rows, one decode row for each of `decode` (other
+    /// sequences) through the layers together: the logits of each chunk's last token, then of
+    /// each decode row, (chunks.len() + decode.len(), vocab).
     fn chunk_step(
         &self,
-        c: &PrefillChunk,
+        chunks: &[PrefillChunk],
         decode: &[DecodeRow],
         kv: &PagedKvCache,
     ) -> Result<Tensor> {
-        let n = c.tokens.len();
-        if n == 0 || c.positions.len() != n {
-            return Err(ModelError::invalid(format!(
-                "a prefill chunk needs one position per token ({} tokens, {} positions)",
-                n,
-                c.positions.len()
-            )));
+        if chunks.is_empty() && decode.is_empty() {
+            return Err(ModelError::invalid(
+                "a step needs a prefill chunk or a decode row",
+            ));
         }
-        kv.check_table(&c.block_table, c.start + n, "prefill chunk")?;
-        self.check_image_rows(c)?;
+        for (i, c) in chunks.iter().enumerate() {
+            let n = c.tokens.len();
+            if n == 0 || c.positions.len() != n {
+                return Err(ModelError::invalid(format!(
+                    "a prefill chunk needs one position per token ({} tokens, {} positions)",
+                    n,
+                    c.positions.len()
+                )));
+            }
+            let what = match chunks.len() {
+                1 => "prefill chunk".to_string(),
+                _ => format!("prefill chunk {i}"),
+            };
+            kv.check_table(&c.block_table, c.start + n, &what)?;
+            self.check_image_rows(c)?;
+        }
         for (i, r) in decode.iter().enumerate() {
             kv.check_table(
                 &r.block_table,
@@ -314,13 +324,19 @@ impl<K: Kernels> TextModel<K> {
             )?;
         }
         let hidden = self.cfg.hidden_size;
-        let rows = n + decode.len();
+        // Row offset of each chunk; the decode rows start at `prefill_rows`.
+        let mut offsets = Vec::with_capacity(chunks.len());
+        let mut prefill_rows = 0;
+        for c in chunks {
+            offsets.push(prefill_rows);
+            prefill_rows += c.tokens.len();
+        }
+        let rows = prefill_rows + decode.len();
 
         // 1. (rows, hidden): token embeddings, image rows replaced by the vision embeddings.
-        let tokens: Vec<u32> = c
-            .tokens
+        let tokens: Vec<u32> = chunks
             .iter()
-            .copied()
+            .flat_map(|c| c.tokens.iter().copied())
             .chain(decode.iter().map(|r| r.token))
             .collect();
         let x = self.embed_tokens(&tokens)?;
@@ -329,75 +345,104 @@ impl<K: Kernels> TextModel<K> {
             t.rows_to_f32(start, &mut rows)?;
             Ok(Tensor::from_vec(rows, (len, hidden), &self.device)?)
         };
-        for r in &c.images {
+        let images = || {
+            chunks
+                .iter()
+                .zip(&offsets)
+                .flat_map(|(c, &off)| c.images.iter().map(move |r| (off, r)))
+        };
+        for (off, r) in images() {
             x.slice_set(
                 &host_rows(&r.image.embeds, r.src_start, r.len)?,
                 0,
-                r.dst_start,
+                off + r.dst_start,
             )?;
         }
         // 2. Per deepstack level, (rows, hidden) zero except at the image rows.
         let mut deepstack = Vec::new();
-        if !c.images.is_empty() {
+        if images().next().is_some() {
             for level in 0..self.deepstack_levels {
                 let add = Tensor::zeros((rows, hidden), DType::F32, &self.device)?;
-                for r in &c.images {
+                for (off, r) in images() {
                     let rows = host_rows(&r.image.deepstack[level], r.src_start, r.len)?;
-                    add.slice_set(&rows, 0, r.dst_start)?;
+                    add.slice_set(&rows, 0, off + r.dst_start)?;
                 }
                 deepstack.push(add);
             }
         }
         // 3. layers.
-        let positions: Vec<Position3> = c
-            .positions
+        let positions: Vec<Position3> = chunks
             .iter()
-            .copied()
+            .flat_map(|c| c.positions.iter().copied())
             .chain(decode.iter().map(|r| [r.position; 3]))
             .collect();
         let (cos, sin) = self.rope.tables(&positions, &self.device)?;
-        let mask = if n > 1 {
-            Some(causal_mask(c.start, n, &self.device)?)
-        } else {
-            None
-        };
+        let masks = chunks
+            .iter()
+            .map(|c| {
+                let n = c.tokens.len();
+                (n > 1)
+                    .then(|| causal_mask(c.start, n, &self.device))
+                    .transpose()
+            })
+            .collect::<Result<Vec<_>>>()?;
         let decode_rows: Vec<Option<(usize, &[u32])>> = decode
             .iter()
             .map(|r| Some((r.context_len, r.block_table.as_slice())))
             .collect();
+        let mut segments: Vec<Segment> = chunks
+            .iter()
+            .zip(&masks)
+            .map(|(c, mask)| Segment {
+                rows: c.tokens.len(),
+                attn: AttnRows::Chunk {
+                    start: c.start,
+                    table: &c.block_table,
+                    mask: mask.as_ref(),
+                },
+            })
+            .collect();
+        if !decode.is_empty() {
+            segments.push(Segment {
+                rows: decode.len(),
+                attn: AttnRows::Decode(&decode_rows),
+            });
+        }
         let step = Step {
             cos,
             sin,
-            rows: AttnRows::Chunk {
-                start: c.start,
-                table: &c.block_table,
-                mask: mask.as_ref(),
-            },
-            decode_tail: (!decode.is_empty()).then(|| (n, AttnRows::Decode(&decode_rows))),
+            segments,
             kv,
         };
-        // The last layer's output is read at the chunk's last row and the decode rows only
-        // (the logits): it runs the o projection and the MLP on those alone.
+        // The rows whose logits are read: each chunk's last, then the decode rows. The last
+        // layer runs the o projection and the MLP on those alone.
+        let keep: Vec<usize> = chunks
+            .iter()
+            .zip(&offsets)
+            .map(|(c, &off)| off + c.tokens.len() - 1)
+            .chain(prefill_rows..rows)
+            .collect();
         let last = self.layers.len().saturating_sub(1);
         let mut x = x;
         for (i, layer) in self.layers.iter().enumerate() {
             x = if i == last {
-                layer.forward_rows_from(&x, &step, i, n - 1)?
+                layer.forward_rows(&x, &step, i, &keep)?
             } else {
                 layer.forward(&x, &step, i)?
             };
             if let Some(add) = deepstack.get(i) {
                 x = if i == last {
-                    self.k.add(&x, &add.narrow(0, n - 1, rows - (n - 1))?)?
+                    self.k.add(&x, &take_rows(add, &keep)?)?
                 } else {
                     self.k.add(&x, add)?
                 };
             }
         }
-        // 4. (1 + decode.len(), vocab): the rows from the chunk's last on (with no layers, x
-        // still holds every chunk row).
-        let kept = 1 + decode.len();
-        self.logits(&x.narrow(0, x.dim(0)? - kept, kept)?)
+        // 4. (keep.len(), vocab); with no layers, x still holds every row.
+        if self.layers.is_empty() {
+            x = take_rows(&x, &keep)?;
+        }
+        self.logits(&x)
     }
 
     /// The chunk's image rows must be in bounds, not overlap, and cover exactly the rows whose
@@ -498,8 +543,10 @@ impl<K: Kernels> TextModel<K> {
         let step = Step {
             cos,
             sin,
-            rows: AttnRows::Decode(&rows),
-            decode_tail: None,
+            segments: vec![Segment {
+                rows: b,
+                attn: AttnRows::Decode(&rows),
+            }],
             kv,
         };
         let mut x = x;

@@ -47,3 +47,15 @@ pub fn causal_mask(start: usize, n: usize, device: &candle_core::Device) -> crat
         .collect();
     Ok(Tensor::from_vec(mask, (n, total), device)?)
 }
+
+/// Rows `rows` of x (n, d), in that order: a view when they are consecutive (one chunk's last
+/// row and the decode rows after it), else a gather.
+pub(crate) fn take_rows(x: &Tensor, rows: &[usize]) -> crate::Result<Tensor> {
+    let first = rows.first().copied().unwrap_or(0);
+    if rows.iter().enumerate().all(|(i, &r)| r == first + i) {
+        return Ok(x.narrow(0, first, rows.len())?);
+    }
+    let idx: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let idx = Tensor::new(idx.as_slice(), x.device())?;
+    Ok(x.index_select(&idx, 0)?)
+}
