@@ -5,8 +5,9 @@
 //!   batch bucket over the paged KV cache, logits out to the host for sampling, report its
 //!   memory.
 //! * ViT: [`VisionBackend`] — encode one image in one bucket, report the bytes each bucket holds.
-//! * Data: [`HostTensor`] (little-endian bytes + dtype + shape), [`ImageEmbeds`], the step
-//!   inputs ([`PrefillChunk`], [`DecodeRow`]) built from a [`PromptLayout`].
+//! * Data: [`HostTensor`] (little-endian bytes + dtype + shape), [`ImageEmbeds`], the ViT's
+//!   input [`PixelValues`] (made by `vlm-preprocess`, which the seam does not depend on), the
+//!   step inputs ([`PrefillChunk`], [`DecodeRow`]) built from a [`PromptLayout`].
 //! * The checkpoint's `config.json` ([`Qwen3VlConfig`]), which backends and services share.
 //!
 //! A backend is a crate under `backends/` that implements these traits and reports its own sizes
@@ -19,6 +20,7 @@ pub mod layout;
 pub mod lm;
 pub mod memory;
 pub mod model_config;
+pub mod pixels;
 pub mod rope_index;
 pub mod tensor;
 pub mod vision;
@@ -31,10 +33,10 @@ pub use layout::{build_chunk, PromptLayout};
 pub use lm::{check_table, DecodeRow, ImageRows, LmBackend, PrefillChunk, StepLogits};
 pub use memory::{BucketMemory, LmMemory, VisionMemory};
 pub use model_config::{Qwen3VlConfig, TextConfig, VisionConfig};
+pub use pixels::PixelValues;
 pub use rope_index::{decode_position, get_rope_index, get_rope_index_runs, Position3};
 pub use tensor::{HostDtype, HostTensor};
 pub use vision::{VisionBackend, VisionRun};
-pub use vlm_preprocess::PixelValues;
 
 /// Index of the largest logit; the first one on ties (as `torch.argmax`): greedy sampling.
 pub fn argmax(row: &[f32]) -> u32 {

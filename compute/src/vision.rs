@@ -4,7 +4,7 @@ use crate::embeds::ImageEmbeds;
 use crate::error::{ComputeError, Result};
 use crate::info::BackendInfo;
 use crate::memory::VisionMemory;
-use vlm_preprocess::PixelValues;
+use crate::pixels::PixelValues;
 
 /// What one bucketed run returns.
 #[derive(Debug, Clone)]
