@@ -1,12 +1,29 @@
-//! What would make a layout fit: each candidate change is applied to a copy of the config,
-//! checked by the config's own rules and then planned again; only changes whose plan fits are
-//! offered.
+//! The plan with its advice ([`plan`]): what would make a layout fit. Each candidate change is
+//! applied to a copy of the config, checked by the config's own rules and then planned again;
+//! only changes whose plan fits are offered.
 use super::device::{human, DeviceKind};
 use super::dims::ModelDims;
-use super::memory::{plan_only, resolve_kv_blocks_with, Plan, PlanOptions, Suggestion};
+use super::inputs::{Part, PlanOptions};
+use super::memory::{plan_only, resolve_kv_blocks_with, Plan, Suggestion};
 use super::sizing::Sizing;
 use crate::types::DeployConfig;
 use serde_json::json;
+
+/// Plans `cfg` on devices of `kind`. Never fails: a layout that does not fit comes back with
+/// `fits: false`, its problems and the suggestions that would fit.
+pub fn plan(
+    cfg: &DeployConfig,
+    dims: &ModelDims,
+    kind: &DeviceKind,
+    sizing: &dyn Sizing,
+    opts: &PlanOptions,
+) -> Plan {
+    let mut p = plan_only(cfg, dims, kind, sizing, opts);
+    if !p.fits {
+        p.suggestions = suggest(cfg, dims, kind, sizing, opts, &p);
+    }
+    p
+}
 
 /// Tensor-parallel sizes tried when suggesting more devices.
 const DEVICE_COUNTS: [u32; 7] = [2, 4, 8, 16, 32, 64, 128];
@@ -159,7 +176,7 @@ pub(crate) fn suggest(
         let vision_short = plan
             .devices
             .iter()
-            .any(|d| d.headroom < 0 && d.parts.contains(&super::memory::Part::Visual));
+            .any(|d| d.headroom < 0 && d.parts.contains(&Part::Visual));
         if vision_short {
             for &n in DEVICE_COUNTS
                 .iter()

@@ -66,40 +66,11 @@
 //! below one full-length sequence it is [`PlanError::KvTooSmall`].
 use super::device::{human, BufferPolicy, DeviceKind};
 use super::dims::ModelDims;
+use super::inputs::{Part, PlanOptions};
 use super::sizing::{PoolUse, Sizing};
 use super::PlanError;
 use crate::types::{DeployConfig, Dtype};
 use serde::Serialize;
-
-/// What-ifs the plan takes besides the config.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct PlanOptions {
-    /// Dtype of weights, KV cache and activations, over the kind's native one.
-    pub dtype: Option<Dtype>,
-    /// Plan `kvcache_num_blocks: 0` as `batch_size` full-length sequences (the library's
-    /// default when the key is unset) instead of the largest count that fits; a layout fits
-    /// only when every sequence slot can hold a full-length context.
-    pub require_full_batch: bool,
-}
-
-/// One of the two parts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Part {
-    /// The ViT (`visual`), served by vision-service.
-    Visual,
-    /// The decoder (top level), served by lm-service.
-    Lm,
-}
-
-impl Part {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Part::Visual => "visual",
-            Part::Lm => "lm",
-        }
-    }
-}
 
 /// Bytes of one thing a part holds (a whole part's figure, or one device's share of it).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -592,23 +563,8 @@ pub fn resolve_kv_blocks_with(
     Ok(max.min(kv.full_batch_blocks as u64) as u32)
 }
 
-/// Plans `cfg` on devices of `kind`. Never fails: a layout that does not fit comes back with
-/// `fits: false`, its problems and the suggestions that would fit.
-pub fn plan(
-    cfg: &DeployConfig,
-    dims: &ModelDims,
-    kind: &DeviceKind,
-    sizing: &dyn Sizing,
-    opts: &PlanOptions,
-) -> Plan {
-    let mut p = plan_only(cfg, dims, kind, sizing, opts);
-    if !p.fits {
-        p.suggestions = super::advice::suggest(cfg, dims, kind, sizing, opts, &p);
-    }
-    p
-}
-
-/// The plan without suggestions (what suggestions are checked with; cheaper than [`plan`]).
+/// The plan without suggestions (what suggestions are checked with; cheaper than
+/// [`super::advice::plan`]).
 pub fn plan_only(
     cfg: &DeployConfig,
     dims: &ModelDims,

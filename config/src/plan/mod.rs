@@ -32,17 +32,20 @@ pub mod advice;
 pub mod buckets;
 pub mod device;
 pub mod dims;
+pub mod inputs;
 pub mod memory;
 pub mod report;
 pub mod sizing;
 
+pub use advice::plan;
 pub use buckets::{BucketSet, CostModel};
 pub use device::{human, parse_bytes, BufferPolicy, DeviceKind, GIB, KIB, MIB};
 pub use dims::{ModelDims, ParamCount};
+pub use inputs::{Part, PlanOptions};
 pub use memory::{
-    cpu_service_bytes, kv_pool_bytes, plan, plan_only, resolve_kv_blocks, resolve_kv_blocks_with,
-    service_bytes, structured_output_bytes, visual_bytes, DevicePlan, Item, KvPlan, Part,
-    PartBytes, Plan, PlanOptions, Service, Suggestion, CPU_PROCESS_BASELINE,
+    cpu_service_bytes, kv_pool_bytes, plan_only, resolve_kv_blocks, resolve_kv_blocks_with,
+    service_bytes, structured_output_bytes, visual_bytes, DevicePlan, Item, KvPlan, PartBytes,
+    Plan, Service, Suggestion, CPU_PROCESS_BASELINE,
 };
 pub use sizing::{
     graph_lm_elems, graph_vit_elems, BucketBytes, Dtypes, PoolUse, RblnSizing, Sizing,

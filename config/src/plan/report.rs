@@ -1,7 +1,8 @@
 //! Plain-text rendering of a plan (what `vlm plan` prints).
 use super::device::{human, BufferPolicy};
 use super::dims::ModelDims;
-use super::memory::{DevicePlan, Part, Plan};
+use super::inputs::Part;
+use super::memory::{DevicePlan, Plan};
 use std::fmt::Write;
 
 fn parts_label(parts: &[Part]) -> String {

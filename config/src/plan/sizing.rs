@@ -8,7 +8,7 @@
 //! those kinds.
 use super::device::BufferPolicy;
 use super::dims::ModelDims;
-use super::memory::Part;
+use super::inputs::{Part, PlanOptions};
 use crate::types::{DeployConfig, Dtype, VisualConfig};
 use serde::Serialize;
 
@@ -78,7 +78,7 @@ pub struct RblnSizing {
 
 impl RblnSizing {
     /// The runtime of an RBLN `kind`, in its native dtype or `--dtype`'s.
-    pub fn for_kind(kind: &super::device::DeviceKind, opts: &super::memory::PlanOptions) -> Self {
+    pub fn for_kind(kind: &super::device::DeviceKind, opts: &PlanOptions) -> Self {
         RblnSizing {
             dtype: opts.dtype.or(kind.native_dtype).unwrap_or(Dtype::Bf16),
         }
