@@ -1,6 +1,7 @@
-//! One module per subcommand.
+//! One module per subcommand, and `vlm up`'s parts (child, supervise, up_context).
 pub mod bucket;
 pub mod certs;
+pub mod child;
 pub mod config;
 pub mod generate;
 pub mod inspect;

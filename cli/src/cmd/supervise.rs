@@ -1,6 +1,6 @@
 //! `vlm up`'s supervision: a child that dies is restarted on the addresses it had, with
 //! backoff, while the others keep serving (as a kubelet restarts a container of a pod).
-use super::up::{spawn_service, Service};
+use super::child::{spawn_service, Service};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 

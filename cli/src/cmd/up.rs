@@ -7,12 +7,12 @@
 //! `$XDG_CACHE_HOME/vlm/tiny-s0` (or `~/.cache/vlm/tiny-s0`). Without `--config` it runs the
 //! embedded `config/examples/local.yaml` on [`default_layout`]'s cores (shared by vision and LM
 //! on a small machine, disjoint halves from four cores on), and says which at start.
+use super::child::{spawn_service, stop_child, Service};
 use super::supervise::Supervised;
 use super::up_context;
 use anyhow::{bail, Context};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 /// The embedded default deployment config.
@@ -206,102 +206,6 @@ fn join(ids: &[u32]) -> String {
     ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
 }
 
-/// A started child and the address it reported.
-pub struct Service {
-    pub name: &'static str,
-    pub child: Child,
-    pub grpc: String,
-    /// The gateway's HTTP address (empty for the others).
-    pub http: String,
-}
-
-/// Starts `bin` with `args`, waits for its `listening grpc=ADDR ...` line (its other output is
-/// forwarded to stderr with a prefix), and returns it.
-pub fn spawn_service(
-    name: &'static str,
-    bin: &Path,
-    args: &[String],
-    timeout: Duration,
-) -> anyhow::Result<Service> {
-    let mut cmd = Command::new(bin);
-    cmd.args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
-    // A child outlives no `vlm up`, even one killed with SIGKILL: the kernel sends it SIGTERM
-    // (its drain) when the thread that started it exits. `vlm up` starts every child on its
-    // main thread (the runtime's `block_on`), which lives as long as the process.
-    #[cfg(target_os = "linux")]
-    unsafe {
-        use std::os::unix::process::CommandExt;
-        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-        cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    let stdout = child.stdout.take().context("child stdout")?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut tx = Some(tx);
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix("listening ") {
-                if let Some(t) = tx.take() {
-                    let _ = t.send(rest.to_string());
-                    continue;
-                }
-            }
-            eprintln!("[{name}] {line}");
-        }
-    });
-    let deadline = Instant::now() + timeout;
-    loop {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(fields) => {
-                let field = |k: &str| {
-                    fields
-                        .split_whitespace()
-                        .find_map(|f| f.strip_prefix(k).and_then(|v| v.strip_prefix('=')))
-                        .unwrap_or("")
-                        .to_string()
-                };
-                let grpc = field("grpc");
-                if grpc.is_empty() {
-                    let _ = child.kill();
-                    bail!("{name} printed `listening {fields}` without grpc=ADDR");
-                }
-                return Ok(Service {
-                    name,
-                    child,
-                    grpc,
-                    http: field("http"),
-                });
-            }
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if let Some(status) = child.try_wait()? {
-                    bail!("{name} exited with {status} before it was listening");
-                }
-                if Instant::now() > deadline {
-                    let _ = child.kill();
-                    bail!("{name} did not report its address within {timeout:?}");
-                }
-            }
-            Err(_) => {
-                let status = child.wait()?;
-                bail!("{name} exited with {status} before it was listening");
-            }
-        }
-    }
-}
-
-/// Waits for every service to answer SERVING, in order; fails as soon as any of them exits
-/// (a service killed while loading, e.g. by the kernel's OOM killer, is reported at once, not
-/// after the whole timeout).
 async fn wait_all_serving(services: &mut [Service], timeout: Duration) -> anyhow::Result<()> {
     for i in 0..services.len() {
         let (name, addr) = (services[i].name, services[i].grpc.clone());
@@ -372,27 +276,6 @@ async fn wait_serving(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     bail!("{name} at {addr} was not SERVING within {timeout:?} ({last})")
-}
-
-/// Sends SIGTERM (graceful drain), waits up to `grace`, then kills.
-pub fn stop_child(child: &mut Child, grace: Duration) {
-    if matches!(child.try_wait(), Ok(Some(_))) {
-        return;
-    }
-    #[cfg(unix)]
-    unsafe {
-        // SAFETY: plain syscall on a pid we spawned and have not reaped.
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline {
-        if matches!(child.try_wait(), Ok(Some(_))) {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// The directory holding the service binaries: the running executable's.
