@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 fn fixtures() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
+    vlm_test_support::fixtures_dir()
 }
 
 fn rel_diff(a: &Tensor, b: &Tensor) -> f32 {

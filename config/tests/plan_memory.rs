@@ -14,7 +14,7 @@ fn dims() -> ModelDims {
 }
 
 // The RBLN kinds' runtime, as the planner models it (the other kinds' sizes come from the
-// backends: backends/tests/plan.rs).
+// backends: backends/select/tests/plan.rs).
 fn plan_on(c: &DeployConfig, d: &ModelDims, kind: &DeviceKind, opts: &PlanOptions) -> plan::Plan {
     plan::plan(c, d, kind, &RblnSizing::for_kind(kind, opts), opts)
 }

@@ -203,7 +203,7 @@ def test_dockerfile_builds_what_the_manifests_run():
     assert re.search(r"^FROM .* AS cpu$", text, re.M) and re.search(r"^FROM .* AS cuda$", text, re.M)
     # The CUDA stage enables the compute backends' CUDA build, a feature that exists.
     assert 'ARG CARGO_FEATURES="vlm-backends/cuda"' in text
-    backends = (m.DEPLOY.parent / "backends" / "Cargo.toml").read_text()
+    backends = (m.DEPLOY.parent / "backends" / "select" / "Cargo.toml").read_text()
     feature = re.search(r"^cuda = \[([^\]]*)\]$", backends, re.M)
     assert feature and '"vlm-backend-cuda/cuda"' in feature.group(1), feature
     # The last stage (plain `docker build`) is the CPU image; both run as the pods' user.

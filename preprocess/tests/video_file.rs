@@ -164,15 +164,12 @@ fn libx264_b_frames_decode_in_presentation_order_bit_exact_with_pyav() {
 /// clip.mp4, `decoded_frames_u8` from PyAV's rgb24), when that fixture is present.
 #[test]
 fn pyav_golden_fixture() {
-    let dir = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../model/tests/fixtures/tiny/video_mp4"
-    );
+    let dir = vlm_test_support::tiny_dir().join("video_mp4");
     let (Ok(mp4), Ok(golden)) = (
-        std::fs::read(format!("{dir}/clip.mp4")),
-        std::fs::read(format!("{dir}/golden.safetensors")),
+        std::fs::read(dir.join("clip.mp4")),
+        std::fs::read(dir.join("golden.safetensors")),
     ) else {
-        vlm_test_support::skip!("no {dir}/clip.mp4 and golden.safetensors");
+        vlm_test_support::skip!("no {}/clip.mp4 and golden.safetensors", dir.display());
         return;
     };
     let golden = safetensors::SafeTensors::deserialize(&golden).unwrap();

@@ -7,10 +7,32 @@
 //!
 //! [`raise_file_limit`]: for the tests that hold thousands of connections.
 //!
+//! [`fixtures_dir`], [`tiny_dir`]: the workspace's golden fixtures (one folder, see its
+//! README.md) and the tiny checkpoint among them.
+//!
 //! [`ffmpeg`]: video fixtures made with the ffmpeg CLI.
 pub mod ffmpeg;
 
 use std::io::Write;
+use std::path::PathBuf;
+
+/// The workspace's root folder.
+pub fn workspace_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("test-support sits in the workspace")
+        .to_path_buf()
+}
+
+/// The golden fixtures every crate's tests read (checkpoints, reference tensors, goldens).
+pub fn fixtures_dir() -> PathBuf {
+    workspace_dir().join("model/tests/fixtures")
+}
+
+/// The tiny checkpoint of the fixtures (random weights, transformers' goldens beside it).
+pub fn tiny_dir() -> PathBuf {
+    fixtures_dir().join("tiny")
+}
 
 /// Records that the running test skips work, and why (see the crate's doc).
 #[macro_export]

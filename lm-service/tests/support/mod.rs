@@ -12,15 +12,10 @@ use tonic::transport::Channel;
 use vlm_proto::lm_client::LmClient;
 use vlm_proto::{FinishReason, LmGenerateRequest, LmImage, SamplingParams};
 
-pub fn workspace_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_path_buf()
-}
+pub use vlm_test_support::workspace_dir;
 
 pub fn tiny_dir() -> PathBuf {
-    workspace_dir().join("model/tests/fixtures/tiny")
+    vlm_test_support::tiny_dir()
 }
 
 pub fn lm_bin() -> PathBuf {

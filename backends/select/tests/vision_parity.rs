@@ -23,7 +23,7 @@ use vlm_preprocess::{
 fn fixtures() -> PathBuf {
     std::env::var_os("VLM_MODEL_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures"))
+        .unwrap_or_else(vlm_test_support::fixtures_dir)
 }
 
 /// A bucketed ViT backend of this test: the CPU engine or candle's padded forward.

@@ -19,9 +19,7 @@ use vlm_model::oracle::Oracle;
 use vlm_model::vision::VisionModel;
 
 fn fixture(name: &str) -> serde_json::Value {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../model/tests/fixtures/gguf")
-        .join(name);
+    let p = vlm_test_support::fixtures_dir().join("gguf").join(name);
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
 }
 

@@ -15,6 +15,6 @@ pub fn bench_model() -> std::path::PathBuf {
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
             std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../model/tests/fixtures/tiny")
+                .join("../../model/tests/fixtures/tiny")
         })
 }

@@ -1,8 +1,10 @@
 //! The seam's steps on one backend, timed: one prefill chunk of `--prefill` tokens, decode
 //! steps at each batch size of `--batches` (every row at a `--context`-token context), and the
-//! ViT at each of `--buckets`. `cargo bench -p vlm-backends --bench steps -- [--backend cuda]
-//! [--dtype bf16] [--prefill 1024] [--batches 1,8,32,64] [--context 1024] [--buckets
-//! 1024,4096,16384] [--steps 20]`; on a GPU build with `--features cuda` (scripts/gpu-check.sh
+//! ViT at each of `--buckets`; with `--packed N`, N prompts of `--packed-len` tokens beside
+//! `--packed-decode` decode rows, as one packed step and as N steps of one chunk each (the
+//! two alternated, `--steps` rounds). `cargo bench -p vlm-backends --bench steps --
+//! [--backend cuda] [--dtype bf16] [--prefill 1024] [--batches 1,8,32,64] [--context 1024]
+//! [--buckets 1024,4096,16384] [--steps 20] [--packed 4 --packed-len 128 --packed-decode 0]`; on a GPU build with `--features cuda` (scripts/gpu-check.sh
 //! runs it). The checkpoint is `$VLM_BENCH_MODEL`, else the tiny test fixture. Decode rows read
 //! whatever the cache holds at their positions (timing only: the KV values do not change the
 //! work). Measures only; asserts nothing about time.
@@ -42,6 +44,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let context = arg(&args, "--context", "1024").parse::<usize>()?;
     let buckets = list(&arg(&args, "--buckets", "1024,4096,16384"));
     let steps = arg(&args, "--steps", "20").parse::<usize>()?.max(1);
+    let packed = arg(&args, "--packed", "0").parse::<usize>()?;
+    let packed_len = arg(&args, "--packed-len", "128").parse::<usize>()?.max(1);
+    let packed_decode = arg(&args, "--packed-decode", "0").parse::<usize>()?;
     let devices = list(&arg(&args, "--devices", "0"))
         .into_iter()
         .map(|d| d as u32)
@@ -53,9 +58,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // LM: blocks for the largest batch at `context` + the decode steps, plus the prefill.
     let block_len = 256;
-    let max_batch = batches.iter().copied().max().unwrap_or(1);
+    let max_batch = batches
+        .iter()
+        .copied()
+        .chain([packed_decode])
+        .max()
+        .unwrap_or(1);
     let per_row = (context + steps + 1).div_ceil(block_len);
-    let num_blocks = max_batch * per_row + prefill.div_ceil(block_len) + 1;
+    let per_prompt = packed_len.div_ceil(block_len);
+    let num_blocks = max_batch * per_row + prefill.div_ceil(block_len) + packed * per_prompt + 1;
     let t = Instant::now();
     let mut lm = vlm_backends::load_lm(&LmLoad {
         model_dir: &dir,
@@ -130,6 +141,72 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             s * 1e3,
             b as f64 / s
         );
+    }
+
+    // Packed prefill: N prompts' chunks and the decode rows in one step, against N steps of
+    // one chunk and the same decode rows each (what the scheduler ran before packing; there
+    // the decode rows also advance N tokens instead of one, so with rows the two are not the
+    // same work: the prompts' prefill alone is `--packed-decode 0`).
+    if packed > 0 {
+        let base = first + (max_batch * per_row) as u32;
+        let chunks: Vec<PrefillChunk> = (0..packed)
+            .map(|p| PrefillChunk {
+                tokens: (0..packed_len as u32)
+                    .map(|i| 1 + (i + p as u32) % 1000)
+                    .collect(),
+                start: 0,
+                positions: (0..packed_len as i64).map(|i| [i; 3]).collect(),
+                images: Vec::new(),
+                block_table: (0..per_prompt as u32)
+                    .map(|j| base + (p * per_prompt) as u32 + j)
+                    .collect(),
+            })
+            .collect();
+        let rows: Vec<DecodeRow> = (0..packed_decode)
+            .map(|r| DecodeRow {
+                token: 1 + r as u32,
+                position: context as i64,
+                context_len: context,
+                block_table: (0..per_row as u32)
+                    .map(|j| first + (r * per_row) as u32 + j)
+                    .collect(),
+            })
+            .collect();
+        let bucket = packed_decode.max(1);
+        let mut together = Vec::with_capacity(steps);
+        let mut apart = Vec::with_capacity(steps);
+        for round in 0..=steps {
+            let t = Instant::now();
+            let out = lm.packed_step(&chunks, bucket, &rows);
+            out.decode?;
+            for c in out.chunks {
+                c?;
+            }
+            let packed_s = t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            for c in &chunks {
+                let out = lm.packed_step(std::slice::from_ref(c), bucket, &rows);
+                out.decode?;
+                for c in out.chunks {
+                    c?;
+                }
+            }
+            if round > 0 {
+                // round 0 warms up
+                together.push(packed_s);
+                apart.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let tokens = (packed * packed_len) as f64;
+        for (name, times) in [("packed", together), ("one chunk a step", apart)] {
+            let s = median(times);
+            println!(
+                "{:<28} {:>12.2} {:>14.0}",
+                format!("{packed}x{packed_len} + {packed_decode} rows, {name}"),
+                s * 1e3,
+                tokens / s
+            );
+        }
     }
     drop(lm);
 

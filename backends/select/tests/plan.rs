@@ -32,8 +32,8 @@ fn engine_bytes(d: &ModelDims, rows: u64) -> (u64, u64) {
 
 fn example(name: &str) -> DeployConfig {
     DeployConfig::from_path(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../config/examples")
+        &vlm_test_support::workspace_dir()
+            .join("config/examples")
             .join(name),
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -242,7 +242,7 @@ fn on_gpus_the_vit_is_replicated_and_a_tensor_parallel_lm_is_a_problem() {
 /// The tiny checkpoint's plan against what the loaded backends report they hold.
 #[test]
 fn the_plan_is_what_the_loaded_backends_hold() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny");
+    let dir = vlm_test_support::tiny_dir();
     let tiny = ModelDims::from_dir(&dir).unwrap();
     for dtype in [Dtype::F32, Dtype::Bf16] {
         let mut c = cfg(r#"{

@@ -12,9 +12,7 @@ use vlm_compute::{HostTensor, ImageEmbeds, Qwen3VlConfig};
 pub fn fixtures_dir() -> PathBuf {
     std::env::var_os("VLM_MODEL_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures")
-        })
+        .unwrap_or_else(vlm_test_support::fixtures_dir)
 }
 
 /// The CPU backend's kernels with every option `auto` (the best this CPU has).
