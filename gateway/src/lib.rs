@@ -11,7 +11,6 @@ pub mod cors;
 pub mod error;
 pub mod fetch;
 pub mod generate;
-pub mod grpc_limits;
 pub mod http_serve;
 pub mod logprobs;
 pub mod metrics;
@@ -65,6 +64,9 @@ pub struct GatewayConfig {
     pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
     /// Mutual TLS to the LM and vision replicas (`--internal-tls-*`); `None`: plain HTTP/2.
     pub internal_tls: Option<std::sync::Arc<vlm_service_kit::internal_tls::InternalTls>>,
+    /// Keepalive, connection cap and handshake deadline of the gRPC port; the keepalive also
+    /// of the channels to the replicas (a frozen LM fails the calls open to it).
+    pub grpc_conn: vlm_service_kit::conn::GrpcConnOptions,
     /// Hosts, byte limit, deadline and extra CA roots for http(s) image URLs.
     pub image_fetch: fetch::FetchOptions,
     pub routing: RoutingOptions,
@@ -154,7 +156,8 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
                 .then_some(cfg.deploy.kvcache_partition_len),
         )
         .with_internal_token(cfg.internal_token.clone())
-        .with_internal_tls(cfg.internal_tls.clone());
+        .with_internal_tls(cfg.internal_tls.clone())
+        .with_keepalive(cfg.grpc_conn.keepalive);
     let core = generate::Core::new(validator, Admission::new(cfg.admission), router);
     let grpc = server::bind_grpc(cfg.listen)
         .await
@@ -207,22 +210,21 @@ impl Bound {
         let router = core.router().clone();
         router.start(stop.clone()).await;
 
-        // A message over the decoding limit is RESOURCE_EXHAUSTED (tonic says OUT_OF_RANGE).
-        let svc = grpc_limits::OversizeIsResourceExhausted(
-            tonic::service::interceptor::InterceptedService::new(
-                vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(
-                    core.clone(),
-                ))
-                // Room over the body limit, so that validation answers an oversized request
-                // with INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
-                .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
-                cfg.api_keys.interceptor(),
-            ),
+        // A message over the decoding limit is RESOURCE_EXHAUSTED (GrpcServer::add_service).
+        let svc = tonic::service::interceptor::InterceptedService::new(
+            vlm_proto::v1::gateway_server::GatewayServer::new(service::GatewayService::new(
+                core.clone(),
+            ))
+            // Room over the body limit, so that validation answers an oversized request with
+            // INVALID_ARGUMENT naming --max-body-bytes instead of a transport error.
+            .max_decoding_message_size(cfg.max_body_bytes.saturating_mul(4).max(64 << 20)),
+            cfg.api_keys.interceptor(),
         );
         let drain_stop = stop.clone();
         let admission = core.admission().clone();
         let grpc_task = GrpcServer::on_listener(grpc, SERVICE_NAME)
             .add_service(svc)
+            .conn(cfg.grpc_conn)
             .health_follows(router.ready())
             .on_drain(async move {
                 tracing::info!("draining: refusing new requests, finishing running ones");

@@ -80,6 +80,8 @@ struct Args {
     internal_token_file: Option<PathBuf>,
     #[command(flatten)]
     internal_tls: vlm_service_kit::internal_tls::args::InternalTlsArgs,
+    #[command(flatten)]
+    grpc_conn: vlm_service_kit::conn::GrpcConnArgs,
     /// Hosts http:// and https:// image URLs may be fetched from (repeatable or
     /// comma-separated); none by default.
     #[arg(
@@ -200,6 +202,7 @@ fn main() -> anyhow::Result<()> {
             .map(vlm_service_kit::internal_auth::InternalToken::from_file)
             .transpose()?,
         internal_tls: a.internal_tls.load()?,
+        grpc_conn: a.grpc_conn.options()?,
         image_fetch: FetchOptions {
             allow_hosts: a.allow_image_host,
             max_bytes: a.image_fetch_max_bytes.unwrap_or(a.max_body_bytes),

@@ -20,6 +20,7 @@ use tonic::transport::{Channel, Endpoint};
 use vlm_proto::v1::{
     lm_client::LmClient, vision_client::VisionClient, LoadRequest, VisionInfoRequest,
 };
+use vlm_service_kit::conn::Keepalive;
 use vlm_service_kit::internal_auth::{attach, InternalToken};
 use vlm_service_kit::internal_tls::connect::{dial_lazy, TlsConnector};
 use vlm_service_kit::internal_tls::{self, InternalTls};
@@ -217,11 +218,13 @@ impl<L: Default> Replica<L> {
         addr: String,
         source: &ReplicaSource,
         tls: Option<&Arc<InternalTls>>,
+        keepalive: Keepalive,
     ) -> Result<Self, String> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| format!("{addr:?}: {e}"))?
             .connect_timeout(Duration::from_secs(2))
             .tcp_nodelay(true);
+        let endpoint = keepalive.dial(endpoint);
         let tls = tls
             .map(|t| TlsConnector::new(t.clone(), &internal_tls::server_name(source, &addr)))
             .transpose()
@@ -310,6 +313,8 @@ pub struct Router {
     token: Option<Arc<InternalToken>>,
     /// Mutual TLS to the replicas (`None`: plain HTTP/2).
     tls: Option<Arc<InternalTls>>,
+    /// HTTP/2 pings on the channels to the replicas.
+    keepalive: Keepalive,
     ready_tx: Arc<watch::Sender<bool>>,
 }
 
@@ -324,6 +329,7 @@ impl Router {
             prefix_block_len: None,
             token: None,
             tls: None,
+            keepalive: Keepalive::default(),
             ready_tx: Arc::new(ready_tx),
         }
     }
@@ -345,6 +351,14 @@ impl Router {
     /// known keep their channels).
     pub fn with_internal_tls(mut self, tls: Option<Arc<InternalTls>>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Pings the channels to the replicas (set before [`Router::start`]): one whose ping goes
+    /// unanswered is closed, and the calls open on it fail, so a frozen replica (a hung
+    /// process, a partition) cannot hold a request forever.
+    pub fn with_keepalive(mut self, keepalive: Keepalive) -> Self {
+        self.keepalive = keepalive;
         self
     }
 
@@ -390,12 +404,14 @@ impl Router {
         let lm = self.lm_source.resolve().await;
         let vision = self.vision_source.resolve().await;
         let mut sets = self.sets.write().unwrap_or_else(|p| p.into_inner());
-        reconcile(&mut sets.lm, lm, &self.lm_source, self.tls.as_ref());
+        let (tls, keepalive) = (self.tls.as_ref(), self.keepalive);
+        reconcile(&mut sets.lm, lm, &self.lm_source, tls, keepalive);
         reconcile(
             &mut sets.vision,
             vision,
             &self.vision_source,
-            self.tls.as_ref(),
+            tls,
+            keepalive,
         );
     }
 
@@ -585,6 +601,7 @@ fn reconcile<L: Default>(
     addrs: Vec<String>,
     source: &ReplicaSource,
     tls: Option<&Arc<InternalTls>>,
+    keepalive: Keepalive,
 ) {
     if addrs.is_empty() {
         return;
@@ -593,7 +610,7 @@ fn reconcile<L: Default>(
     set.retain(|r| want.contains(&r.addr));
     for a in &addrs {
         if !set.iter().any(|r| &r.addr == a) {
-            match Replica::new(a.clone(), source, tls) {
+            match Replica::new(a.clone(), source, tls, keepalive) {
                 Ok(r) => set.push(r),
                 Err(e) => tracing::warn!(error = %e, "bad replica address"),
             }
@@ -898,7 +915,8 @@ mod tests {
         let addrs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let mut set: Vec<Replica<LmLoad>> = Vec::new();
         let src = ReplicaSource::parse("10.0.0.1:5").unwrap();
-        let reconcile = |set: &mut Vec<Replica<LmLoad>>, a| reconcile(set, a, &src, None);
+        let reconcile =
+            |set: &mut Vec<Replica<LmLoad>>, a| reconcile(set, a, &src, None, Keepalive::default());
         reconcile(&mut set, addrs(&["10.0.0.1:5", "10.0.0.2:5"]));
         assert_eq!(set.len(), 2);
         set[1].load.healthy = true; // state learned by polls

@@ -62,6 +62,7 @@ async fn a_message_over_the_limit_is_resource_exhausted() {
         control_tokens_in_content: false,
         internal_token: None,
         internal_tls: None,
+        grpc_conn: Default::default(),
         image_fetch: FetchOptions::deny_all(),
         routing: RoutingOptions::default(),
         http: Default::default(),

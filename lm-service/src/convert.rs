@@ -68,6 +68,7 @@ pub fn info(i: &EngineInfo) -> pb::LmInfo {
         )),
         prefix_caching: i.deploy.prefix_caching,
         mixed_steps: i.mixed_steps,
+        grpc_conn: None,
     }
 }
 

@@ -60,6 +60,9 @@ pub struct ServeConfig {
     /// Mutual TLS (`--internal-tls-*`) on the gRPC port and to the vision replicas; `None`:
     /// plain HTTP/2.
     pub internal_tls: Option<Arc<vlm_service_kit::internal_tls::InternalTls>>,
+    /// Keepalive, connection cap and handshake deadline of the gRPC port; the keepalive also
+    /// of the channels to the vision replicas.
+    pub grpc_conn: vlm_service_kit::conn::GrpcConnOptions,
 }
 
 /// Blocks in the KV pool: `kvcache_num_blocks`, or when 0 the memory planner's answer
@@ -208,8 +211,10 @@ pub async fn run(
     // The server runs from now on; `Lm` answers UNAVAILABLE until the context is set.
     let cell: Arc<OnceLock<Arc<Context>>> = Arc::new(OnceLock::new());
     let lm = tonic::service::interceptor::InterceptedService::new(
-        vlm_proto::lm_server::LmServer::new(service::LmService::new(cell.clone()))
-            .max_decoding_message_size(256 << 20),
+        vlm_proto::lm_server::LmServer::new(
+            service::LmService::new(cell.clone()).with_grpc_conn(cfg.grpc_conn.info()),
+        )
+        .max_decoding_message_size(256 << 20),
         vlm_service_kit::internal_auth::interceptor(cfg.internal_token.clone()),
     );
     // Health follows the engine thread: if it ever dies, stop advertising this replica.
@@ -254,7 +259,8 @@ pub async fn run(
             cache: Mutex::new(embed_cache::EmbedCache::new(cfg.embedding_cache_bytes)),
             vision: vision_client::VisionClients::new(cfg.vision.clone())
                 .with_token(cfg.internal_token.clone())
-                .with_tls(cfg.internal_tls.clone()),
+                .with_tls(cfg.internal_tls.clone())
+                .with_keepalive(cfg.grpc_conn.keepalive),
             draining: AtomicBool::new(false),
         }));
         tokio::spawn(watch_engine(engine.clone(), alive_tx));
@@ -263,6 +269,7 @@ pub async fn run(
     let stopped = GrpcServer::new(listeners, SERVICE_NAME)
         .add_service(lm)
         .tls(cfg.internal_tls.clone())
+        .conn(cfg.grpc_conn)
         .health_follows(alive_rx)
         .on_drain(drain(cell.clone()))
         .serve(load, shutdown)

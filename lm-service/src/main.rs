@@ -40,6 +40,8 @@ struct Args {
     internal_token_file: Option<PathBuf>,
     #[command(flatten)]
     internal_tls: vlm_service_kit::internal_tls::args::InternalTlsArgs,
+    #[command(flatten)]
+    grpc_conn: vlm_service_kit::conn::GrpcConnArgs,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -78,6 +80,7 @@ fn main() -> anyhow::Result<()> {
             .map(vlm_service_kit::internal_auth::InternalToken::from_file)
             .transpose()?,
         internal_tls: args.internal_tls.load()?,
+        grpc_conn: args.grpc_conn.options()?,
     };
     if !cfg.deploy.create_runtimes {
         println!("{}", vlm_lm_service::dry_run(&cfg)?);

@@ -13,11 +13,22 @@ use vlm_proto as pb;
 /// every call is UNAVAILABLE (and health says NOT_SERVING).
 pub struct LmService {
     ctx: Arc<OnceLock<Arc<Context>>>,
+    /// What `Info` reports of the gRPC port's connection options.
+    grpc_conn: pb::GrpcConnInfo,
 }
 
 impl LmService {
     pub fn new(ctx: Arc<OnceLock<Arc<Context>>>) -> Self {
-        LmService { ctx }
+        LmService {
+            ctx,
+            grpc_conn: vlm_service_kit::conn::GrpcConnOptions::default().info(),
+        }
+    }
+
+    /// `Info` reports `grpc_conn` (the `--grpc-*` flags the server runs with).
+    pub fn with_grpc_conn(mut self, grpc_conn: pb::GrpcConnInfo) -> Self {
+        self.grpc_conn = grpc_conn;
+        self
     }
 
     fn ctx(&self) -> Result<&Arc<Context>, Status> {
@@ -65,7 +76,9 @@ impl pb::lm_server::Lm for LmService {
     }
 
     async fn info(&self, _: Request<pb::LmInfoRequest>) -> Result<Response<pb::LmInfo>, Status> {
-        Ok(Response::new(convert::info(self.ctx()?.engine.info())))
+        let mut info = convert::info(self.ctx()?.engine.info());
+        info.grpc_conn = Some(self.grpc_conn);
+        Ok(Response::new(info))
     }
 
     async fn load(&self, _: Request<pb::LoadRequest>) -> Result<Response<pb::LoadReport>, Status> {

@@ -14,6 +14,7 @@ use tonic::Code;
 use vlm_compute::{HostTensor, ImageEmbeds};
 use vlm_proto::vision_client::VisionClient;
 use vlm_proto::{DType as WireDType, EmbeddingChunk, EncodeRequest, ImageGrid, ImageInput};
+use vlm_service_kit::conn::Keepalive;
 use vlm_service_kit::internal_auth::InternalToken;
 use vlm_service_kit::internal_tls::connect::{dial, TlsConnector};
 use vlm_service_kit::internal_tls::{self, InternalTls};
@@ -57,6 +58,8 @@ pub struct VisionClients {
     token: Option<Arc<InternalToken>>,
     /// Mutual TLS to the replicas (`None`: plain HTTP/2).
     tls: Option<Arc<InternalTls>>,
+    /// HTTP/2 pings on the channels: a frozen vision replica fails the calls open to it.
+    keepalive: Keepalive,
 }
 
 /// A DNS source is looked up again for an unknown replica at most this often.
@@ -71,7 +74,15 @@ impl VisionClients {
             resolved: tokio::sync::Mutex::new((None, HashSet::new())),
             token: None,
             tls: None,
+            keepalive: Keepalive::default(),
         }
+    }
+
+    /// Pings the channels to the replicas; one whose ping goes unanswered is closed and the
+    /// calls open on it fail, rather than wait for a frozen replica forever.
+    pub fn with_keepalive(mut self, keepalive: Keepalive) -> Self {
+        self.keepalive = keepalive;
+        self
     }
 
     /// Sends `token` (the internal APIs' shared token) on every call.
@@ -135,6 +146,7 @@ impl VisionClients {
                 ))
             })?
             .connect_timeout(self.connect_timeout);
+        let ep = self.keepalive.dial(ep);
         let tls = match (&self.tls, &self.replicas) {
             (Some(tls), Some(source)) => Some(
                 TlsConnector::new(tls.clone(), &internal_tls::server_name(source, endpoint))

@@ -6,6 +6,7 @@
 pub mod affinity;
 pub mod backend_info;
 pub mod config;
+pub mod conn;
 pub mod generation;
 pub mod grpc;
 pub mod internal_auth;

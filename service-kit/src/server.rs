@@ -11,11 +11,14 @@
 //! What a service loads, and how it shuts that down, stays in the service: [`GrpcServer::serve`]
 //! takes the loading future and hands its output back in [`Stopped`].
 mod listen;
+pub mod oversize;
 
 pub use listen::{announce, bind, bind_grpc, listening_line, BindError, GrpcListener, Listeners};
 
+use crate::conn::{self, GrpcConnOptions};
 use crate::grpc;
 use crate::internal_tls::{self, InternalTls};
+use oversize::OversizeIsResourceExhausted;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -26,16 +29,15 @@ use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 use tonic::server::NamedService;
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::server::HealthReporter;
 
 type BoxFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// How often the gRPC server pings an HTTP/2 connection to learn the peer is still there (see
-/// [`GrpcServer::http2_keepalive`]).
-pub const HTTP2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+/// [`GrpcServer::conn`]).
+pub const HTTP2_KEEPALIVE_INTERVAL: Duration = conn::DEFAULT_KEEPALIVE_INTERVAL;
 /// How long a ping may go unanswered before the connection is closed.
-pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const HTTP2_KEEPALIVE_TIMEOUT: Duration = conn::DEFAULT_KEEPALIVE_TIMEOUT;
 /// Streams (calls) open at once on one connection; more wait on the client. Far above what
 /// one peer needs (a gateway's calls to one LM are bounded by its `--max-in-flight`).
 pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
@@ -84,8 +86,8 @@ pub struct GrpcServer {
     ready: Option<watch::Receiver<bool>>,
     on_drain: Option<BoxFuture>,
     tls: Option<Arc<InternalTls>>,
-    /// Ping interval and timeout of HTTP/2 connections.
-    keepalive: (Duration, Duration),
+    /// Keepalive, connection cap and handshake deadline.
+    conn: GrpcConnOptions,
 }
 
 impl GrpcServer {
@@ -121,27 +123,30 @@ impl GrpcServer {
             ready: None,
             on_drain: None,
             tls: None,
-            keepalive: (HTTP2_KEEPALIVE_INTERVAL, HTTP2_KEEPALIVE_TIMEOUT),
+            conn: GrpcConnOptions::default(),
         }
     }
 
     /// Serves `svc` (answering from the start: a service refuses calls itself until it is
-    /// loaded). Reflection lists it.
-    pub fn add_service<S>(mut self, svc: S) -> GrpcServer
+    /// loaded). Reflection lists it. A request message over its decoding limit is answered
+    /// RESOURCE_EXHAUSTED ([`oversize`]).
+    pub fn add_service<S, B>(mut self, svc: S) -> GrpcServer
     where
         S: tonic::codegen::Service<
                 tonic::codegen::http::Request<tonic::body::Body>,
+                Response = tonic::codegen::http::Response<B>,
                 Error = Infallible,
             > + NamedService
             + Clone
             + Send
             + Sync
             + 'static,
-        S::Response: axum::response::IntoResponse,
+        tonic::codegen::http::Response<B>: axum::response::IntoResponse,
         S::Future: Send + 'static,
+        B: 'static,
     {
         self.served_names.push(S::NAME);
-        self.routes = self.routes.add_service(svc);
+        self.routes = self.routes.add_service(OversizeIsResourceExhausted(svc));
         self
     }
 
@@ -158,11 +163,19 @@ impl GrpcServer {
         self
     }
 
-    /// Pings each HTTP/2 connection every `interval` and closes it when a ping goes
-    /// unanswered for `timeout` ([`HTTP2_KEEPALIVE_INTERVAL`], [`HTTP2_KEEPALIVE_TIMEOUT`] by
-    /// default).
+    /// How connections are kept and bounded ([`GrpcConnOptions::default`] unless set): each
+    /// HTTP/2 connection pinged every `keepalive.interval` and closed when a ping goes
+    /// unanswered for `keepalive.timeout`; at most `max_connections` open (one over is closed
+    /// as it is accepted); a new connection's preface (or TLS handshake) within
+    /// `handshake_timeout`.
+    pub fn conn(mut self, conn: GrpcConnOptions) -> GrpcServer {
+        self.conn = conn;
+        self
+    }
+
+    /// Only the keepalive of [`conn`](Self::conn).
     pub fn http2_keepalive(mut self, interval: Duration, timeout: Duration) -> GrpcServer {
-        self.keepalive = (interval, timeout);
+        self.conn.keepalive = conn::Keepalive { interval, timeout };
         self
     }
 
@@ -213,7 +226,7 @@ impl GrpcServer {
             ready,
             on_drain,
             tls,
-            keepalive: (keepalive_interval, keepalive_timeout),
+            conn,
         } = self;
         let (reporter, health) = grpc::health();
         grpc::set_serving(&reporter, service_name, false).await;
@@ -232,8 +245,8 @@ impl GrpcServer {
         let builder = tonic::transport::Server::builder()
             // A peer that stops answering pings (gone without a FIN, a half-open socket) is
             // dropped instead of holding its connection and streams forever.
-            .http2_keepalive_interval(Some(keepalive_interval))
-            .http2_keepalive_timeout(Some(keepalive_timeout))
+            .http2_keepalive_interval(Some(conn.keepalive.interval))
+            .http2_keepalive_timeout(Some(conn.keepalive.timeout))
             // tonic's default is no limit per connection.
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
             .add_routes(routes);
@@ -244,19 +257,21 @@ impl GrpcServer {
         };
         let server = match tls {
             Some(tls) => {
-                let incoming = internal_tls::accept::incoming(grpc.listener, tls, tcp_nodelay);
+                let incoming =
+                    internal_tls::accept::incoming(grpc.listener, tls, conn, tcp_nodelay);
                 tokio::spawn(builder.serve_with_incoming_shutdown(incoming, stopped))
             }
             None => {
-                let incoming =
-                    TcpIncoming::from(grpc.listener).with_nodelay(tcp_nodelay.then_some(true));
+                let incoming = conn::accept::incoming(grpc.listener, conn, tcp_nodelay);
                 tokio::spawn(builder.serve_with_incoming_shutdown(incoming, stopped))
             }
         };
         tracing::info!(
             %grpc_addr,
-            http2_keepalive_interval_ms = keepalive_interval.as_millis() as u64,
-            http2_keepalive_timeout_ms = keepalive_timeout.as_millis() as u64,
+            http2_keepalive_interval_ms = conn.keepalive.interval.as_millis() as u64,
+            http2_keepalive_timeout_ms = conn.keepalive.timeout.as_millis() as u64,
+            max_connections = conn.max_connections,
+            handshake_timeout_ms = conn.handshake_timeout.as_millis() as u64,
             max_concurrent_streams = MAX_CONCURRENT_STREAMS,
             "gRPC up over {transport} ({service_name} NOT_SERVING until it is loaded)"
         );

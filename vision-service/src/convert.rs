@@ -121,6 +121,7 @@ pub fn info_to_proto(info: Info) -> pb::VisionInfo {
         embed_cache_misses: info.embed_cache.misses,
         images_waiting: info.images_waiting,
         max_waiting_images: f.max_waiting_images,
+        grpc_conn: None,
     }
 }
 

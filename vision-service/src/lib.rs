@@ -72,6 +72,8 @@ pub struct Options {
     pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
     /// Mutual TLS on the gRPC port (`--internal-tls-*`); `None`: plain HTTP/2.
     pub internal_tls: Option<std::sync::Arc<vlm_service_kit::internal_tls::InternalTls>>,
+    /// Keepalive, connection cap and handshake deadline of the gRPC port (`--grpc-*`).
+    pub grpc_conn: vlm_service_kit::conn::GrpcConnOptions,
 }
 
 impl Options {
@@ -93,6 +95,7 @@ impl Options {
             embed_cache_bytes: DEFAULT_EMBED_CACHE_BYTES,
             internal_token: None,
             internal_tls: None,
+            grpc_conn: Default::default(),
         }
     }
 
@@ -205,9 +208,11 @@ impl Bound {
         } = self;
         let slot: EncoderSlot = Arc::new(std::sync::OnceLock::new());
         let vision = tonic::service::interceptor::InterceptedService::new(
-            vlm_proto::v1::vision_server::VisionServer::new(VisionService::new(Arc::clone(&slot)))
-                .max_decoding_message_size(opts.max_request_bytes)
-                .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10)),
+            vlm_proto::v1::vision_server::VisionServer::new(
+                VisionService::new(Arc::clone(&slot)).with_grpc_conn(opts.grpc_conn.info()),
+            )
+            .max_decoding_message_size(opts.max_request_bytes)
+            .max_encoding_message_size(2 * encoder::chunk::MAX_CHUNK_BYTES + (64 << 10)),
             vlm_service_kit::internal_auth::interceptor(opts.internal_token.clone()),
         );
         let load = async {
@@ -243,6 +248,7 @@ impl Bound {
         let stopped = GrpcServer::new(listeners, SERVICE_NAME)
             .add_service(vision)
             .tls(opts.internal_tls.clone())
+            .conn(opts.grpc_conn)
             .drain_delay(opts.drain_delay)
             .tcp_nodelay(true)
             .serve(load, shutdown)

@@ -69,6 +69,8 @@ struct Args {
     internal_token_file: Option<PathBuf>,
     #[command(flatten)]
     internal_tls: vlm_service_kit::internal_tls::args::InternalTlsArgs,
+    #[command(flatten)]
+    grpc_conn: vlm_service_kit::conn::GrpcConnArgs,
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
@@ -100,6 +102,7 @@ fn options(args: Args) -> anyhow::Result<Options> {
             .map(vlm_service_kit::internal_auth::InternalToken::from_file)
             .transpose()?,
         internal_tls: args.internal_tls.load()?,
+        grpc_conn: args.grpc_conn.options()?,
     };
     opts.validate()?;
     Ok(opts)

@@ -14,11 +14,22 @@ pub type EncoderSlot = Arc<OnceLock<Encoder>>;
 
 pub struct VisionService {
     encoder: EncoderSlot,
+    /// What `Info` reports of the gRPC port's connection options.
+    grpc_conn: pb::GrpcConnInfo,
 }
 
 impl VisionService {
     pub fn new(encoder: EncoderSlot) -> Self {
-        VisionService { encoder }
+        VisionService {
+            encoder,
+            grpc_conn: vlm_service_kit::conn::GrpcConnOptions::default().info(),
+        }
+    }
+
+    /// `Info` reports `grpc_conn` (the `--grpc-*` flags the server runs with).
+    pub fn with_grpc_conn(mut self, grpc_conn: pb::GrpcConnInfo) -> Self {
+        self.grpc_conn = grpc_conn;
+        self
     }
 
     fn encoder(&self) -> Result<&Encoder, VisionError> {
@@ -60,8 +71,8 @@ impl pb::vision_server::Vision for VisionService {
         &self,
         _request: Request<pb::VisionInfoRequest>,
     ) -> Result<Response<pb::VisionInfo>, Status> {
-        Ok(Response::new(convert::info_to_proto(
-            self.encoder()?.info(),
-        )))
+        let mut info = convert::info_to_proto(self.encoder()?.info());
+        info.grpc_conn = Some(self.grpc_conn);
+        Ok(Response::new(info))
     }
 }

@@ -1,24 +1,29 @@
 //! The server side: TCP connections accepted, TLS handshakes run beside the accept loop (a slow
 //! or silent peer holds up no one else), and only the connections that completed one handed to
 //! the gRPC server. A failed handshake (no client certificate, one another CA signed) is logged
-//! with the peer's address and dropped.
+//! with the peer's address and dropped. Connections count under the port's cap from their
+//! accept ([`crate::conn::accept::ConnCap`]).
 use super::InternalTls;
+use crate::conn::accept::{accept, Closed, ConnCap, Slot};
+use crate::conn::GrpcConnOptions;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_stream::{Stream, StreamExt};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
-/// A handshake not done by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshakes in progress at once; the accept loop waits beyond that.
 const MAX_HANDSHAKES: usize = 256;
 
 /// A connection that completed the TLS handshake.
-pub struct TlsConn(tokio_rustls::server::TlsStream<TcpStream>);
+pub struct TlsConn(
+    tokio_rustls::server::TlsStream<TcpStream>,
+    /// Its place under the port's connection cap, until it closes.
+    #[allow(dead_code)]
+    Slot,
+);
 
 impl Connected for TlsConn {
     type ConnectInfo = TcpConnectInfo;
@@ -68,14 +73,18 @@ impl AsyncWrite for TlsConn {
     }
 }
 
-/// The TLS connections of `listener`, each handshake with the server config current when its
-/// connection came. Dropping the stream stops the accept loop and closes the listener.
+/// The TLS connections of `listener` under `opts`' cap, each handshake with the server config
+/// current when its connection came, done within `opts.handshake_timeout`. Dropping the stream
+/// stops the accept loop and closes the listener.
 pub fn incoming(
     listener: TcpListener,
     tls: Arc<InternalTls>,
+    opts: GrpcConnOptions,
     nodelay: bool,
 ) -> impl Stream<Item = Result<TlsConn, std::io::Error>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel::<TlsConn>(64);
+    let cap = ConnCap::new(opts.max_connections);
+    let timeout = opts.handshake_timeout;
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     tokio::spawn(async move {
         loop {
@@ -87,16 +96,11 @@ pub fn incoming(
                 () = tx.closed() => break,
             };
             let (tcp, peer) = tokio::select! {
-                r = listener.accept() => match r {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Out of file descriptors, say: wait instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                },
+                c = accept(&listener) => c,
                 () = tx.closed() => break,
+            };
+            let Some(slot) = cap.admit(peer) else {
+                continue;
             };
             if nodelay {
                 let _ = tcp.set_nodelay(true);
@@ -105,17 +109,17 @@ pub fn incoming(
             let tx = tx.clone();
             tokio::spawn(async move {
                 let _permit = permit;
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                match tokio::time::timeout(timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(stream)) => {
-                        let _ = tx.send(TlsConn(stream)).await;
+                        let _ = tx.send(TlsConn(stream, slot)).await;
                     }
                     Ok(Err(e)) => {
                         tracing::warn!(%peer, error = %e, "internal TLS handshake refused")
                     }
-                    Err(_) => tracing::warn!(
-                        %peer,
-                        "internal TLS handshake not done in {HANDSHAKE_TIMEOUT:?}: dropped"
-                    ),
+                    Err(_) => {
+                        Closed::HandshakeTimeout.count(peer);
+                        tracing::warn!(%peer, "internal TLS handshake not done in {timeout:?}: dropped")
+                    }
                 }
             });
         }

@@ -2,6 +2,8 @@
 //! code the gRPC spec gives a message larger than the configured maximum (`statuscodes.md`);
 //! tonic's decoder says OUT_OF_RANGE. [`OversizeIsResourceExhausted`] rewrites that one answer
 //! (tonic sends it as a trailers-only response: the status is in the headers).
+//! [`super::GrpcServer::add_service`] wraps every service in it, so the three services' ports
+//! answer alike.
 use std::convert::Infallible;
 use tonic::codegen::http::{HeaderValue, Request, Response};
 use tonic::codegen::{Context, Poll, Service};
