@@ -3,7 +3,6 @@
 //! model/tests/fixtures/README.md). The RGBA 256x256 case needs no resize, so the pixel values of
 //! both reference backends agree and the logits can be compared tightly.
 use candle_core::{DType, Device, Tensor};
-use std::path::Path;
 use std::process::Command;
 
 fn fixtures() -> std::path::PathBuf {

@@ -122,6 +122,7 @@ fn throughput_table(dir: &Path, cfg: &Qwen3VlConfig) {
     }
     let num_blocks = vlm_lm_service::resolve_num_blocks(&deploy, dir).expect("KV blocks");
     let (engine, thread) = EngineHandle::start(EngineOptions {
+        prefill_while_decoding: 0,
         model_dir: dir.to_path_buf(),
         deploy: deploy.clone(),
         num_blocks,

@@ -68,6 +68,7 @@ pub fn info(i: &EngineInfo) -> pb::LmInfo {
         )),
         prefix_caching: i.deploy.prefix_caching,
         mixed_steps: i.mixed_steps,
+        prefill_tokens_while_decoding: i.prefill_while_decoding,
         grpc_conn: None,
     }
 }

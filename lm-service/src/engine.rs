@@ -31,6 +31,8 @@ pub struct EngineOptions {
     /// Physical cores the engine's compute threads are pinned to, one thread per core (empty:
     /// the devices are not host cores; nothing is pinned).
     pub cores: Vec<usize>,
+    /// A step's prefill token budget while sequences decode (0: `prefill_chunk_size`).
+    pub prefill_while_decoding: u32,
 }
 
 /// What the engine holds, for `Lm.Info`, validation and logs.
@@ -47,6 +49,9 @@ pub struct EngineInfo {
     pub backend: BackendInfo,
     /// A step's prefill chunks and decode rows share one forward pass.
     pub mixed_steps: bool,
+    /// A step's prefill token budget while sequences decode (resolved: at most
+    /// `prefill_chunk_size`).
+    pub prefill_while_decoding: u32,
 }
 
 impl EngineInfo {
@@ -183,6 +188,8 @@ impl EngineHandle {
         let load2 = load.clone();
         let alive = Arc::new(AtomicBool::new(true));
         let guard = AliveGuard(alive.clone());
+        let sched_cfg = SchedulerConfig::new(&opts.deploy, opts.num_blocks)
+            .with_prefill_while_decoding(opts.prefill_while_decoding);
         let thread = std::thread::Builder::new()
             .name("lm-engine".into())
             .spawn(move || {
@@ -223,6 +230,7 @@ impl EngineHandle {
                         weight_bytes: memory.weight_bytes,
                         backend: backend.info().clone(),
                         mixed_steps: backend.mixes_steps(),
+                        prefill_while_decoding: sched_cfg.prefill_while_decoding,
                     };
                     Ok::<_, LmError>((backend, pool, info))
                 })();
@@ -237,7 +245,7 @@ impl EngineHandle {
                         return;
                     }
                 };
-                let sched = Scheduler::new(SchedulerConfig::new(&opts.deploy, opts.num_blocks));
+                let sched = Scheduler::new(sched_cfg);
                 let salt = crate::kv::prefix::salt(
                     &model_id,
                     dtype.as_str(),

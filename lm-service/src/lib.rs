@@ -51,6 +51,9 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
     pub embedding_cache_bytes: usize,
+    /// A step's prefill token budget while sequences decode (`--prefill-tokens-while-decoding`;
+    /// 0: `prefill_chunk_size`, the budget of every step).
+    pub prefill_while_decoding: u32,
     /// The vision replicas this LM may pull embeddings from (`None`: text and cached images
     /// only).
     pub vision: Option<ReplicaSource>,
@@ -225,6 +228,7 @@ pub async fn run(
             deploy: d.clone(),
             num_blocks,
             cores: cores.clone(),
+            prefill_while_decoding: cfg.prefill_while_decoding,
         };
         let (engine, thread) = tokio::task::spawn_blocking(move || EngineHandle::start(opts))
             .await
@@ -240,6 +244,7 @@ pub async fn run(
             kv_mib = info.kv_bytes as f64 / (1 << 20) as f64,
             decode_graphs = ?d.decoder_batch_sizes,
             prefill_chunk = d.prefill_chunk_size,
+            prefill_while_decoding = info.prefill_while_decoding,
             batch_size = d.batch_size,
             prefix_caching = d.prefix_caching,
             mixed_steps = info.mixed_steps,

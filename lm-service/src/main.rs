@@ -29,6 +29,15 @@ struct Args {
     /// Bytes of image embeddings kept by content hash.
     #[arg(long, env = "VLM_LM_EMBEDDING_CACHE_BYTES", default_value_t = DEFAULT_EMBEDDING_CACHE_BYTES)]
     embedding_cache_bytes: usize,
+    /// Prompt tokens a step computes while sequences decode (0: `prefill_chunk_size`, as when
+    /// none do). Smaller: running streams get a token sooner during a long prompt's prefill,
+    /// at the cost of more steps for that prompt.
+    #[arg(
+        long,
+        env = "VLM_LM_PREFILL_TOKENS_WHILE_DECODING",
+        default_value_t = 0
+    )]
+    prefill_tokens_while_decoding: u32,
     /// The vision replicas this LM may pull image embeddings from: `host:port,host:port` or
     /// `dns:///name:port` (a headless Service). Requests name one of them; the LM dials no
     /// other address. Without it, images missing from the embedding cache are refused.
@@ -68,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         listen: args.listen,
         metrics_listen: args.metrics_listen,
         embedding_cache_bytes: args.embedding_cache_bytes,
+        prefill_while_decoding: args.prefill_tokens_while_decoding,
         vision: args
             .vision
             .as_deref()

@@ -14,9 +14,10 @@
 //! 3. when nothing was preempted, waiting sequences are admitted in order while the batch has a
 //!    slot and their prefill fits the free blocks (head of line blocks the rest: no starvation);
 //! 4. prefilling sequences, oldest first, get chunks out of a budget of `prefill_chunk_size`
-//!    tokens per step (vLLM v1's token budget, decode rows not counted): a long prompt takes
-//!    the whole budget, short ones are packed into one step. The chunks run in the same step as
-//!    the decode batch, so running streams never stall behind a long prompt;
+//!    tokens per step (vLLM v1's token budget, decode rows not counted; a smaller one while
+//!    sequences decode when `prefill_while_decoding` says so): a long prompt takes the whole
+//!    budget, short ones are packed into one step. The chunks run in the same step as the
+//!    decode batch, so running streams never stall behind a long prompt;
 //! 5. the decode batch runs the smallest decode graph that holds it
 //!    ([`vlm_config::DeployConfig::decoder_graph_for`]).
 //!
@@ -40,6 +41,10 @@ pub struct SchedulerConfig {
     pub block_len: u32,
     /// Reuse cached blocks of a known prefix (`prefix_caching`).
     pub prefix_caching: bool,
+    /// The step's prefill token budget while sequences decode (`--prefill-tokens-while-
+    /// decoding`): smaller steps, so running streams get their tokens sooner during a long
+    /// prefill. At most `prefill_chunk_size`, which is the budget otherwise.
+    pub prefill_while_decoding: u32,
 }
 
 impl SchedulerConfig {
@@ -49,7 +54,30 @@ impl SchedulerConfig {
             num_blocks,
             block_len: deploy.kvcache_partition_len,
             prefix_caching: deploy.prefix_caching,
+            prefill_while_decoding: deploy.prefill_chunk_size,
         }
+    }
+
+    /// With a prefill budget of `tokens` while sequences decode (0, or more than
+    /// `prefill_chunk_size`: `prefill_chunk_size`).
+    pub fn with_prefill_while_decoding(mut self, tokens: u32) -> Self {
+        let chunk = self.deploy.prefill_chunk_size;
+        self.prefill_while_decoding = match tokens {
+            0 => chunk,
+            t => t.min(chunk),
+        };
+        self
+    }
+
+    /// The prefill token budget of a step with or without decode rows.
+    pub fn prefill_budget(&self, decoding: bool) -> usize {
+        let chunk = self.deploy.prefill_chunk_size;
+        let budget = if decoding {
+            self.prefill_while_decoding.min(chunk)
+        } else {
+            chunk
+        };
+        budget.max(1) as usize
     }
 }
 
@@ -329,7 +357,7 @@ impl Scheduler {
         }
 
         // 4. Prefill chunks, oldest first, out of the step's token budget.
-        let mut budget = self.cfg.deploy.prefill_chunk_size.max(1) as usize;
+        let mut budget = self.cfg.prefill_budget(!rows.is_empty());
         let prefilling: Vec<SeqId> = self
             .running
             .iter()
@@ -514,6 +542,7 @@ mod tests {
             num_blocks: blocks,
             block_len,
             prefix_caching: false,
+            prefill_while_decoding: chunk,
         }
     }
 
@@ -709,6 +738,50 @@ mod tests {
             lens,
             vec![vec![(1, 8)], vec![(1, 8)], vec![(1, 4), (2, 3)], vec![]],
         );
+    }
+
+    #[test]
+    fn a_smaller_budget_while_streams_decode() {
+        let now = Instant::now();
+        let c = cfg(4, &[1, 2, 4], 16, 100, 4).with_prefill_while_decoding(4);
+        assert_eq!((c.prefill_budget(false), c.prefill_budget(true)), (16, 4));
+        let mut s = Scheduler::new(c);
+        s.add(1, 20, None);
+        // Nothing decodes: the whole budget.
+        let p = step(&mut s, now);
+        assert_eq!(p.prefills[0].len, 16);
+        s.add(2, 9, None);
+        // 1 ends its prompt (4 left) and starts decoding; 2 is admitted.
+        let p = step(&mut s, now);
+        assert_eq!(
+            p.prefills
+                .iter()
+                .map(|c| (c.seq, c.len))
+                .collect::<Vec<_>>(),
+            vec![(1, 4), (2, 9)]
+        );
+        // 1 and 2 decode now: a third prompt gets 4 tokens a step.
+        s.add(3, 10, None);
+        let lens: Vec<_> = (0..3)
+            .map(|_| {
+                let p = step(&mut s, now);
+                assert!(p.decode.is_some(), "streams decode every step");
+                p.prefills
+                    .iter()
+                    .map(|c| (c.seq, c.len))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert_eq!(lens, vec![vec![(3, 4)], vec![(3, 4)], vec![(3, 2)]]);
+        // Over the chunk size or 0: the chunk size.
+        let c = cfg(4, &[4], 16, 100, 4);
+        assert_eq!(
+            c.clone()
+                .with_prefill_while_decoding(0)
+                .prefill_budget(true),
+            16
+        );
+        assert_eq!(c.with_prefill_while_decoding(64).prefill_budget(true), 16);
     }
 
     #[test]

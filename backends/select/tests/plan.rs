@@ -1,7 +1,6 @@
 //! The memory plan with the backends' own sizes: the CPU backend pools everything on the host,
 //! its figures are what a loaded backend reports, the candle backend on GPUs replicates the ViT
 //! and refuses a tensor-parallel LM, and every seed config plans on every kind.
-use std::path::Path;
 use vlm_backend_cpu::sizing::{vit_bucket_bytes, VitDims};
 use vlm_config::plan::{
     self, structured_output_bytes, BufferPolicy, DeviceKind, ModelDims, Part, PlanOptions, Service,
