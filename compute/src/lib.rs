@@ -30,7 +30,7 @@ pub use embeds_lru::EmbedsLru;
 pub use error::{ComputeError, Result};
 pub use info::BackendInfo;
 pub use layout::{build_chunk, PromptLayout};
-pub use lm::{check_table, DecodeRow, ImageRows, LmBackend, PrefillChunk, StepLogits};
+pub use lm::{check_table, step_apart, DecodeRow, ImageRows, LmBackend, PrefillChunk, StepLogits};
 pub use memory::{BucketMemory, LmMemory, VisionMemory};
 pub use model_config::{Qwen3VlConfig, TextConfig, VisionConfig};
 pub use pixels::PixelValues;

@@ -91,15 +91,7 @@ pub trait LmBackend: Send {
         bucket: usize,
         rows: &[DecodeRow],
     ) -> StepLogits {
-        let decode = if rows.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.decode(bucket, rows)
-        };
-        StepLogits {
-            chunks: chunks.iter().map(|c| self.prefill(c)).collect(),
-            decode,
-        }
+        step_apart(self, chunks, bucket, rows)
     }
 
     /// Whether [`Self::packed_step`] runs its parts together (for `Info` and the logs).
@@ -126,6 +118,25 @@ pub trait LmBackend: Send {
         };
         self.prefill(&chunk)?;
         Ok(())
+    }
+}
+
+/// [`LmBackend::packed_step`]'s parts run one after the other: the decode batch (when it has
+/// rows), then each chunk in order.
+pub fn step_apart<B: LmBackend + ?Sized>(
+    b: &mut B,
+    chunks: &[PrefillChunk],
+    bucket: usize,
+    rows: &[DecodeRow],
+) -> StepLogits {
+    let decode = if rows.is_empty() {
+        Ok(Vec::new())
+    } else {
+        b.decode(bucket, rows)
+    };
+    StepLogits {
+        chunks: chunks.iter().map(|c| b.prefill(c)).collect(),
+        decode,
     }
 }
 

@@ -100,15 +100,7 @@ impl<K: Kernels> LmBackend for TextBackend<K> {
                 return out;
             }
         }
-        let decode = if rows.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.decode(bucket, rows)
-        };
-        StepLogits {
-            chunks: chunks.iter().map(|c| self.prefill(c)).collect(),
-            decode,
-        }
+        vlm_compute::step_apart(self, chunks, bucket, rows)
     }
 
     fn mixes_steps(&self) -> bool {

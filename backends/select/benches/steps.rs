@@ -20,6 +20,12 @@ fn list(s: &str) -> Vec<usize> {
     s.split(',').filter_map(|x| x.trim().parse().ok()).collect()
 }
 
+/// One line of the table: the step, its median time, and the units (tokens, rows, patches) per
+/// second.
+fn row(name: impl std::fmt::Display, secs: f64, per_s: f64) {
+    println!("{:<28} {:>12.2} {:>14.0}", name, secs * 1e3, per_s);
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -104,12 +110,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
         .collect::<Result<_, _>>()?;
     let s = median(times);
-    println!(
-        "{:<28} {:>12.2} {:>14.0}",
-        format!("prefill {prefill} tokens"),
-        s * 1e3,
-        prefill as f64 / s
-    );
+    row(format!("prefill {prefill} tokens"), s, prefill as f64 / s);
 
     // Decode: `b` rows, each with its own blocks after the prefill's.
     let first = prefill.div_ceil(block_len) as u32;
@@ -135,12 +136,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             times.push(t.elapsed().as_secs_f64());
         }
         let s = median(times);
-        println!(
-            "{:<28} {:>12.2} {:>14.0}",
-            format!("decode batch {b} @ ctx {context}"),
-            s * 1e3,
-            b as f64 / s
-        );
+        row(format!("decode batch {b} @ ctx {context}"), s, b as f64 / s);
     }
 
     // Packed prefill: N prompts' chunks and the decode rows in one step, against N steps of
@@ -200,11 +196,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let tokens = (packed * packed_len) as f64;
         for (name, times) in [("packed", together), ("one chunk a step", apart)] {
             let s = median(times);
-            println!(
-                "{:<28} {:>12.2} {:>14.0}",
+            row(
                 format!("{packed}x{packed_len} + {packed_decode} rows, {name}"),
-                s * 1e3,
-                tokens / s
+                s,
+                tokens / s,
             );
         }
     }
@@ -239,11 +234,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 })
                 .collect::<Result<_, _>>()?;
             let s = median(times);
-            println!(
-                "{:<28} {:>12.2} {:>14.0}",
+            row(
                 format!("vit bucket {bucket} ({side}x{side})"),
-                s * 1e3,
-                (side * side) as f64 / s
+                s,
+                (side * side) as f64 / s,
             );
         }
     }

@@ -105,6 +105,30 @@ pub async fn accept(listener: &TcpListener) -> (TcpStream, SocketAddr) {
     }
 }
 
+/// The next connection of `listener` that `cap` admits (over the cap: closed, and the next
+/// one taken), with TCP_NODELAY when asked, its peer and its cap slot; `None` once the stream's
+/// receiver behind `tx` is gone.
+pub async fn next_admitted<T>(
+    listener: &TcpListener,
+    cap: &ConnCap,
+    nodelay: bool,
+    tx: &tokio::sync::mpsc::Sender<T>,
+) -> Option<(TcpStream, SocketAddr, Slot)> {
+    loop {
+        let (tcp, peer) = tokio::select! {
+            c = accept(listener) => c,
+            () = tx.closed() => return None,
+        };
+        let Some(slot) = cap.admit(peer) else {
+            continue;
+        };
+        if nodelay {
+            let _ = tcp.set_nodelay(true);
+        }
+        return Some((tcp, peer, slot));
+    }
+}
+
 /// The length of HTTP/2's client connection preface, `PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n`.
 const PREFACE_LEN: usize = 24;
 
@@ -183,17 +207,7 @@ pub fn incoming(
     let (tx, rx) = tokio::sync::mpsc::channel::<PlainConn>(64);
     let cap = ConnCap::new(opts.max_connections);
     tokio::spawn(async move {
-        loop {
-            let (mut tcp, peer) = tokio::select! {
-                c = accept(&listener) => c,
-                () = tx.closed() => break,
-            };
-            let Some(slot) = cap.admit(peer) else {
-                continue;
-            };
-            if nodelay {
-                let _ = tcp.set_nodelay(true);
-            }
+        while let Some((mut tcp, peer, slot)) = next_admitted(&listener, &cap, nodelay, &tx).await {
             let tx = tx.clone();
             tokio::spawn(async move {
                 let mut head = [0u8; PREFACE_LEN];

@@ -4,7 +4,7 @@
 //! with the peer's address and dropped. Connections count under the port's cap from their
 //! accept ([`crate::conn::accept::ConnCap`]).
 use super::InternalTls;
-use crate::conn::accept::{accept, Closed, ConnCap, Slot};
+use crate::conn::accept::{next_admitted, Closed, ConnCap, Slot};
 use crate::conn::GrpcConnOptions;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -95,16 +95,9 @@ pub fn incoming(
                 },
                 () = tx.closed() => break,
             };
-            let (tcp, peer) = tokio::select! {
-                c = accept(&listener) => c,
-                () = tx.closed() => break,
+            let Some((tcp, peer, slot)) = next_admitted(&listener, &cap, nodelay, &tx).await else {
+                break;
             };
-            let Some(slot) = cap.admit(peer) else {
-                continue;
-            };
-            if nodelay {
-                let _ = tcp.set_nodelay(true);
-            }
             let acceptor = tokio_rustls::TlsAcceptor::from(tls.server_config());
             let tx = tx.clone();
             tokio::spawn(async move {
