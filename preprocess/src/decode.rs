@@ -2,9 +2,14 @@
 //! of an animation, transparency composited onto white (transformers `convert_to_rgb`:
 //! `PIL.Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")`).
 //!
+//! The EXIF orientation (JPEG, WebP, PNG `eXIf`) is applied, as vLLM's image loader and
+//! transformers' `load_image` do with `PIL.ImageOps.exif_transpose`: a portrait phone photo
+//! stored sideways reaches the model upright, and its size is the displayed one.
+//!
 //! Decompression bombs are refused from the header, before any pixel is decoded.
 use crate::error::{PreprocessError, Result};
-use image::{DynamicImage, ImageError, ImageFormat, ImageReader, Limits, RgbImage};
+use image::metadata::Orientation;
+use image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits, RgbImage};
 use std::io::Cursor;
 
 /// The formats this build decodes.
@@ -47,12 +52,32 @@ fn header_error(format: ImageFormat, e: ImageError) -> PreprocessError {
     ))
 }
 
-/// (width, height) from the image header only; no pixel is decoded.
+/// Whether `o` turns the image a quarter (width and height trade places).
+fn swaps_sides(o: Orientation) -> bool {
+    matches!(
+        o,
+        Orientation::Rotate90
+            | Orientation::Rotate270
+            | Orientation::Rotate90FlipH
+            | Orientation::Rotate270FlipH
+    )
+}
+
+/// The stored (width, height) and the EXIF orientation from the header; no pixel is decoded.
+/// An unreadable EXIF block counts as no orientation (PIL's `exif_transpose` too ignores it).
+fn header(decoder: &mut impl ImageDecoder) -> ((u32, u32), Orientation) {
+    let dims = decoder.dimensions();
+    let orientation = decoder.orientation().unwrap_or(Orientation::NoTransforms);
+    (dims, orientation)
+}
+
+/// (width, height) as displayed (after the EXIF orientation), from the image header only; no
+/// pixel is decoded.
 pub fn read_image_size(bytes: &[u8]) -> Result<(u32, u32)> {
     let (reader, format) = reader(bytes)?;
-    reader
-        .into_dimensions()
-        .map_err(|e| header_error(format, e))
+    let mut decoder = reader.into_decoder().map_err(|e| header_error(format, e))?;
+    let ((w, h), o) = header(&mut decoder);
+    Ok(if swaps_sides(o) { (h, w) } else { (w, h) })
 }
 
 /// Decodes PNG/JPEG/WebP/GIF (first frame) to RGB, compositing transparency onto white as the
@@ -81,8 +106,16 @@ pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
     limits.max_image_height = Some(height);
     limits.max_alloc = Some(pixels.saturating_mul(8).saturating_add(64 << 20));
     let (mut reader, _) = self::reader(bytes)?;
-    reader.limits(limits);
-    let image = reader.decode().map_err(|e| match e {
+    reader.limits(limits.clone());
+    let decoded = reader.into_decoder().and_then(|mut decoder| {
+        let (_, orientation) = header(&mut decoder);
+        // What `ImageReader::decode` checks before allocating the frame.
+        limits.reserve(decoder.total_bytes())?;
+        let mut image = DynamicImage::from_decoder(decoder)?;
+        image.apply_orientation(orientation);
+        Ok(image)
+    });
+    let image = decoded.map_err(|e| match e {
         ImageError::Limits(l) => PreprocessError::invalid(format!(
             "{format:?} image {width}x{height} exceeds the decoder limits: {l}"
         )),
@@ -158,6 +191,62 @@ mod tests {
         .map(|&(c, a)| over_white(c, a))
         .collect();
         assert_eq!(got, [127, 132, 227, 254, 250, 4, 100]);
+    }
+
+    /// `jpeg` with an EXIF block (APP1, big-endian TIFF, one IFD entry) giving `orientation`.
+    fn with_exif_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
+        let mut tiff = b"MM\0\x2a\0\0\0\x08".to_vec();
+        tiff.extend_from_slice(&1u16.to_be_bytes()); // one entry
+        tiff.extend_from_slice(&0x0112u16.to_be_bytes()); // Orientation
+        tiff.extend_from_slice(&3u16.to_be_bytes()); // SHORT
+        tiff.extend_from_slice(&1u32.to_be_bytes());
+        tiff.extend_from_slice(&orientation.to_be_bytes());
+        tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]); // value padding, no next IFD
+        let mut app1 = b"Exif\0\0".to_vec();
+        app1.extend_from_slice(&tiff);
+        let mut out = jpeg[..2].to_vec(); // SOI
+        out.extend_from_slice(&[0xff, 0xe1]);
+        out.extend_from_slice(&(app1.len() as u16 + 2).to_be_bytes());
+        out.extend_from_slice(&app1);
+        out.extend_from_slice(&jpeg[2..]);
+        out
+    }
+
+    #[test]
+    fn exif_orientation_turns_the_image_upright() {
+        // 40x20: left half red, right half blue.
+        let img = image::RgbImage::from_fn(40, 20, |x, _| {
+            if x < 20 {
+                image::Rgb([230, 20, 20])
+            } else {
+                image::Rgb([20, 20, 230])
+            }
+        });
+        let mut out = Cursor::new(Vec::new());
+        img.write_to(&mut out, ImageFormat::Jpeg).unwrap();
+        let plain = out.into_inner();
+        let red = |p: &image::Rgb<u8>| p[0] > 150 && p[2] < 100;
+        let blue = |p: &image::Rgb<u8>| p[2] > 150 && p[0] < 100;
+        // Orientation 1 (as stored) changes nothing.
+        let one = with_exif_orientation(&plain, 1);
+        assert_eq!(read_image_size(&one).unwrap(), (40, 20));
+        let d = decode_image(&one, 1 << 20).unwrap();
+        assert!(red(d.get_pixel(5, 10)) && blue(d.get_pixel(35, 10)));
+        // 6: stored turned left, shown turned 90 degrees clockwise: 20x40, red on top.
+        let six = with_exif_orientation(&plain, 6);
+        assert_eq!(read_image_size(&six).unwrap(), (20, 40));
+        let d = decode_image(&six, 1 << 20).unwrap();
+        assert_eq!(d.dimensions(), (20, 40));
+        assert!(red(d.get_pixel(10, 5)), "{:?}", d.get_pixel(10, 5));
+        assert!(blue(d.get_pixel(10, 35)), "{:?}", d.get_pixel(10, 35));
+        // 8: turned the other way: blue on top.
+        let eight = with_exif_orientation(&plain, 8);
+        let d = decode_image(&eight, 1 << 20).unwrap();
+        assert_eq!(d.dimensions(), (20, 40));
+        assert!(blue(d.get_pixel(10, 5)) && red(d.get_pixel(10, 35)));
+        // 3: upside down: blue on the left.
+        let d = decode_image(&with_exif_orientation(&plain, 3), 1 << 20).unwrap();
+        assert!(blue(d.get_pixel(5, 10)) && red(d.get_pixel(35, 10)));
     }
 
     #[test]
