@@ -18,8 +18,10 @@ const SUPPORTED: &[ImageFormat] = &[
     ImageFormat::Jpeg,
     ImageFormat::WebP,
     ImageFormat::Gif,
+    ImageFormat::Bmp,
+    ImageFormat::Tiff,
 ];
-const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF";
+const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF, BMP, TIFF";
 
 /// A reader positioned on `bytes` whose format is one of [`SUPPORTED`]; a JPEG must be whole
 /// (a truncated one would decode to a partly gray image).
@@ -80,7 +82,7 @@ pub fn read_image_size(bytes: &[u8]) -> Result<(u32, u32)> {
     Ok(if swaps_sides(o) { (h, w) } else { (w, h) })
 }
 
-/// Decodes PNG/JPEG/WebP/GIF (first frame) to RGB, compositing transparency onto white as the
+/// Decodes PNG/JPEG/WebP/GIF/BMP/TIFF (first frame) to RGB, compositing transparency onto white as the
 /// reference processor does. Images over `max_decode_pixels` (width * height, from the header)
 /// are refused before decoding.
 pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {

@@ -1,7 +1,8 @@
 //! Property tests of image header reading and decoding (issue 18): `read_image_size` and
-//! `decode_image` on random bytes, and on small random PNG / JPEG / GIF / WebP images (encoded
-//! here with the `image` crate) that are truncated, have bytes flipped, inserted or removed, or
-//! have their header's size rewritten (PNG with a fixed CRC, so the lie gets past the checksum).
+//! `decode_image` on random bytes, and on small random PNG / JPEG / GIF / WebP / BMP / TIFF
+//! images (encoded here with the `image` crate) that are truncated, have bytes flipped, inserted
+//! or removed, or have their header's size rewritten (PNG with a fixed CRC, so the lie gets past
+//! the checksum).
 //!
 //! - nothing panics;
 //! - when both succeed, the decoded image has the header's size;
@@ -129,6 +130,8 @@ fn format() -> impl Strategy<Value = ImageFormat> {
         ImageFormat::Jpeg,
         ImageFormat::Gif,
         ImageFormat::WebP,
+        ImageFormat::Bmp,
+        ImageFormat::Tiff,
     ])
 }
 
@@ -143,6 +146,10 @@ fn encode(img: &Img, format: ImageFormat) -> Vec<u8> {
             DynamicImage::ImageRgb8(d.to_rgb8())
         }
         (ImageFormat::WebP, _) => DynamicImage::ImageRgba8(d.to_rgba8()),
+        (ImageFormat::Bmp | ImageFormat::Tiff, Color::Rgb8 | Color::L8 | Color::Rgb16) => {
+            DynamicImage::ImageRgb8(d.to_rgb8())
+        }
+        (ImageFormat::Bmp | ImageFormat::Tiff, _) => DynamicImage::ImageRgba8(d.to_rgba8()),
         _ => d,
     };
     let mut out = Cursor::new(Vec::new());

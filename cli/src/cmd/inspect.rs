@@ -21,7 +21,7 @@ pub struct InspectArgs {
     /// Checkpoint directory (config.json, safetensors, tokenizer files).
     #[arg(long)]
     pub model: PathBuf,
-    /// Image file (PNG, JPEG, WebP, GIF). Repeat for several images, in prompt order.
+    /// Image file (PNG, JPEG, WebP, GIF, BMP, TIFF). Repeat for several images, in prompt order.
     #[arg(long)]
     pub image: Vec<PathBuf>,
     /// Video file (MP4/MOV, WebM/MKV or AVI), sampled, resized and laid out as Qwen3-VL's video

@@ -17,6 +17,9 @@ const SUPPORTED_MIME: &[&str] = &[
     "image/jpg",
     "image/webp",
     "image/gif",
+    "image/bmp",
+    "image/x-ms-bmp",
+    "image/tiff",
 ];
 
 /// What every image is checked against.

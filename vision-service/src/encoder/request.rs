@@ -5,7 +5,7 @@ use std::sync::Arc;
 /// Where an image's pixels come from.
 #[derive(Debug, Clone)]
 pub enum ImageSource {
-    /// An image file (PNG, JPEG, WebP, GIF); the service decodes and resizes it.
+    /// An image file (PNG, JPEG, WebP, GIF, BMP, TIFF); the service decodes and resizes it.
     Encoded { data: Vec<u8>, mime_type: String },
     /// RGB8 pixels the caller already resized (sides multiples of patch * merge).
     Pixels {
