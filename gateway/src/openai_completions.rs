@@ -8,7 +8,7 @@ use crate::openai::{
     finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
     ChatCompletionRequest, Collected, HttpState,
 };
-use crate::openai_params::{check_unread, check_unread_of};
+use crate::openai_params::check_unread_of;
 use crate::openai_sampling::SamplingFields;
 use crate::response_format::StructuredFields;
 use crate::validation::{ChatRequest, RawPrompt};
@@ -72,9 +72,16 @@ fn prompt(v: &Value) -> Result<RawPrompt, GatewayError> {
     }
 }
 
+/// The fields `/v1/completions` reads, as its refusals list them.
+const COMPLETION_FIELDS: &str = "model, prompt, max_tokens, max_completion_tokens, \
+     temperature, top_p, top_k, min_p, seed, stop, stop_token_ids, presence_penalty, \
+     frequency_penalty, repetition_penalty, logit_bias, logprobs, echo, best_of, min_tokens, \
+     ignore_eos, response_format, structured_outputs, guided_json/regex/choice/grammar, stream, \
+     stream_options.include_usage, n";
+
 /// The request in domain terms, with `echo`'s text.
 fn parse(body: CompletionRequest, body_bytes: usize) -> Result<(ChatRequest, bool), GatewayError> {
-    check_unread(&body.extra, "")?;
+    check_unread_of(&body.extra, "", COMPLETION_FIELDS)?;
     if body.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
         return Err(GatewayError::param(
             "suffix",
@@ -434,6 +441,18 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn refusals_list_the_completion_fields_not_the_chat_ones() {
+        let body: CompletionRequest =
+            serde_json::from_value(json!({"prompt": "hi", "tools": [{"type": "function"}]}))
+                .unwrap();
+        let e = parse(body, 40).unwrap_err();
+        assert_eq!(e.param_name(), Some("tools"));
+        let msg = e.to_string();
+        assert!(msg.contains("supported: model, prompt,"), "{msg}");
+        assert!(msg.contains("echo") && !msg.contains("messages"), "{msg}");
     }
 
     #[test]
