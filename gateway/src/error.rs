@@ -60,6 +60,9 @@ pub enum GatewayError {
     /// The request's deadline passed before it finished (the LM dropped the sequence).
     #[error("deadline exceeded: {0}")]
     DeadlineExceeded(String),
+    /// The client did not send its request in time (a body that stopped arriving): HTTP 408.
+    #[error("{0}")]
+    RequestTimeout(String),
     /// An upstream service refused the request as invalid (passed on as is).
     #[error("{0}")]
     UpstreamInvalid(String),
@@ -101,6 +104,7 @@ impl GatewayError {
             GatewayError::Unavailable(_) => "unavailable",
             GatewayError::Cancelled => "cancelled",
             GatewayError::DeadlineExceeded(_) => "deadline",
+            GatewayError::RequestTimeout(_) => "request_timeout",
             GatewayError::Internal(_) => "error",
         }
     }
@@ -118,6 +122,7 @@ impl GatewayError {
             // nginx's "client closed request"; nobody reads it.
             GatewayError::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),
             GatewayError::DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
+            GatewayError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             GatewayError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -150,7 +155,7 @@ impl GatewayError {
             GatewayError::Unauthenticated(_) => "authentication_error",
             GatewayError::Unavailable(_) => "service_unavailable",
             GatewayError::Cancelled => "cancelled",
-            GatewayError::DeadlineExceeded(_) => "timeout",
+            GatewayError::DeadlineExceeded(_) | GatewayError::RequestTimeout(_) => "timeout",
             GatewayError::Internal(_) => "server_error",
         }
     }
@@ -269,6 +274,7 @@ impl From<GatewayError> for tonic::Status {
             GatewayError::Unavailable(_) => tonic::Status::unavailable(msg),
             GatewayError::Cancelled => tonic::Status::cancelled(msg),
             GatewayError::DeadlineExceeded(_) => tonic::Status::deadline_exceeded(msg),
+            GatewayError::RequestTimeout(_) => tonic::Status::invalid_argument(msg),
             GatewayError::Internal(_) => tonic::Status::internal(msg),
         }
     }

@@ -5,7 +5,7 @@
 //!   counted from the connection's accept (its first request) or from the first byte of the
 //!   request (later ones). A connection that sends nothing, or half its headers, is closed.
 //! - **Body read**: a request's body must arrive whole within `body_read_timeout` of its
-//!   headers; a handler reading it then gets [`BodyTimeout`] (a 400 naming the flag).
+//!   headers; a handler reading it then gets [`BodyTimeout`] (a 408 naming the flag).
 //! - **Keep-alive idle**: a connection with no request in flight that has received nothing
 //!   since its last response is closed after `idle_timeout`.
 //! - **Connections**: at most `max_connections` are open at once; one accepted over the cap is

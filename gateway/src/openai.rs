@@ -671,7 +671,7 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
     let body = axum::body::to_bytes(req.into_body(), limit)
         .await
         .map_err(|e| match crate::http_serve::BodyTimeout::find(&e) {
-            Some(t) => GatewayError::validation(t.to_string()),
+            Some(t) => GatewayError::RequestTimeout(t.to_string()),
             None => GatewayError::validation(format!(
                 "request body is over the limit of {limit} bytes (--max-body-bytes)"
             )),

@@ -153,7 +153,7 @@ async fn a_kept_alive_connection_is_closed_when_idle() {
     assert!(metric(addr, IDLE_CLOSED).await > before);
 }
 
-/// A body that stops arriving is a 400 naming the flag, not a connection held forever.
+/// A body that stops arriving is a 408 naming the flag, not a connection held forever.
 #[tokio::test]
 async fn a_body_that_does_not_arrive_is_refused() {
     let (addr, _dir) = gateway(limits(600_000, 500, 600_000, 100)).await;
@@ -170,7 +170,7 @@ async fn a_body_that_does_not_arrive_is_refused() {
         .expect("an answer to the stalled body")
         .ok();
     let text = String::from_utf8_lossy(&out);
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("--http-body-read-timeout-ms"), "{text}");
 }
 
