@@ -589,9 +589,10 @@ impl Engine {
             _ => (0, Vec::new()),
         };
         let decoding = !rows.is_empty();
+        // `graph` only on a step that decodes (a decode graph ran).
         let span = tracing::info_span!(
             "step",
-            graph,
+            graph = tracing::field::Empty,
             rows = rows.len(),
             prefill_chunks = chunks.len(),
             prefill_tokens = chunks.iter().map(|(p, _)| p.len).sum::<usize>()
@@ -602,6 +603,7 @@ impl Engine {
             // trace shows it; its chunk's span covers the step that carried it.
             let mut entered: Vec<_> = chunks.iter().map(|(_, s)| s.enter()).collect();
             if let Some(d) = plan.decode.as_ref().filter(|_| decoding) {
+                span.record("graph", d.graph);
                 for r in &d.rows {
                     if let Some(s) = self.seqs.get(&r.seq) {
                         s.req.span.record("graph", d.graph);
