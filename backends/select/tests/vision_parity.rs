@@ -668,7 +668,10 @@ fn corrupt_and_unsupported_data_are_clear_errors() {
     assert!(err.contains("corrupt Png image"), "{err}");
     let bmp = b"BM\x3a\x00\x00\x00\x00\x00\x00\x00\x36\x00\x00\x00\x28\x00\x00\x00";
     let err = decode_image(bmp, 1 << 20).unwrap_err().to_string();
-    assert!(err.contains("unsupported image format Bmp"), "{err}");
+    assert!(err.contains("corrupt Bmp image"), "{err}");
+    let qoi = b"qoif\x00\x00\x00\x40\x00\x00\x00\x40\x03\x00";
+    let err = decode_image(qoi, 1 << 20).unwrap_err().to_string();
+    assert!(err.contains("unsupported image format Qoi"), "{err}");
     let err = read_image_size(b"hello, this is not an image")
         .unwrap_err()
         .to_string();
