@@ -4,7 +4,7 @@
 //! `guided_grammar`), turned into the one `vlm.v1.StructuredOutput` the LM enforces. At most
 //! one constraint per request; each malformed one is a 400 naming its field.
 use crate::error::GatewayError;
-use crate::openai_params::check_unread;
+use crate::openai::params::check_unread;
 use serde_json::{Map, Value};
 use vlm_proto::v1 as pb;
 use vlm_proto::v1::structured_output::Kind;

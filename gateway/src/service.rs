@@ -40,12 +40,12 @@ fn video_input(v: pb::VideoPart, param: &str) -> Result<crate::video::VideoInput
             )))
         }
     };
-    if !crate::openai_video::video_file_mime(&v.mime_type) {
+    if !crate::video::video_file_mime(&v.mime_type) {
         return Err(GatewayError::validation(format!(
             "{param}.mime_type {:?}: a video file's type is one of {} (the bytes decide the \
              container)",
             v.mime_type,
-            crate::openai_video::VIDEO_FILE_MIME.join(", ")
+            crate::video::VIDEO_FILE_MIME.join(", ")
         )));
     }
     let positive = |x: f64, what: &str| {

@@ -14,6 +14,26 @@ use vlm_config::video::{Sampling, VideoGeometry, VideoProcessorConfig};
 use vlm_config::VisualConfig;
 pub use vlm_preprocess::RgbImage;
 
+/// MIME types a video file may come with. The decoder identifies the container by its bytes;
+/// this only refuses a type that names something else (an image, audio, text).
+pub const VIDEO_FILE_MIME: &[&str] = &[
+    "video/mp4",
+    "video/quicktime",
+    "video/x-m4v",
+    "video/webm",
+    "video/x-matroska",
+    "video/avi",
+    "video/x-msvideo",
+    "application/octet-stream",
+];
+
+/// Whether `mime` (any case, parameters after ';' ignored) is one a video file may come with;
+/// an empty type is accepted too.
+pub fn video_file_mime(mime: &str) -> bool {
+    let m = mime.split(';').next().unwrap_or("").trim();
+    m.is_empty() || VIDEO_FILE_MIME.iter().any(|t| t.eq_ignore_ascii_case(m))
+}
+
 /// One temporal group: its two resized frames (the odd last frame twice).
 pub type Group = (RgbImage, RgbImage);
 

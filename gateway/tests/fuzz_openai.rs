@@ -103,7 +103,7 @@ fn judge(body: &Value) -> Result<ValidRequest, Refusal> {
     let len = serde_json::to_vec(body).unwrap().len();
     // As the HTTP edge does: a mistyped known field is named, else serde's message.
     let req: ChatCompletionRequest = serde_json::from_value(body.clone()).map_err(|err| {
-        match vlm_gateway::openai_sampling::mistyped_field(body) {
+        match vlm_gateway::openai::sampling::mistyped_field(body) {
             Some(e) => Refusal::from(e),
             None => Refusal {
                 message: format!("not a valid chat completion request: {err}"),
@@ -854,7 +854,7 @@ proptest! {
 /// Bug found by `out_of_range_sampling_is_refused_by_name` (not fixed here):
 /// `max_completion_tokens` past the context is refused with a message naming `max_tokens`
 /// ("prompt (11 tokens) + max_tokens (4096) = 4107 tokens, over the context limit ..."): the
-/// sampling `into_sampling` builds (`openai_sampling.rs`) keeps the value, not which field
+/// sampling `into_sampling` builds (`openai/sampling.rs`) keeps the value, not which field
 /// carried it, and `Validator::validate` (`validation.rs`) words its refusal with `max_tokens`.
 /// Un-ignore once fixed.
 #[test]
@@ -869,7 +869,7 @@ fn regression_max_completion_tokens_past_the_context() {
 /// a value the field's type cannot hold (`n: -1`, `max_tokens: 4294967296`, `top_logprobs: -1`,
 /// `temperature: "hot"`) is refused by serde before any range check, with a message that does
 /// not name the field ("invalid value: integer `-1`, expected u32") and `param: null`: the
-/// flattened `SamplingFields` (`openai_sampling.rs`) lose the field path. Un-ignore once fixed.
+/// flattened `SamplingFields` (`openai/sampling.rs`) lose the field path. Un-ignore once fixed.
 #[test]
 fn regression_wrongly_typed_sampling_values_name_the_param() {
     for (k, v) in [

@@ -1,15 +1,14 @@
 //! `POST /v1/completions` (a prompt as text or token ids, no chat template; streamed or not;
 //! `logprobs: N` in the legacy shape; `echo`), and vLLM's `POST /tokenize` / `POST
 //! /detokenize`.
+use super::params::check_unread_of;
+use super::request::{parse_chat_request, ChatCompletionRequest};
+use super::sampling::SamplingFields;
+use super::state::{read_json, HttpState};
+use super::wire::{finish_reason, now_secs, sse_deltas, usage_chunk, usage_json, Collected};
 use crate::error::GatewayError;
 use crate::generate::Tally;
 use crate::logprobs::ShownLogprob;
-use crate::openai::{
-    finish_reason, now_secs, parse_chat_request, read_json, sse_deltas, usage_json,
-    ChatCompletionRequest, Collected, HttpState,
-};
-use crate::openai_params::check_unread_of;
-use crate::openai_sampling::SamplingFields;
 use crate::response_format::StructuredFields;
 use crate::validation::{ChatRequest, RawPrompt};
 use axum::extract::{Request, State};
@@ -186,7 +185,7 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
     let n = n.max(1) as usize;
     let usage = (stream && include_usage).then(|| {
         let (id, model) = (id.clone(), model.clone());
-        move |u| crate::openai::usage_chunk(&id, "text_completion", &model, created, u)
+        move |u| usage_chunk(&id, "text_completion", &model, created, u)
     });
     let chunk = move |index: usize, text: &str, lp: Option<Value>, finish: Option<Finish>| {
         json!({"id": id, "object": "text_completion", "created": created, "model": model,

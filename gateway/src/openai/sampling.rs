@@ -3,8 +3,8 @@
 //! together with the structured-output fields (`StructuredFields`, flattened beside these in
 //! each route's body: serde's flatten does not nest). Each route adds its own (messages or
 //! prompt, logprobs in its shape).
+use super::params::check_unread;
 use crate::error::GatewayError;
-use crate::openai_params::check_unread;
 use crate::response_format::{structured_output, StructuredFields};
 use crate::validation::InputSampling;
 use serde::Deserialize;

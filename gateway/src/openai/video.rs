@@ -5,9 +5,9 @@
 //! frames as qwen-vl-utils writes them,
 //! `{"type": "video", "video": ["data:image/jpeg;base64,...", ...], "fps": 2}`; sampling options
 //! from `mm_processor_kwargs` (`fps`, `num_frames`, as vLLM takes them).
+use super::images::decode_data_url;
 use crate::error::GatewayError;
-use crate::openai::decode_data_url;
-use crate::video::{VideoInput, VideoSource};
+use crate::video::{video_file_mime, VideoInput, VideoSource, VIDEO_FILE_MIME};
 use serde_json::{Map, Value};
 use vlm_config::video::Sampling;
 
@@ -50,26 +50,6 @@ pub fn take_video_kwargs(rest: &mut Map<String, Value>) -> Result<Sampling, Gate
         (None, Some(n)) => Ok(Sampling::NumFrames(n)),
         (None, None) => Ok(Sampling::Default),
     }
-}
-
-/// MIME types a video file may come with. The decoder identifies the container by its bytes;
-/// this only refuses a type that names something else (an image, audio, text).
-pub const VIDEO_FILE_MIME: &[&str] = &[
-    "video/mp4",
-    "video/quicktime",
-    "video/x-m4v",
-    "video/webm",
-    "video/x-matroska",
-    "video/avi",
-    "video/x-msvideo",
-    "application/octet-stream",
-];
-
-/// Whether `mime` (any case, parameters after ';' ignored) is one a video file may come with;
-/// an empty type is accepted too.
-pub fn video_file_mime(mime: &str) -> bool {
-    let m = mime.split(';').next().unwrap_or("").trim();
-    m.is_empty() || VIDEO_FILE_MIME.iter().any(|t| t.eq_ignore_ascii_case(m))
 }
 
 /// A `video_url` part: a video file in a data: URL, or vLLM's `data:video/jpeg;base64,` with
