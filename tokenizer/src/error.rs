@@ -48,3 +48,8 @@ impl TokenizerError {
         }
     }
 }
+
+/// A failure of the `tokenizers` library or of the template engine, with what was being done.
+pub(crate) fn tok_err(context: &str, e: impl std::fmt::Display) -> TokenizerError {
+    TokenizerError::Tokenizer(format!("{context}: {e}"))
+}
