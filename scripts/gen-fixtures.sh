@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerate the golden fixtures under model/tests/fixtures/ (Qwen3-VL parity tests of the model crate).
+# Regenerate the golden fixtures under fixtures/ (Qwen3-VL parity tests of the model crate).
 #
 #   scripts/gen-fixtures.sh
 #
@@ -11,7 +11,7 @@
 #   KEEP_TMP=1  keep the raw per-run outputs (printed path)
 #
 # Single-image cases: shared/reference/golden.py, called as-is. Two images in one prompt:
-# model/tests/fixtures/gen_multi.py. Each run rebuilds its checkpoint from (config, seed 0);
+# fixtures/gen_multi.py. Each run rebuilds its checkpoint from (config, seed 0);
 # fixture_tools.py assemble checks the copies are byte-identical and keeps one per checkpoint.
 set -euo pipefail
 
@@ -21,7 +21,7 @@ SHARED_REF=${SHARED_REF:-$SCRIPT_DIR/../../shared/reference}
 SHARED_REF=$(cd "$SHARED_REF" && pwd)
 REF_PY=${REF_PY:-$HOME/.cache/qwen3-vl-reference/bin/python}
 THREADS=${THREADS:-2}
-FIX=$REPO/model/tests/fixtures
+FIX=$REPO/fixtures
 GOLDEN=$SHARED_REF/golden.py
 TOOLS=$FIX/fixture_tools.py
 
@@ -77,7 +77,7 @@ golden tiny_untied_ds1 long_prompt "$CFG_UNTIED" --prefix-len 200 --suffix-len 1
   tiny/synth_100x75 tiny/jpeg_400x176 tiny/two_images \
   tiny_untied_ds1/rgba_256x256 tiny_untied_ds1/long_prompt
 # ---- video cases: gen_video.py loads the tiny/ checkpoint (not rebuilt), writes tiny/video_*/ and the README's
-#      "Video cases" section (generated with transformers 5.19: /work/vllm-venv/bin/python model/tests/fixtures/gen_video.py;
+#      "Video cases" section (generated with transformers 5.19: /work/vllm-venv/bin/python fixtures/gen_video.py;
 #      video_mp4 needs PyAV with libx264 in $REF_PY, else it is skipped) ----
 echo "== tiny/video_*"
 "$REF_PY" "$FIX/gen_video.py" --threads "$THREADS" 2>&1 | grep -v -e 'it/s\]' -e '^Loading weights' || true

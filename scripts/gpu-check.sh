@@ -22,7 +22,7 @@ mkdir -p "$OUT" "$B"
 python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" $G/bins.tar.xz "$B" ||
   { echo "cannot unpack $G/bins.tar.xz"; exit 1; }
 # The test binaries were built elsewhere: the fixtures are this checkout's.
-export VLM_MODEL_FIXTURES="$PWD/model/tests/fixtures"
+export VLM_MODEL_FIXTURES="$PWD/fixtures"
 libs=$(python3 - <<'PY'
 import glob, os, site, sys
 dirs = set()

@@ -1,6 +1,6 @@
 //! `vlm inspect` end to end: the real binary on a golden fixture checkpoint (no tokenizer, so
 //! `--input-ids`), checked against the reference's tensors (transformers, see
-//! model/tests/fixtures/README.md). The RGBA 256x256 case needs no resize, so the pixel values of
+//! fixtures/README.md). The RGBA 256x256 case needs no resize, so the pixel values of
 //! both reference backends agree and the logits can be compared tightly.
 use candle_core::{DType, Device, Tensor};
 use std::process::Command;

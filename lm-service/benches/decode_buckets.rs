@@ -19,9 +19,7 @@ const BLOCK_LEN: usize = 256;
 fn model_dir() -> PathBuf {
     std::env::var_os("VLM_BENCH_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/tiny")
-        })
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fixtures/tiny"))
 }
 
 /// Median seconds of `a` and of `b`, run in turn (a, b, a, b, ...) at least 5 times each and

@@ -160,7 +160,7 @@ fn libx264_b_frames_decode_in_presentation_order_bit_exact_with_pyav() {
     );
 }
 
-/// The PyAV golden of `model/tests/fixtures/tiny/video_mp4` (libx264 Constrained Baseline
+/// The PyAV golden of `fixtures/tiny/video_mp4` (libx264 Constrained Baseline
 /// clip.mp4, `decoded_frames_u8` from PyAV's rgb24), when that fixture is present.
 #[test]
 fn pyav_golden_fixture() {

@@ -26,7 +26,7 @@ pub fn workspace_dir() -> PathBuf {
 
 /// The golden fixtures every crate's tests read (checkpoints, reference tensors, goldens).
 pub fn fixtures_dir() -> PathBuf {
-    workspace_dir().join("model/tests/fixtures")
+    workspace_dir().join("fixtures")
 }
 
 /// The tiny checkpoint of the fixtures (random weights, transformers' goldens beside it).

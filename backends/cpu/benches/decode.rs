@@ -87,9 +87,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn run() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::var_os("VLM_BENCH_MODEL")
         .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../model/tests/fixtures/tiny")
-        });
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny"));
     if !dir.join("config.json").is_file() {
         if let Ok(preset) = std::env::var("VLM_BENCH_MAKE") {
             let preset: vlm_make_model::Preset = preset.parse()?;

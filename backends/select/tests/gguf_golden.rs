@@ -1,12 +1,12 @@
 //! GGUF checkpoints (what llama.cpp loads) on the CPU backend, against their scheme's PyTorch
 //! reference: `scripts/gguf-reference.py` dequantizes the file with llama.cpp's own code (the
 //! `gguf` package) and quantizes activations as ggml's matmul does, in transformers' Qwen3-VL.
-//! The goldens (`model/tests/fixtures/gguf/*.json`) were made from the files `vlm quantize`
+//! The goldens (`fixtures/gguf/*.json`) were made from the files `vlm quantize`
 //! writes for the seed-0 `tiny-256` checkpoint; the test writes them again and checks their
 //! sha256 before comparing, so a writer change cannot pass against stale goldens.
 //!
 //! Regenerate: `vlm make-model --preset tiny-256 --out T && vlm quantize --scheme q4_k_m T
-//! T.gguf && python scripts/gguf-reference.py T T.gguf model/tests/fixtures/gguf/tiny-256-q4_k_m.json`.
+//! T.gguf && python scripts/gguf-reference.py T T.gguf fixtures/gguf/tiny-256-q4_k_m.json`.
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};

@@ -1,4 +1,4 @@
-//! The decoder against the reference goldens (tests/fixtures): MRoPE positions, prefill logits,
+//! The decoder against the reference goldens (fixtures/): MRoPE positions, prefill logits,
 //! chunked prefill, and the input checks of a prefill step. Image embeddings are the golden
 //! ViT outputs, so these tests do not depend on the vision tower.
 mod text_support;

@@ -1,4 +1,4 @@
-//! Video parity with transformers' Qwen3-VL (`model/tests/fixtures/tiny/video_*`, made by
+//! Video parity with transformers' Qwen3-VL (`fixtures/tiny/video_*`, made by
 //! `gen_video.py`): from the source frames, our sampling, resize, timestamps, temporal-group
 //! patchify, per-group ViT, prompt layout (positions) and decoder give the reference's
 //! indices, pixel values, embeddings, deepstack features, positions, logits and greedy ids.

@@ -1,4 +1,4 @@
-//! The ViT and the image preprocessing against the reference goldens in `model/tests/fixtures`
+//! The ViT and the image preprocessing against the reference goldens in `fixtures`
 //! (transformers' Qwen3-VL on tiny random checkpoints; see its README.md), on every backend:
 //! the exact forward (the oracle) with the CPU kernels, the CPU bucket engine, the candle
 //! backend's padded forward.

@@ -14,7 +14,6 @@ pub fn bench_model() -> std::path::PathBuf {
     std::env::var_os("VLM_BENCH_MODEL")
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| {
-            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../model/tests/fixtures/tiny")
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny")
         })
 }

@@ -1,4 +1,4 @@
-//! Golden cases for the parity tests: `model/tests/fixtures/index.json` (see its README.md).
+//! Golden cases for the parity tests: `fixtures/index.json` (see its README.md).
 //! `VLM_MODEL_FIXTURES` points at another fixtures folder of the same layout. Also the kernels
 //! of each backend, for tests that run the one forward on every backend.
 #![allow(dead_code)]
