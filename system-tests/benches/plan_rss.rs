@@ -4,7 +4,7 @@
 //! (`vlm_config::plan::cpu_service_bytes(..).resident()`) and the ratio.
 //!
 //! ```text
-//! cargo bench -p vlm-cli --bench plan_rss
+//! cargo bench -p vlm-system-tests --bench plan_rss
 //! ```
 //!
 //! * `VLM_BENCH_MODEL`: the checkpoint (default `/work/ckpt/qwen3-vl-2b`, the random 2B one);

@@ -7,8 +7,6 @@
 #![allow(clippy::await_holding_lock)]
 mod support;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -32,48 +30,6 @@ fn chat(stream: bool) -> String {
     .to_string()
 }
 
-/// POSTs `body` to /v1/chat/completions on a fresh connection whose reads time out after
-/// [`BOUND`].
-fn post(http: &str, body: &str) -> TcpStream {
-    let mut s = TcpStream::connect(http).unwrap();
-    s.set_read_timeout(Some(BOUND)).unwrap();
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    s
-}
-
-/// Reads until `got` holds `needle`; Err when a read times out or the connection closes first.
-fn read_until(s: &mut TcpStream, got: &mut String, needle: &str) -> Result<(), String> {
-    let mut buf = [0u8; 4096];
-    while !got.contains(needle) {
-        match s.read(&mut buf) {
-            Ok(0) => return Err(format!("closed before {needle:?}: {got}")),
-            Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
-            Err(e) => return Err(format!("no {needle:?} within {BOUND:?} ({e}): {got}")),
-        }
-    }
-    Ok(())
-}
-
-/// Reads to the end of the response (the server closes: `Connection: close`); Err when a read
-/// times out first, i.e. the request was never ended.
-fn read_end(mut s: TcpStream, since: Instant) -> Result<(String, Duration), String> {
-    let mut got = Vec::new();
-    match s.read_to_end(&mut got) {
-        Ok(_) => Ok((String::from_utf8_lossy(&got).into_owned(), since.elapsed())),
-        Err(e) => Err(format!(
-            "not ended {:?} after the LM froze ({e}); got so far: {}",
-            since.elapsed(),
-            String::from_utf8_lossy(&got)
-        )),
-    }
-}
-
 /// A stream past its first token and a plain request sent just after the freeze both end with
 /// an error (an SSE error event then [DONE]; a 503), not by waiting forever; after SIGCONT the
 /// LM serves again and holds no sequence of the two.
@@ -88,7 +44,7 @@ async fn requests_in_flight_to_a_frozen_lm_end_and_it_serves_again() {
     let http = c.http();
 
     // Mid-generation: the stream's first token is out.
-    let mut stream = post(&http, &chat(true));
+    let mut stream = post_open(&http, &chat(true), BOUND);
     let mut head = String::new();
     read_until(&mut stream, &mut head, "\"content\"").expect("the stream's first token");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
@@ -96,7 +52,7 @@ async fn requests_in_flight_to_a_frozen_lm_end_and_it_serves_again() {
     let froze = Instant::now();
     // Sent just after: the gateway's health poll (2 s timeout) has not noticed yet, so it goes
     // to the frozen LM and waits for its first token there.
-    let plain = post(&http, &chat(false));
+    let plain = post_open(&http, &chat(false), BOUND);
     let stream = std::thread::spawn(move || read_end(stream, froze));
     let plain = std::thread::spawn(move || read_end(plain, froze));
     let stream = stream.join().unwrap();

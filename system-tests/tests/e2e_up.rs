@@ -8,19 +8,7 @@ use std::time::{Duration, Instant};
 
 /// The `vlm` under test: $VLM_E2E_VLM (e.g. an installed one), else the workspace's.
 fn vlm_bin() -> String {
-    std::env::var("VLM_E2E_VLM").unwrap_or_else(|_| match option_env!("CARGO_BIN_EXE_vlm") {
-        Some(p) => p.to_string(),
-        None => {
-            let deps = std::env::current_exe().unwrap();
-            deps.parent()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .join("vlm")
-                .display()
-                .to_string()
-        }
-    })
+    std::env::var("VLM_E2E_VLM").unwrap_or_else(|_| support::bin("vlm").display().to_string())
 }
 
 /// `vlm up` on free ports, caching in `cache`, logging warnings only.

@@ -7,7 +7,7 @@
 //! start (the KV pool and the ViT workspaces: `vlm_model::resident::zeros_resident`), so a layout
 //! that does not fit fails at start-up rather than under load (see the module documentation of
 //! `config/src/plan/memory.rs`). The children run with the environment they would have.
-//! The 2B checkpoint is measured by `cargo bench -p vlm-cli --bench plan_rss`.
+//! The 2B checkpoint is measured by `cargo bench -p vlm-system-tests --bench plan_rss`.
 #![cfg(target_os = "linux")]
 
 mod support;

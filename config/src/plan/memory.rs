@@ -56,7 +56,7 @@
 //! start — the KV pool and the ViT workspaces are zero-filled allocations, which Linux maps
 //! lazily, so without touching them they cost address space and no RSS until first used, and
 //! a layout that does not fit is found by the OOM killer under load instead of at start-up.
-//! [`PartBytes::resident`] is what such a service holds after start; cli/tests/plan_rss.rs
+//! [`PartBytes::resident`] is what such a service holds after start; system-tests/tests/plan_rss.rs
 //! checks it against `VmRSS` within 10% (tiny checkpoint) and cli/benches/plan_rss.rs
 //! measures it on the 2B checkpoint.
 //!
@@ -125,7 +125,7 @@ impl PartBytes {
 /// SERVING minus the rest of the plan, with the tiny checkpoint. 2026-11-29: vision-service
 /// 13.0 MB, lm-service 12.9-13.5 MB (12 MiB then). 2026-12-02, the binaries grown by video
 /// decoding, the embedding caches and TLS: vision-service 13.6 MB, lm-service 16.7-18.4 MB
-/// (44.3-45.2 MB RSS with a 25.4 MB KV pool; `cargo test -p vlm-cli --test plan_rss --
+/// (44.3-45.2 MB RSS with a 25.4 MB KV pool; `cargo test -p vlm-system-tests --test plan_rss --
 /// --nocapture` prints both). 15 MiB keeps both within their 10%; it is one figure for
 /// both. It does not grow with the model: with the 2B checkpoint
 /// it is noise next to gigabytes of weights (cli/benches/plan_rss.rs prints the difference).

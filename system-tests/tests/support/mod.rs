@@ -1,7 +1,8 @@
-//! The end-to-end harness shared by the `cli/tests/*` that run the real services: it finds (or
-//! builds) the `vision-service`, `lm-service` and `gateway` binaries next to `vlm`, makes the
-//! tiny random checkpoint once, spawns the services on loopback port 0, waits for gRPC health
-//! SERVING, and talks to them (gRPC Generate, a minimal HTTP/1.1 client, Prometheus text).
+//! The end-to-end harness shared by the whole-system tests (`system-tests/tests/*`) that run the
+//! real services: it finds (or builds) the `vlm`, `vision-service`, `lm-service` and `gateway`
+//! binaries of the same target directory, makes the tiny random checkpoint once, spawns the
+//! services on loopback port 0, waits for gRPC health SERVING, and talks to them (gRPC
+//! Generate, a minimal HTTP/1.1 client, Prometheus text).
 //!
 //! Use it with `mod support;` from a test file; [`otlp`] is an in-process trace collector.
 // Each test file uses a different part of it.
@@ -31,23 +32,20 @@ pub fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// A service binary next to `vlm` (`target/<profile>/`); builds all three when one is missing.
+/// A binary of the workspace (`vlm` or a service) in the target directory these tests run from
+/// (a test binary lives in `<target>/<profile>/deps`); builds all four when one is missing.
 pub fn bin(name: &str) -> PathBuf {
     static BUILT: OnceLock<()> = OnceLock::new();
-    // Next to `vlm`; (a test binary lives in <target>/<profile>/deps).
-    let dir = match option_env!("CARGO_BIN_EXE_vlm") {
-        Some(vlm) => Path::new(vlm).parent().unwrap().to_path_buf(),
-        None => std::env::current_exe()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .to_path_buf(),
-    };
+    let dir = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let path = |n: &str| dir.join(format!("{n}{}", std::env::consts::EXE_SUFFIX));
     BUILT.get_or_init(|| {
-        if ["vision-service", "lm-service", "gateway"]
+        if ["vlm", "vision-service", "lm-service", "gateway"]
             .iter()
             .all(|n| path(n).is_file())
         {
@@ -57,6 +55,8 @@ pub fn bin(name: &str) -> PathBuf {
         let mut cmd = Command::new(cargo);
         cmd.current_dir(workspace_root()).args([
             "build",
+            "-p",
+            "vlm-cli",
             "-p",
             "vlm-vision-service",
             "-p",
@@ -68,10 +68,7 @@ pub fn bin(name: &str) -> PathBuf {
             cmd.arg("--release");
         }
         let status = cmd.status().expect("running cargo build");
-        assert!(
-            status.success(),
-            "cargo build of the service binaries failed"
-        );
+        assert!(status.success(), "cargo build of the binaries failed");
     });
     path(name)
 }
@@ -897,5 +894,48 @@ impl Drop for Frozen {
     fn drop(&mut self) {
         // SAFETY: as in `new`.
         unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// POSTs `body` to /v1/chat/completions on a fresh connection whose reads time out after
+/// `bound`; read the answer with [`read_until`] and [`read_end`].
+pub fn post_open(http: &str, body: &str, bound: Duration) -> TcpStream {
+    let mut s = TcpStream::connect(http).unwrap_or_else(|e| panic!("connect {http}: {e}"));
+    s.set_read_timeout(Some(bound)).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: {http}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// Reads until `got` holds `needle`; Err when a read times out or the connection closes first.
+pub fn read_until(s: &mut TcpStream, got: &mut String, needle: &str) -> Result<(), String> {
+    let bound = s.read_timeout().ok().flatten();
+    let mut buf = [0u8; 4096];
+    while !got.contains(needle) {
+        match s.read(&mut buf) {
+            Ok(0) => return Err(format!("closed before {needle:?}: {got}")),
+            Ok(n) => got.push_str(&String::from_utf8_lossy(&buf[..n])),
+            Err(e) => return Err(format!("no {needle:?} within {bound:?} ({e}): {got}")),
+        }
+    }
+    Ok(())
+}
+
+/// Reads to the end of the response (the server closes: `Connection: close`): (the rest, time
+/// since `since`); Err when a read times out first, i.e. the request was never ended.
+pub fn read_end(mut s: TcpStream, since: Instant) -> Result<(String, Duration), String> {
+    let mut got = Vec::new();
+    match s.read_to_end(&mut got) {
+        Ok(_) => Ok((String::from_utf8_lossy(&got).into_owned(), since.elapsed())),
+        Err(e) => Err(format!(
+            "not ended {:?} after the event it was timed from ({e}); got so far: {}",
+            since.elapsed(),
+            String::from_utf8_lossy(&got)
+        )),
     }
 }
