@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod openai;
 pub mod response_format;
 pub mod routing;
+pub mod sampling_defaults;
 pub mod service;
 pub mod stream;
 pub mod tool_calls;
@@ -56,6 +57,8 @@ pub struct GatewayConfig {
     pub max_video_source_frames: u32,
     /// Special tokens written in message content are control tokens (injectable); off: text.
     pub control_tokens_in_content: bool,
+    /// Where the OpenAI API's sampling defaults come from (`--generation-config`).
+    pub generation_config: sampling_defaults::GenerationConfig,
     /// The internal APIs' shared token, sent to the LM and vision replicas.
     pub internal_token: Option<std::sync::Arc<vlm_service_kit::internal_auth::InternalToken>>,
     /// Mutual TLS to the LM and vision replicas (`--internal-tls-*`); `None`: plain HTTP/2.
@@ -141,8 +144,16 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_source_frames: cfg.max_video_source_frames,
         ..video::VideoLimits::from_processor(&video_processor)
     };
+    let sampling_defaults =
+        sampling_defaults::SamplingDefaults::read(&cfg.model_dir, cfg.generation_config)?;
+    tracing::info!(
+        generation_config = ?cfg.generation_config,
+        ?sampling_defaults,
+        "OpenAI API sampling defaults for fields a request leaves out"
+    );
     let validator = Validator::new(tokenizer, cfg.deploy.visual.clone(), limits, model_id)
-        .with_video_processor(video_processor);
+        .with_video_processor(video_processor)
+        .with_sampling_defaults(sampling_defaults);
     // Prefix routing only pays when the LMs cache prefixes; their blocks are
     // `kvcache_partition_len` tokens (the gateway reads the same deployment config).
     let router = Router::new(cfg.lm.clone(), cfg.vision.clone(), cfg.routing)

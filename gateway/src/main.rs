@@ -74,6 +74,16 @@ struct Args {
     /// user cannot close their turn and open a system one.
     #[arg(long, env = "VLM_GATEWAY_CONTROL_TOKENS_IN_CONTENT")]
     control_tokens_in_content: bool,
+    /// The OpenAI API's defaults for temperature, top_p, top_k, min_p and repetition_penalty
+    /// when a request leaves them out: `auto`, the checkpoint's generation_config.json (as
+    /// vLLM's default); `none`, OpenAI's (temperature 1, nothing truncated).
+    #[arg(
+        long,
+        env = "VLM_GATEWAY_GENERATION_CONFIG",
+        value_enum,
+        default_value = "auto"
+    )]
+    generation_config: vlm_gateway::sampling_defaults::GenerationConfig,
     /// File holding the shared token the LM and vision replicas require (a mounted Secret;
     /// re-read when it changes).
     #[arg(long, env = "VLM_INTERNAL_TOKEN_FILE")]
@@ -196,6 +206,7 @@ fn main() -> anyhow::Result<()> {
         max_video_frames: a.max_video_frames,
         max_video_source_frames: a.max_video_source_frames,
         control_tokens_in_content: a.control_tokens_in_content,
+        generation_config: a.generation_config,
         internal_token: a
             .internal_token_file
             .as_deref()

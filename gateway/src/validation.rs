@@ -231,6 +231,8 @@ pub struct Validator {
     model_id: String,
     /// The checkpoint's `video_preprocessor_config.json` (or Qwen3-VL's defaults).
     video: VideoProcessorConfig,
+    /// The OpenAI API's values for sampling fields a request leaves out.
+    sampling_defaults: crate::sampling_defaults::SamplingDefaults,
 }
 
 const ROLES: [&str; 4] = ["system", "user", "assistant", "tool"];
@@ -248,7 +250,17 @@ impl Validator {
             limits,
             model_id,
             video: VideoProcessorConfig::default(),
+            sampling_defaults: Default::default(),
         }
+    }
+
+    pub fn with_sampling_defaults(mut self, d: crate::sampling_defaults::SamplingDefaults) -> Self {
+        self.sampling_defaults = d;
+        self
+    }
+
+    pub fn sampling_defaults(&self) -> &crate::sampling_defaults::SamplingDefaults {
+        &self.sampling_defaults
     }
 
     /// The video processor settings (the checkpoint's `video_preprocessor_config.json`).

@@ -16,11 +16,14 @@ pub(crate) async fn chat_completions(State(s): State<HttpState>, req: Request) -
     let span = tracing::info_span!("POST /v1/chat/completions");
     let tally = Tally::start();
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
-    let (parsed, body_len): (ChatCompletionRequest, usize) =
+    let (mut parsed, body_len): (ChatCompletionRequest, usize) =
         match read_json(&s, req, "chat completion request").await {
             Ok(p) => p,
             Err(e) => return tally.refuse(e).into_response(),
         };
+    parsed
+        .sampling
+        .fill_defaults(s.core.validator().sampling_defaults());
     let (stream, include_usage) = (parsed.sampling.stream, parsed.sampling.include_usage());
     let want_logprobs = parsed.logprobs == Some(true);
     let chat_n = parsed.sampling.n.unwrap_or(1);

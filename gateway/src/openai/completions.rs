@@ -150,11 +150,13 @@ pub async fn completions(State(s): State<HttpState>, req: Request) -> Response {
     let span = tracing::info_span!("POST /v1/completions");
     let tally = Tally::start();
     vlm_service_kit::telemetry::extract_http(req.headers(), &span);
-    let (body, len): (CompletionRequest, usize) =
+    let (mut body, len): (CompletionRequest, usize) =
         match read_json(&s, req, "completion request").await {
             Ok(p) => p,
             Err(e) => return tally.refuse(e).into_response(),
         };
+    body.sampling
+        .fill_defaults(s.core.validator().sampling_defaults());
     let (stream, include_usage) = (body.sampling.stream, body.sampling.include_usage());
     let want_logprobs = body.logprobs.is_some();
     let n = body.sampling.n.unwrap_or(1);

@@ -144,6 +144,15 @@ impl SamplingFields {
     /// Into the domain form. `default_max_tokens` applies when neither max field is given
     /// (0 = the rest of the context); `logprobs` is (asked, alternatives); `forced` is a
     /// route's own constraint (a required tool call), which excludes any other.
+    /// Fields the body leaves out take the server's defaults (`--generation-config`).
+    pub fn fill_defaults(&mut self, d: &crate::sampling_defaults::SamplingDefaults) {
+        self.temperature = self.temperature.or(d.temperature);
+        self.top_p = self.top_p.or(d.top_p);
+        self.top_k = self.top_k.or(d.top_k);
+        self.min_p = self.min_p.or(d.min_p);
+        self.repetition_penalty = self.repetition_penalty.or(d.repetition_penalty);
+    }
+
     pub fn into_sampling(
         self,
         structured: StructuredFields,
