@@ -325,6 +325,12 @@ impl Sampler {
 /// Up to this `top_k` the candidates come from one pass over the row ([`top_k_desc`]).
 const SMALL_TOP_K: usize = 64;
 
+/// `x > bar`, false for a NaN.
+#[inline]
+fn above(x: f32, bar: f32) -> bool {
+    x.partial_cmp(&bar) == Some(std::cmp::Ordering::Greater)
+}
+
 /// Logits [`top_k_desc`] checks against its bar at once.
 const BLOCK: usize = 64;
 
@@ -346,12 +352,12 @@ fn top_k_desc(logits: &[f32], k: usize, floor: f32) -> Vec<usize> {
             let m = block
                 .iter()
                 .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
-            if !(m > bar) {
+            if !above(m, bar) {
                 continue;
             }
         }
         for (j, &x) in block.iter().enumerate() {
-            if top.len() == k && !(x > bar) {
+            if top.len() == k && !above(x, bar) {
                 continue;
             }
             if !x.is_finite() || x < floor {
