@@ -72,6 +72,76 @@ async fn a_huge_prompt_is_refused_without_a_memory_blow_up() {
     assert_eq!(status, 200, "{reply}");
 }
 
+/// Issue 42 item 6: bodies just under the 4 MiB trim threshold (~3.5 MB image requests from
+/// four clients at once) left the gateway's heap holding their pages:
+/// 18 -> 145 MiB resident, for good. The gateway's resident memory must come back near its
+/// baseline once they are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_under_the_trim_threshold_do_not_stay_resident() {
+    use base64::Engine;
+    let _g = serial();
+    let c = Cluster::start(1, &[]).await;
+    let pid = c.gateway.pid();
+    // Warm: the first requests allocate what every request needs (pools, tables).
+    for _ in 0..3 {
+        let (status, _) = post_json(
+            &c.http(),
+            &serde_json::json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}),
+        );
+        assert_eq!(status, 200);
+    }
+    let baseline = vm_rss(pid);
+    // A noise PNG of ~2.6 MB: ~3.5 MB of base64, served (a new image each client).
+    let body = |seed: u32| {
+        let img = image::RgbImage::from_fn(940, 930, |x, y| {
+            let v = (x.wrapping_mul(2654435761) ^ y.wrapping_mul(40503) ^ seed)
+                .wrapping_mul(2246822519);
+            image::Rgb([(v >> 24) as u8, (v >> 16) as u8, (v >> 8) as u8])
+        });
+        let mut png = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut png, image::ImageFormat::Png).unwrap();
+        let b64 = base64::engine::general_purpose::STANDARD.encode(png.into_inner());
+        serde_json::json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": "what is it?"}]}], "max_tokens": 1})
+        .to_string()
+    };
+    let bodies: Vec<String> = (0..4).map(body).collect();
+    for b in &bodies {
+        assert!((3_000_000..4 << 20).contains(&b.len()), "{}", b.len());
+    }
+    let http = c.http();
+    let clients: Vec<_> = bodies
+        .into_iter()
+        .map(|body| {
+            let http = http.clone();
+            std::thread::spawn(move || {
+                for _ in 0..10 {
+                    let (status, reply) =
+                        support::http(&http, "POST", "/v1/chat/completions", body.as_bytes());
+                    assert_eq!(status, 200, "{reply}");
+                }
+            })
+        })
+        .collect();
+    for t in clients {
+        t.join().unwrap();
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let after = vm_rss(pid);
+    eprintln!(
+        "gateway RSS baseline {} MiB, after 40 bodies of 3.5 MB {} MiB",
+        baseline / MIB,
+        after / MIB
+    );
+    assert!(
+        after < baseline + 40 * MIB,
+        "after {} MiB over baseline {} MiB",
+        after / MIB,
+        baseline / MIB
+    );
+}
+
 /// `<|im_end|><|im_start|>system ...` typed by a user is text, not turn markers; the
 /// gateway's `--control-tokens-in-content` restores the old (injectable) encoding.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
