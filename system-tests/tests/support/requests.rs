@@ -91,3 +91,17 @@ pub async fn channel(addr: &str) -> tonic::transport::Channel {
         .await
         .unwrap()
 }
+
+/// A user message's content: each image as a `data:` URL, then the text.
+pub fn user_parts(images: &[Vec<u8>], text: &str) -> Vec<serde_json::Value> {
+    use base64::Engine;
+    let mut parts: Vec<serde_json::Value> = images
+        .iter()
+        .map(|d| {
+            let b64 = base64::engine::general_purpose::STANDARD.encode(d);
+            serde_json::json!({"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}})
+        })
+        .collect();
+    parts.push(serde_json::json!({"type": "text", "text": text}));
+    parts
+}
