@@ -234,6 +234,11 @@ fn quantized_products_are_dequantized_weights_times_q8k_activations() {
         (1, 128, 256, 4),
         (24, 1024, 256, 4),
         (1, 512, 256, 4),
+        // Decode row counts on the k-quant gemv (AVX512-VNNI CPUs): odd weight rows, slices
+        // of unequal size.
+        (2, 131, 768, 4),
+        (3, 129, 256, 2),
+        (4, 200, 1024, 3),
     ] {
         let w: Vec<f32> = (0..n * k)
             .map(|i| ((i * 7919 % 2003) as f32 / 1001.0) - 1.0)

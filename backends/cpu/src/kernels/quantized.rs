@@ -11,7 +11,14 @@
 //! task's thread (the process sets candle's pool to that one thread: `CANDLE_NUM_THREADS=1`,
 //! see `lm-service`'s main). Memory stays one copy of the quantized bytes (plus candle's
 //! repacked layout).
-use candle_core::quantized::{GgmlDType, QStorage, QTensor};
+//!
+//! Decode products (<= 4 rows) of Q4_K and Q6_K weights on a CPU with AVX512-VNNI run our own
+//! gemv on the slices' compact blocks ([`super::kquant_gemv`]), the activations quantized to
+//! Q8_K once for all slices; the candle products stay for other CPUs, types and row counts.
+use super::kquant_gemv::{self, KQuant};
+use super::ptr::SendPtr;
+use super::q8k_act::{Q8KRows, QK_K};
+use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -23,8 +30,12 @@ use std::borrow::Cow;
 /// tiles, which reuse each expanded tile across rows. Both pair the weight with Q8_K rows, so
 /// the results agree to summation order. Q6_K already decodes compact in candle; Q8_0's
 /// compact product pairs it with Q8_0 rows (another scheme) and measured slower, so it stays
-/// on the tiles.
+/// on the tiles. (On AVX512-VNNI CPUs, Q4_K and Q6_K decode on [`kquant_gemv`] instead.)
 const COMPACT_ROWS: usize = 4;
+
+/// Up to this many activation rows a Q4_K / Q6_K product runs on [`kquant_gemv`] (where the
+/// CPU has it): the rows share each load of the weight; more rows take candle's tiles.
+const KQUANT_ROWS: usize = 4;
 
 /// Rows of a slice are a multiple of this (candle's repacked tiles take 16 rows).
 const ROW_ALIGN: usize = 64;
@@ -32,7 +43,7 @@ const ROW_ALIGN: usize = 64;
 #[derive(Debug)]
 pub struct QuantizedWeight {
     /// (first row, weight rows [first, first + rows) as a QTensor).
-    slices: Vec<(usize, candle_core::quantized::QMatMul)>,
+    slices: Vec<(usize, QMatMul)>,
     n: usize,
     k: usize,
     dtype: GgmlDType,
@@ -56,7 +67,7 @@ impl QuantizedWeight {
             let bytes = &data[r * row_bytes..(r + rows) * row_bytes];
             let storage = QStorage::from_data(Cow::Borrowed(bytes), &Device::Cpu, dtype)?;
             let q = QTensor::new(storage, (rows, k))?;
-            slices.push((r, candle_core::quantized::QMatMul::from_qtensor(q)?));
+            slices.push((r, QMatMul::from_qtensor(q)?));
             r += rows;
         }
         Ok(QuantizedWeight {
@@ -77,6 +88,68 @@ impl QuantizedWeight {
 
     /// x (m, k) f32 -> x · Wᵀ (m, n) f32.
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
+        let m = x.dim(0)?;
+        if let Some(ty) = self.kquant(m) {
+            return self.kquant_matmul(ty, x);
+        }
+        self.matmul_candle(x)
+    }
+
+    /// Which [`kquant_gemv`] type takes an `m`-row product, if any.
+    fn kquant(&self, m: usize) -> Option<KQuant> {
+        let ty = match self.dtype {
+            GgmlDType::Q4K => KQuant::Q4K,
+            GgmlDType::Q6K => KQuant::Q6K,
+            _ => return None,
+        };
+        let compact = self
+            .slices
+            .iter()
+            .all(|(_, q)| matches!(q, QMatMul::QTensor(_)));
+        (m >= 1
+            && m <= KQUANT_ROWS
+            && self.k.is_multiple_of(QK_K)
+            && compact
+            && kquant_gemv::available())
+        .then_some(ty)
+    }
+
+    /// The product on [`kquant_gemv`]: x quantized once, each slice's rows written in place.
+    fn kquant_matmul(&self, ty: KQuant, x: &Tensor) -> Result<Tensor> {
+        let (m, k) = x.dims2()?;
+        if k != self.k {
+            candle_core::bail!("quantized matmul: x has {k} columns, the weight {}", self.k)
+        }
+        let xs = x
+            .to_dtype(DType::F32)?
+            .contiguous()?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let act = Q8KRows::quantize(&xs, m, k, ty.order());
+        let mut out = vec![0f32; m * self.n];
+        let optr = SendPtr(out.as_mut_ptr());
+        self.slices
+            .par_iter()
+            .try_for_each(|(first, q)| -> Result<()> {
+                let QMatMul::QTensor(t) = q else {
+                    candle_core::bail!("a quantized slice holds floats")
+                };
+                let rows = t.shape().dims2()?.0;
+                let data = t.data()?;
+                // SAFETY: `kquant` checked the CPU's features; `act` is in `ty`'s order; the
+                // slice writes columns [first, first + rows) of the (m, n) `out`, which no
+                // other slice touches, and `out` outlives the tasks.
+                unsafe {
+                    kquant_gemv::gemv(ty, &data, rows, &act, optr.get().add(*first), self.n)
+                };
+                Ok(())
+            })?;
+        Tensor::from_vec(out, (m, self.n), &Device::Cpu)
+    }
+
+    /// x · Wᵀ on candle's products (the path for what [`kquant_gemv`] does not take; public
+    /// for the benches and the tests that compare the two).
+    pub fn matmul_candle(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let m = x.dim(0)?;
         if m <= COMPACT_ROWS && matches!(self.dtype, GgmlDType::Q4K | GgmlDType::Q5K) {
@@ -129,13 +202,12 @@ impl QuantizedWeight {
 
 /// `xs` (m, k) · Wᵀ for the slice `q` (n, k) on the calling thread, on its compact blocks.
 fn compact_matmul(
-    q: &candle_core::quantized::QMatMul,
+    q: &QMatMul,
     xs: &[f32],
     m: usize,
     k: usize,
 ) -> Result<Vec<f32>> {
     use candle_core::quantized::k_quants::{self as kq, GgmlType};
-    use candle_core::quantized::QMatMul;
     let QMatMul::QTensor(t) = q else {
         candle_core::bail!("a quantized slice holds floats")
     };
@@ -170,4 +242,43 @@ fn compact_matmul(
         other => candle_core::bail!("no compact product for {other:?}"),
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i + seed) * 7919 % 2003) as f32 / 1001.0) - 1.0)
+            .collect()
+    }
+
+    /// Every slice writes its own columns: the split product equals candle's (the same Q8_K
+    /// integer sums, f32 summation order aside) for 1..=4 rows, odd row counts and slices
+    /// that are not all the same size.
+    #[test]
+    fn decode_products_agree_with_candles_across_slices() {
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+            for (n, k, parts) in [(67, 256, 2), (130, 768, 4), (200, 1024, 3), (1, 512, 4)] {
+                let w = Tensor::from_vec(data(n * k, 1), (n, k), &Device::Cpu).unwrap();
+                let q = QTensor::quantize(&w, dtype).unwrap();
+                let qw = QuantizedWeight::new(&q, parts).unwrap();
+                for m in 1..=KQUANT_ROWS + 1 {
+                    let x = Tensor::from_vec(data(m * k, 5 + m), (m, k), &Device::Cpu).unwrap();
+                    let got = qw.matmul(&x).unwrap().to_vec2::<f32>().unwrap();
+                    let want = qw.matmul_candle(&x).unwrap().to_vec2::<f32>().unwrap();
+                    for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                        let scale = w.iter().fold(1f32, |a, v| a.max(v.abs()));
+                        for (j, (a, b)) in g.iter().zip(w).enumerate() {
+                            assert!(
+                                (a - b).abs() <= 2e-5 * scale,
+                                "{dtype:?} {m}x{n}x{k}/{parts} at ({r}, {j}): {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
