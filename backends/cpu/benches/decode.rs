@@ -15,8 +15,12 @@
 //!   attends to a zero cache, which costs the same), `VLM_BENCH_KV_DTYPES` (KV cache dtypes,
 //!   comma-separated, timed step by step in turn; default the model's own: bf16 for bf16
 //!   weights, else f32).
+//! * `VLM_BENCH_GGUF`: a `vlm quantize` scheme (`q4_k_m`, `q8_0`): the checkpoint is quantized
+//!   once into `$TMPDIR/vlm-bench-<name>.<scheme>/` and decoded from that GGUF pair, as the
+//!   lm-service serves it (candle's pool at one thread); a step then reads the LM file's
+//!   bytes. Use with `VLM_BENCH_DTYPES=f32` (the dtype of the float tensors and activations).
 use candle_core::{DType, Device};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 use vlm_backend_cpu::{CpuKernels, CpuOptions};
 use vlm_compute::{DecodeRow, PrefillChunk, Qwen3VlConfig};
@@ -84,8 +88,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// The served directory of `dir` quantized with `scheme` (written once) and the bytes of its
+/// LM file.
+fn gguf_served(dir: &Path, scheme: &str) -> Result<(PathBuf, u64), Box<dyn std::error::Error>> {
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
+    let out = std::env::temp_dir().join(format!(
+        "vlm-bench-{}.{scheme}",
+        name.unwrap_or_default()
+    ));
+    let (lm, mmproj) = (out.join("lm.gguf"), out.join("mmproj-lm.gguf"));
+    if !mmproj.is_file() {
+        std::fs::create_dir_all(&out)?;
+        eprintln!("quantizing {} to {scheme} in {}", dir.display(), out.display());
+        let t = Instant::now();
+        vlm_model::gguf::quantize_checkpoint(dir, scheme.parse()?, &lm, &mmproj)?;
+        eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
+    }
+    let served = out.join("served");
+    vlm_model::gguf::materialize(&lm, &mmproj, &served)?;
+    Ok((served, std::fs::metadata(&lm)?.len()))
+}
+
 fn run() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = std::env::var_os("VLM_BENCH_MODEL")
+    let mut dir = std::env::var_os("VLM_BENCH_MODEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/tiny"));
     if !dir.join("config.json").is_file() {
@@ -100,6 +125,16 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             vlm_make_model::make_model(&dir, &vlm_make_model::MakeOptions::new(preset))?;
             eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
         }
+    }
+    let mut gguf_bytes = None;
+    if let Ok(scheme) = std::env::var("VLM_BENCH_GGUF") {
+        // As the lm-service runs quantized products (see its main).
+        if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+            std::env::set_var("CANDLE_NUM_THREADS", "1");
+        }
+        let (served, bytes) = gguf_served(&dir, &scheme)?;
+        dir = served;
+        gguf_bytes = Some(bytes as usize);
     }
     let cfg = Qwen3VlConfig::from_dir(&dir)?;
     let t = &cfg.text;
@@ -138,7 +173,9 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         // reads only a few rows).
         let s = dtype.size_in_bytes();
         let embed = t.vocab_size * t.hidden_size * s;
-        let read_bytes = model.weight_bytes() - if cfg.tie_word_embeddings { 0 } else { embed };
+        let read_bytes = gguf_bytes.unwrap_or_else(|| {
+            model.weight_bytes() - if cfg.tie_word_embeddings { 0 } else { embed }
+        });
         println!(
             "\n[{dtype_name}] weights {:.2} GB (loaded in {load_s:.1} s); a decode step reads {:.2} GB",
             model.weight_bytes() as f64 / 1e9,
