@@ -7,6 +7,9 @@
 //! * otherwise a few rows (decode, <= [`SMALL_ROWS`]) go through the gemv, which streams the
 //!   weight once in its storage dtype with f32 activations; many rows through candle's f32
 //!   matmul for f32 weights, and the widening tiles for half-precision ones;
+//! * a block-quantized (GGUF) weight stays in its blocks ([`QuantizedWeight`]): decode rows of
+//!   Q4_K / Q6_K on our VNNI gemv where the CPU has it, the rest on candle's products; q/k/v
+//!   and gate/up fused into one weight of the parts' row slices;
 //! * attention: decode rows on the cache's memory ([`crate::kernels::decode_attention`]); a
 //!   prefill chunk of a bf16 model on the bf16 kernel ([`crate::kernels::chunk_attention`]),
 //!   of an f32 model in candle's ops (exact f32, `vlm_model::text::paged_attention`).
@@ -115,7 +118,19 @@ impl Kernels for CpuKernels {
         }
     }
 
+    /// Packed weights concatenated; quantized ones as one [`QuantizedWeight`] of the parts'
+    /// slices ([`QuantizedWeight::concat`]), so q/k/v and gate/up run as one set of tasks.
     fn fuse(&self, parts: &[&CpuWeight]) -> Option<CpuWeight> {
+        let quantized: Option<Vec<&QuantizedWeight>> = parts
+            .iter()
+            .map(|w| match w {
+                CpuWeight::Quantized(q) => Some(q.as_ref()),
+                _ => None,
+            })
+            .collect();
+        if let Some(q) = quantized {
+            return QuantizedWeight::concat(&q).map(|q| CpuWeight::Quantized(Arc::new(q)));
+        }
         let packed: Vec<&PackedB> = parts
             .iter()
             .map(|w| w.packed().map(|p| p.as_ref()))

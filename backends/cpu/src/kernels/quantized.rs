@@ -17,7 +17,7 @@
 //! Q8_K once for all slices; the candle products stay for other CPUs, types and row counts.
 use super::kquant_gemv::{self, KQuant};
 use super::ptr::SendPtr;
-use super::q8k_act::{Q8KRows, QK_K};
+use super::q8k_act::{Order, Q8KRows, QK_K};
 use candle_core::quantized::{GgmlDType, QMatMul, QStorage, QTensor};
 use candle_core::{DType, Device, Module, Result, Tensor};
 use rayon::prelude::*;
@@ -40,13 +40,20 @@ const KQUANT_ROWS: usize = 4;
 /// Rows of a slice are a multiple of this (candle's repacked tiles take 16 rows).
 const ROW_ALIGN: usize = 64;
 
+/// Weight rows [first, first + rows) as their own QTensor.
+#[derive(Debug, Clone)]
+struct Slice {
+    first: usize,
+    rows: usize,
+    q: QMatMul,
+    dtype: GgmlDType,
+}
+
 #[derive(Debug)]
 pub struct QuantizedWeight {
-    /// (first row, weight rows [first, first + rows) as a QTensor).
-    slices: Vec<(usize, QMatMul)>,
+    slices: Vec<Slice>,
     n: usize,
     k: usize,
-    dtype: GgmlDType,
 }
 
 impl QuantizedWeight {
@@ -67,55 +74,70 @@ impl QuantizedWeight {
             let bytes = &data[r * row_bytes..(r + rows) * row_bytes];
             let storage = QStorage::from_data(Cow::Borrowed(bytes), &Device::Cpu, dtype)?;
             let q = QTensor::new(storage, (rows, k))?;
-            slices.push((r, QMatMul::from_qtensor(q)?));
+            slices.push(Slice {
+                first: r,
+                rows,
+                q: QMatMul::from_qtensor(q)?,
+                dtype,
+            });
             r += rows;
         }
-        Ok(QuantizedWeight {
-            slices,
-            n,
-            k,
-            dtype,
-        })
+        Ok(QuantizedWeight { slices, n, k })
+    }
+
+    /// `parts` (all of the same k) as one weight, their rows stacked in order, so that the
+    /// products of one input (q, k and v; gate and up) run as one set of tasks; the slices
+    /// are shared, not copied, and may differ in type (Q4_K_M's v is Q6_K in some layers).
+    /// `None` when the k differ.
+    pub fn concat(parts: &[&QuantizedWeight]) -> Option<QuantizedWeight> {
+        let k = parts.first()?.k;
+        let mut slices = Vec::new();
+        let mut n = 0;
+        for p in parts {
+            if p.k != k {
+                return None;
+            }
+            slices.extend(p.slices.iter().map(|s| Slice {
+                first: n + s.first,
+                ..s.clone()
+            }));
+            n += p.n;
+        }
+        Some(QuantizedWeight { slices, n, k })
     }
 
     pub fn dims(&self) -> (usize, usize) {
         (self.n, self.k)
     }
 
+    /// The type of the first rows (a [`Self::concat`] of parts may mix types).
     pub fn dtype(&self) -> GgmlDType {
-        self.dtype
+        self.slices.first().map_or(GgmlDType::F32, |s| s.dtype)
     }
 
     /// x (m, k) f32 -> x · Wᵀ (m, n) f32.
     pub fn matmul(&self, x: &Tensor) -> Result<Tensor> {
         let m = x.dim(0)?;
-        if let Some(ty) = self.kquant(m) {
-            return self.kquant_matmul(ty, x);
+        if self.kquant(m) {
+            return self.kquant_matmul(x);
         }
         self.matmul_candle(x)
     }
 
-    /// Which [`kquant_gemv`] type takes an `m`-row product, if any.
-    fn kquant(&self, m: usize) -> Option<KQuant> {
-        let ty = match self.dtype {
-            GgmlDType::Q4K => KQuant::Q4K,
-            GgmlDType::Q6K => KQuant::Q6K,
-            _ => return None,
-        };
-        let compact = self
-            .slices
-            .iter()
-            .all(|(_, q)| matches!(q, QMatMul::QTensor(_)));
-        (m >= 1
-            && m <= KQUANT_ROWS
+    /// Whether an `m`-row product runs on [`kquant_gemv`]: every slice Q4_K or Q6_K blocks.
+    fn kquant(&self, m: usize) -> bool {
+        (1..=KQUANT_ROWS).contains(&m)
             && self.k.is_multiple_of(QK_K)
-            && compact
-            && kquant_gemv::available())
-        .then_some(ty)
+            && kquant_gemv::available()
+            && self
+                .slices
+                .iter()
+                .all(|s| kquant_type(s.dtype).is_some() && matches!(s.q, QMatMul::QTensor(_)))
     }
 
-    /// The product on [`kquant_gemv`]: x quantized once, each slice's rows written in place.
-    fn kquant_matmul(&self, ty: KQuant, x: &Tensor) -> Result<Tensor> {
+    /// The product on [`kquant_gemv`]: x quantized once (per activation order the slices'
+    /// types need), each slice's rows written in place.
+    fn kquant_matmul(&self, x: &Tensor) -> Result<Tensor> {
         let (m, k) = x.dims2()?;
         if k != self.k {
             candle_core::bail!("quantized matmul: x has {k} columns, the weight {}", self.k)
@@ -125,25 +147,33 @@ impl QuantizedWeight {
             .contiguous()?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let act = Q8KRows::quantize(&xs, m, k, ty.order());
+        let needs = |o: Order| {
+            self.slices
+                .iter()
+                .any(|s| kquant_type(s.dtype).map(KQuant::order) == Some(o))
+        };
+        let quantize = |o: Order| needs(o).then(|| Q8KRows::quantize(&xs, m, k, o));
+        let (q4k, natural) = (quantize(Order::Q4K), quantize(Order::Natural));
         let mut out = vec![0f32; m * self.n];
         let optr = SendPtr(out.as_mut_ptr());
-        self.slices
-            .par_iter()
-            .try_for_each(|(first, q)| -> Result<()> {
-                let QMatMul::QTensor(t) = q else {
-                    candle_core::bail!("a quantized slice holds floats")
-                };
-                let rows = t.shape().dims2()?.0;
-                let data = t.data()?;
-                // SAFETY: `kquant` checked the CPU's features; `act` is in `ty`'s order; the
-                // slice writes columns [first, first + rows) of the (m, n) `out`, which no
-                // other slice touches, and `out` outlives the tasks.
-                unsafe {
-                    kquant_gemv::gemv(ty, &data, rows, &act, optr.get().add(*first), self.n)
-                };
-                Ok(())
-            })?;
+        self.slices.par_iter().try_for_each(|s| -> Result<()> {
+            let (QMatMul::QTensor(t), Some(ty)) = (&s.q, kquant_type(s.dtype)) else {
+                candle_core::bail!("slice of {:?} on the k-quant gemv", s.dtype)
+            };
+            let act = match ty.order() {
+                Order::Q4K => q4k.as_ref(),
+                Order::Natural => natural.as_ref(),
+            };
+            let act = act.expect("quantized for every slice's order");
+            let data = t.data()?;
+            // SAFETY: `kquant` checked the CPU's features; `act` is in `ty`'s order; the
+            // slice writes columns [first, first + rows) of the (m, n) `out`, which no other
+            // slice touches, and `out` outlives the tasks.
+            unsafe {
+                kquant_gemv::gemv(ty, &data, s.rows, act, optr.get().add(s.first), self.n)
+            };
+            Ok(())
+        })?;
         Tensor::from_vec(out, (m, self.n), &Device::Cpu)
     }
 
@@ -152,31 +182,26 @@ impl QuantizedWeight {
     pub fn matmul_candle(&self, x: &Tensor) -> Result<Tensor> {
         let x = x.to_dtype(DType::F32)?.contiguous()?;
         let m = x.dim(0)?;
-        if m <= COMPACT_ROWS && matches!(self.dtype, GgmlDType::Q4K | GgmlDType::Q5K) {
-            let xs = x.flatten_all()?.to_vec1::<f32>()?;
-            let parts: Vec<Vec<f32>> = self
-                .slices
-                .par_iter()
-                .map(|(_, q)| compact_matmul(q, &xs, m, self.k))
-                .collect::<Result<_>>()?;
-            let mut out = vec![0f32; m * self.n];
-            let mut col = 0;
-            for part in &parts {
-                let w = part.len() / m;
-                for r in 0..m {
-                    out[r * self.n + col..r * self.n + col + w]
-                        .copy_from_slice(&part[r * w..(r + 1) * w]);
-                }
-                col += w;
-            }
-            return Tensor::from_vec(out, (m, self.n), &Device::Cpu);
-        }
-        let parts: Vec<Tensor> = self
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let parts: Vec<Vec<f32>> = self
             .slices
             .par_iter()
-            .map(|(_, q)| q.forward(&x))
+            .map(|s| {
+                if m <= COMPACT_ROWS && matches!(s.dtype, GgmlDType::Q4K | GgmlDType::Q5K) {
+                    compact_matmul(&s.q, &xs, m, self.k)
+                } else {
+                    s.q.forward(&x)?.flatten_all()?.to_vec1::<f32>()
+                }
+            })
             .collect::<Result<_>>()?;
-        Tensor::cat(&parts, 1)
+        let mut out = vec![0f32; m * self.n];
+        for (s, part) in self.slices.iter().zip(&parts) {
+            for r in 0..m {
+                out[r * self.n + s.first..r * self.n + s.first + s.rows]
+                    .copy_from_slice(&part[r * s.rows..(r + 1) * s.rows]);
+            }
+        }
+        Tensor::from_vec(out, (m, self.n), &Device::Cpu)
     }
 
     /// Rows `ids` of W as (ids.len(), k) f32 (the embedding lookup of a tied head).
@@ -185,18 +210,25 @@ impl QuantizedWeight {
             .iter()
             .map(|&id| {
                 let id = id as usize;
-                let (first, q) = self
+                let s = self
                     .slices
                     .iter()
-                    .rev()
-                    .find(|(first, _)| *first <= id)
-                    .filter(|_| id < self.n)
+                    .find(|s| (s.first..s.first + s.rows).contains(&id))
                     .ok_or_else(|| candle_core::Error::Msg(format!("row {id} of {}", self.n)))?;
-                let local = Tensor::new(&[(id - first) as u32], &Device::Cpu)?;
-                q.embedding(&local)
+                let local = Tensor::new(&[(id - s.first) as u32], &Device::Cpu)?;
+                s.q.embedding(&local)
             })
             .collect::<Result<Vec<_>>>()?;
         Tensor::cat(&rows, 0)?.to_dtype(DType::F32)
+    }
+}
+
+/// The [`kquant_gemv`] type of `dtype`, if it has one.
+fn kquant_type(dtype: GgmlDType) -> Option<KQuant> {
+    match dtype {
+        GgmlDType::Q4K => Some(KQuant::Q4K),
+        GgmlDType::Q6K => Some(KQuant::Q6K),
+        _ => None,
     }
 }
 
@@ -280,5 +312,42 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A concatenation of parts of mixed types is the parts' products side by side, bit for
+    /// bit, on both paths (1..=4 rows on the k-quant gemv, 5 on candle's).
+    #[test]
+    fn a_concatenation_multiplies_as_its_parts() {
+        let k = 512;
+        let parts: Vec<QuantizedWeight> = [(GgmlDType::Q4K, 130), (GgmlDType::Q6K, 67), (GgmlDType::Q4K, 64)]
+            .iter()
+            .enumerate()
+            .map(|(i, &(dtype, n))| {
+                let w = Tensor::from_vec(data(n * k, 11 * i), (n, k), &Device::Cpu).unwrap();
+                QuantizedWeight::new(&QTensor::quantize(&w, dtype).unwrap(), 3).unwrap()
+            })
+            .collect();
+        let all = QuantizedWeight::concat(&parts.iter().collect::<Vec<_>>()).unwrap();
+        assert_eq!(all.dims(), (261, k));
+        for m in 1..=KQUANT_ROWS + 1 {
+            let x = Tensor::from_vec(data(m * k, 3 * m), (m, k), &Device::Cpu).unwrap();
+            let each: Vec<Tensor> = parts.iter().map(|p| p.matmul(&x).unwrap()).collect();
+            let want = Tensor::cat(&each, 1).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(all.matmul(&x).unwrap().to_vec2::<f32>().unwrap(), want, "m={m}");
+            let each: Vec<Tensor> = parts.iter().map(|p| p.matmul_candle(&x).unwrap()).collect();
+            let want = Tensor::cat(&each, 1).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(all.matmul_candle(&x).unwrap().to_vec2::<f32>().unwrap(), want, "m={m}");
+        }
+        let rows = all.rows(&[0, 130, 196, 200, 260]).unwrap().to_vec2::<f32>().unwrap();
+        let want = [(0, 0), (1, 0), (1, 66), (2, 3), (2, 63)].map(|(p, r)| {
+            parts[p].rows(&[r]).unwrap().to_vec2::<f32>().unwrap().remove(0)
+        });
+        assert_eq!(rows, want.to_vec());
+        let other = QuantizedWeight::new(
+            &QTensor::quantize(&Tensor::zeros((64, 256), DType::F32, &Device::Cpu).unwrap(), GgmlDType::Q4K).unwrap(),
+            1,
+        )
+        .unwrap();
+        assert!(QuantizedWeight::concat(&[&parts[0], &other]).is_none(), "k differ");
     }
 }
