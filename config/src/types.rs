@@ -76,7 +76,8 @@ pub struct KernelConfig {
     pub bf16_dot: Toggle,
     /// Intel AMX tiles for those bf16 products.
     pub amx: Toggle,
-    /// `Auto` or `Off` only; `off` = the scalar decode gemv, for testing.
+    /// `Auto` or `Off` only; `off` = the scalar decode gemv and candle's quantized products
+    /// (not our k-quant gemv), for testing.
     pub simd: Toggle,
     /// ViT attention tile: query rows x keys per tile, each >= 8 (`visual.kernels` only).
     pub attention_tiles: [u32; 2],

@@ -19,6 +19,8 @@
 //!   once into `$TMPDIR/vlm-bench-<name>.<scheme>/` and decoded from that GGUF pair, as the
 //!   lm-service serves it (candle's pool at one thread); a step then reads the LM file's
 //!   bytes. Use with `VLM_BENCH_DTYPES=f32` (the dtype of the float tensors and activations).
+//! * `VLM_BENCH_SIMD=off`: the backend's `kernels.simd: off` (the scalar gemv; candle's
+//!   products for quantized weights), to compare a GGUF decode with and without our gemv.
 use candle_core::{DType, Device};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -69,6 +71,15 @@ fn read_bandwidth() -> f64 {
     }
     std::hint::black_box(sink);
     (n * 4) as f64 / best / 1e9
+}
+
+/// The backend's options: detected, `kernels.simd` from `VLM_BENCH_SIMD` (`off`).
+fn options() -> Result<CpuOptions, Box<dyn std::error::Error>> {
+    let mut cfg = vlm_config::KernelConfig::default();
+    if std::env::var("VLM_BENCH_SIMD").as_deref() == Ok("off") {
+        cfg.simd = vlm_config::Toggle::Off;
+    }
+    Ok(CpuOptions::resolve(&cfg)?)
 }
 
 fn parse_dtype(s: &str) -> DType {
@@ -167,7 +178,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     for dtype_name in env_list("VLM_BENCH_DTYPES", "f32,f16,bf16") {
         let dtype = parse_dtype(&dtype_name);
         let t0 = Instant::now();
-        let model = TextModel::load(&CpuKernels::new(CpuOptions::detect()), &dir, dtype)?;
+        let model = TextModel::load(&CpuKernels::new(options()?), &dir, dtype)?;
         let load_s = t0.elapsed().as_secs_f64();
         // Bytes a decode step streams: every layer weight plus lm_head (the embedding lookup
         // reads only a few rows).

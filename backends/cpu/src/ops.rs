@@ -102,9 +102,10 @@ impl Kernels for CpuKernels {
 
     fn quantized_weight(&self, w: Arc<QTensor>) -> Result<CpuWeight> {
         let parts = 2 * rayon::current_num_threads();
-        Ok(CpuWeight::Quantized(Arc::new(QuantizedWeight::new(
-            &w, parts,
-        )?)))
+        let own_gemv = self.opts.gemv != crate::kernels::gemv::Isa::Scalar;
+        Ok(CpuWeight::Quantized(Arc::new(
+            QuantizedWeight::new(&w, parts)?.with_own_gemv(own_gemv),
+        )))
     }
 
     fn weight_dims(&self, w: &CpuWeight) -> (usize, usize) {

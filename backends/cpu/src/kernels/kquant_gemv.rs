@@ -108,6 +108,8 @@ pub unsafe fn gemv(ty: KQuant, w: &[u8], rows: usize, act: &Q8KRows, out: *mut f
 }
 
 #[cfg(target_arch = "x86_64")]
+// The G accumulators are indexed in step with the G activation rows.
+#[allow(clippy::needless_range_loop)]
 mod x86 {
     use super::{Q8KBlock, Q4K_BYTES, Q6K_BYTES};
     use std::arch::x86_64::*;

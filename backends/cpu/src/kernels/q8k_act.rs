@@ -155,24 +155,19 @@ mod tests {
         BlockQ8K::from_float(&x, &mut theirs);
         let mut want = vec![0f32; x.len()];
         BlockQ8K::to_float(&theirs, &mut want);
-        for (b, blk) in rows.blocks.iter().enumerate() {
-            for i in 0..QK_K {
-                assert_eq!(
-                    blk.d * blk.qs[i] as f32,
-                    want[b * QK_K + i],
-                    "block {b} value {i}"
-                );
+        for (b, (blk, want)) in rows.blocks.iter().zip(want.chunks_exact(QK_K)).enumerate() {
+            for (i, (q, w)) in blk.qs.iter().zip(want).enumerate() {
+                assert_eq!(blk.d * *q as f32, *w, "block {b} value {i}");
             }
-            for j in 0..16 {
-                let s: i16 = blk.qs[16 * j..16 * j + 16].iter().map(|&v| v as i16).sum();
-                assert_eq!(blk.bsums[j], s);
+            for (s, c) in blk.bsums.iter().zip(blk.qs.chunks_exact(16)) {
+                assert_eq!(*s, c.iter().map(|&v| v as i16).sum::<i16>());
             }
         }
         // The Q4_K order is a permutation of the same values.
         let q4 = Q8KRows::quantize(&x, 2, 2 * QK_K, Order::Q4K);
         for (a, b) in rows.blocks.iter().zip(&q4.blocks) {
-            for i in 0..QK_K {
-                assert_eq!(a.qs[i], b.qs[position(Order::Q4K, i)]);
+            for (i, q) in a.qs.iter().enumerate() {
+                assert_eq!(*q, b.qs[position(Order::Q4K, i)]);
             }
             assert_eq!(a.bsums, b.bsums);
             assert_eq!(a.d, b.d);

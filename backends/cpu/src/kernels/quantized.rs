@@ -54,6 +54,8 @@ pub struct QuantizedWeight {
     slices: Vec<Slice>,
     n: usize,
     k: usize,
+    /// Decode products may run on [`kquant_gemv`] (off: candle's products only).
+    own_gemv: bool,
 }
 
 impl QuantizedWeight {
@@ -82,7 +84,18 @@ impl QuantizedWeight {
             });
             r += rows;
         }
-        Ok(QuantizedWeight { slices, n, k })
+        Ok(QuantizedWeight {
+            slices,
+            n,
+            k,
+            own_gemv: true,
+        })
+    }
+
+    /// `false`: every product on candle's kernels (the backend's `kernels.simd: off`).
+    pub fn with_own_gemv(mut self, on: bool) -> Self {
+        self.own_gemv = on;
+        self
     }
 
     /// `parts` (all of the same k) as one weight, their rows stacked in order, so that the
@@ -93,6 +106,7 @@ impl QuantizedWeight {
         let k = parts.first()?.k;
         let mut slices = Vec::new();
         let mut n = 0;
+        let own_gemv = parts.iter().all(|p| p.own_gemv);
         for p in parts {
             if p.k != k {
                 return None;
@@ -103,7 +117,12 @@ impl QuantizedWeight {
             }));
             n += p.n;
         }
-        Some(QuantizedWeight { slices, n, k })
+        Some(QuantizedWeight {
+            slices,
+            n,
+            k,
+            own_gemv,
+        })
     }
 
     pub fn dims(&self) -> (usize, usize) {
@@ -126,7 +145,8 @@ impl QuantizedWeight {
 
     /// Whether an `m`-row product runs on [`kquant_gemv`]: every slice Q4_K or Q6_K blocks.
     fn kquant(&self, m: usize) -> bool {
-        (1..=KQUANT_ROWS).contains(&m)
+        self.own_gemv
+            && (1..=KQUANT_ROWS).contains(&m)
             && self.k.is_multiple_of(QK_K)
             && kquant_gemv::available()
             && self
