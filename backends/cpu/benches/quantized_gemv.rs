@@ -7,6 +7,10 @@
 //!
 //!     cargo bench -p vlm-backend-cpu --bench quantized_gemv
 //!
+//! Each shape is held in enough copies to fill 256 MB, taken in turn, so that every product
+//! streams its weight from memory as a decode step does (one 6144x2048 Q4_K matrix, 7 MB, would
+//! otherwise sit in L3); `VLM_BENCH_COPIES=1` times one copy.
+//!
 //! `VLM_BENCH_ROWS` (default 1,4), `VLM_BENCH_SECS` per shape and row count (default 4).
 use candle_core::quantized::{GgmlDType, QStorage, QTensor};
 use candle_core::{Device, Tensor};
@@ -68,30 +72,39 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for (what, dtype, n, k) in shapes {
         let q = random_weight(dtype, n, k);
         let bytes = q.storage_size_in_bytes() as f64;
-        let w = QuantizedWeight::new(&q, 2 * threads)?;
+        let copies = std::env::var("VLM_BENCH_COPIES")
+            .map(|s| s.parse().expect("VLM_BENCH_COPIES"))
+            .unwrap_or_else(|_| (256e6 / bytes).ceil() as usize)
+            .max(1);
+        let ws: Vec<QuantizedWeight> = (0..copies)
+            .map(|_| QuantizedWeight::new(&q, 2 * threads))
+            .collect::<Result<_, _>>()?;
         drop(q);
         for &m in &rows {
             let x = Tensor::randn(0f32, 1.0, (m, k), &Device::Cpu)?;
             // Warm both (candle builds its repacked tiles on first use).
-            w.matmul(&x)?;
-            w.matmul_candle(&x)?;
+            for w in &ws {
+                w.matmul(&x)?;
+                w.matmul_candle(&x)?;
+            }
             let per_call = {
                 let t = Instant::now();
-                w.matmul_candle(&x)?;
+                ws[0].matmul_candle(&x)?;
                 t.elapsed().as_secs_f64()
             };
-            let batch = ((0.05 / per_call) as usize).max(1);
+            // Whole passes over the copies, ~50 ms or more a batch.
+            let batch = ((0.05 / per_call) as usize).max(1).next_multiple_of(copies);
             let (mut ours, mut theirs, mut calls) = (Duration::ZERO, Duration::ZERO, 0usize);
             let end = Instant::now() + Duration::from_secs_f64(secs);
             while Instant::now() < end {
                 let t = Instant::now();
-                for _ in 0..batch {
-                    std::hint::black_box(w.matmul(&x)?);
+                for i in 0..batch {
+                    std::hint::black_box(ws[i % copies].matmul(&x)?);
                 }
                 ours += t.elapsed();
                 let t = Instant::now();
-                for _ in 0..batch {
-                    std::hint::black_box(w.matmul_candle(&x)?);
+                for i in 0..batch {
+                    std::hint::black_box(ws[i % copies].matmul_candle(&x)?);
                 }
                 theirs += t.elapsed();
                 calls += batch;
@@ -101,8 +114,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 theirs.as_secs_f64() / calls as f64,
             );
             println!(
-                "{dtype:?} {what:>8} ({n}x{k}, {:.1} MB) m={m}: ours {:8.1} us {:5.1} GB/s | \
-                 candle {:8.1} us {:5.1} GB/s | {:.2}x",
+                "{dtype:?} {what:>8} ({n}x{k}, {:.1} MB x {copies}) m={m}: ours {:8.1} us \
+                 {:5.1} GB/s | candle {:8.1} us {:5.1} GB/s | {:.2}x",
                 bytes / 1e6,
                 a * 1e6,
                 bytes / a / 1e9,
