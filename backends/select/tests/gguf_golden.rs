@@ -253,6 +253,11 @@ fn quantized_products_are_dequantized_weights_times_q8k_activations() {
             _ => &[GgmlDType::Q4K, GgmlDType::Q6K],
         };
         for &dtype in types {
+            if dtype == GgmlDType::Q8_0 && n % 64 != 0 {
+                // A Q8_0 slice whose rows are not a multiple of 16 leaves candle's tiles for
+                // its generic product, which pairs Q8_0 with Q8_0 rows (another scheme).
+                continue;
+            }
             let q = QTensor::quantize(&wt, dtype).unwrap();
             let wd = q.dequantize(&Device::Cpu).unwrap();
             let mut blocks = vec![BlockQ8K::zeros(); m * k / 256];
