@@ -140,48 +140,66 @@ mod x86 {
         _mm_ternarylogic_epi32::<0xf8>(a, _mm_srli_epi32::<2>(b), hi)
     }
 
-    /// Word indices into `[sc0..sc7, m0..m7]` (as 16 words): the scales of the four registers
-    /// of a Q4_K superblock (low nibbles of bytes 0..64: sub-blocks 0 and 2; high: 1 and 3;
-    /// then 4, 6 and 5, 7), 16 words each half.
-    const fn q4k_scale_index(a: u16, b: u16) -> [u16; 32] {
-        let mut i = [0u16; 32];
-        let mut j = 0;
-        while j < 32 {
-            i[j] = if j < 16 { a } else { b };
-            j += 1;
+    /// `vpshufb` controls that widen bytes of a 16-byte group (broadcast to every 128-bit lane)
+    /// to words: word `w` of the result is byte `pick(w)` zero-extended (`hi: false`), or that
+    /// byte in the high half, for an arithmetic shift to sign-extend it (`hi: true`).
+    const fn widen(pick: [u8; 32], hi: bool) -> [u8; 64] {
+        let mut c = [0x80u8; 64];
+        let mut w = 0;
+        while w < 32 {
+            c[2 * w + hi as usize] = pick[w];
+            w += 1;
         }
-        i
+        c
     }
-    const Q4K_SC: [[u16; 32]; 4] = [
-        q4k_scale_index(0, 2),
-        q4k_scale_index(1, 3),
-        q4k_scale_index(4, 6),
-        q4k_scale_index(5, 7),
+    /// Q4_K: `[sc0..sc7, m0..m7]`; the scales of the four registers of a superblock (low
+    /// nibbles of bytes 0..64: sub-blocks 0 and 2, 16 words each; high: 1 and 3; then 4, 6
+    /// and 5, 7).
+    const fn q4k_pick(a: u8, b: u8) -> [u8; 32] {
+        let mut p = [0u8; 32];
+        let mut w = 0;
+        while w < 32 {
+            p[w] = if w < 16 { a } else { b };
+            w += 1;
+        }
+        p
+    }
+    const Q4K_SC: [[u8; 64]; 4] = [
+        widen(q4k_pick(0, 2), false),
+        widen(q4k_pick(1, 3), false),
+        widen(q4k_pick(4, 6), false),
+        widen(q4k_pick(5, 7), false),
     ];
-    /// `[m0, m0, m1, m1, ..]`: against the 16 activation sums, `vpmaddwd` gives `m_j *
-    /// bsum32_j`.
-    const Q4K_MINS: [u16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
-
-    /// Q6_K's 16 scales for the four registers of a superblock (16 values = 8 words each).
-    const fn q6k_scale_index(r: u16) -> [u16; 32] {
-        let mut i = [0u16; 32];
-        let mut j = 0;
-        while j < 32 {
-            i[j] = 4 * r + (j as u16) / 8;
-            j += 1;
+    /// `[m0, m0, m1, m1, ..]` (16 words): against the 16 activation sums, `vpmaddwd` gives
+    /// `m_j * bsum32_j`.
+    const Q4K_MINS: [u8; 64] = widen(
+        [
+            8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15, 8, 8, 9, 9, 10, 10, 11, 11,
+            12, 12, 13, 13, 14, 14, 15, 15,
+        ],
+        false,
+    );
+    /// Q6_K: its 16 i8 scales for the four registers of a superblock (16 values = 8 words
+    /// each), in the high bytes.
+    const fn q6k_pick(r: u8) -> [u8; 32] {
+        let mut p = [0u8; 32];
+        let mut w = 0;
+        while w < 32 {
+            p[w] = 4 * r + (w as u8) / 8;
+            w += 1;
         }
-        i
+        p
     }
-    const Q6K_SC: [[u16; 32]; 4] = [
-        q6k_scale_index(0),
-        q6k_scale_index(1),
-        q6k_scale_index(2),
-        q6k_scale_index(3),
+    const Q6K_SC: [[u8; 64]; 4] = [
+        widen(q6k_pick(0), true),
+        widen(q6k_pick(1), true),
+        widen(q6k_pick(2), true),
+        widen(q6k_pick(3), true),
     ];
 
     #[inline(always)]
-    unsafe fn idx(i: &[u16; 32]) -> __m512i {
-        _mm512_loadu_si512(i.as_ptr() as *const _)
+    unsafe fn ctl(c: &[u8; 64]) -> __m512i {
+        _mm512_loadu_si512(c.as_ptr() as *const _)
     }
 
     #[inline(always)]
@@ -208,13 +226,13 @@ mod x86 {
         ldo: usize,
     ) {
         let nib = _mm512_set1_epi8(0x0f);
-        let sc_idx = [
-            idx(&Q4K_SC[0]),
-            idx(&Q4K_SC[1]),
-            idx(&Q4K_SC[2]),
-            idx(&Q4K_SC[3]),
+        let sc_ctl = [
+            ctl(&Q4K_SC[0]),
+            ctl(&Q4K_SC[1]),
+            ctl(&Q4K_SC[2]),
+            ctl(&Q4K_SC[3]),
         ];
-        let min_idx = _mm256_loadu_si256(Q4K_MINS.as_ptr() as *const _);
+        let min_ctl = _mm512_castsi512_si256(ctl(&Q4K_MINS));
         for j in 0..rows {
             let row = w.add(j * kb * Q4K_BYTES);
             let mut acc = [_mm512_setzero_ps(); G];
@@ -225,15 +243,15 @@ mod x86 {
                 let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(std::ptr::read_unaligned(
                     blk as *const i32,
                 )));
-                let sm = _mm256_cvtepu8_epi16(q4k_scales_mins(blk.add(4)));
-                let smz = _mm512_castsi256_si512(sm);
+                let sm = q4k_scales_mins(blk.add(4));
+                let smz = _mm512_broadcast_i32x4(sm);
                 let sc = [
-                    _mm512_permutexvar_epi16(sc_idx[0], smz),
-                    _mm512_permutexvar_epi16(sc_idx[1], smz),
-                    _mm512_permutexvar_epi16(sc_idx[2], smz),
-                    _mm512_permutexvar_epi16(sc_idx[3], smz),
+                    _mm512_shuffle_epi8(smz, sc_ctl[0]),
+                    _mm512_shuffle_epi8(smz, sc_ctl[1]),
+                    _mm512_shuffle_epi8(smz, sc_ctl[2]),
+                    _mm512_shuffle_epi8(smz, sc_ctl[3]),
                 ];
-                let mins = _mm256_permutexvar_epi16(min_idx, sm);
+                let mins = _mm256_shuffle_epi8(_mm512_castsi512_si256(smz), min_ctl);
                 let q0 = _mm512_loadu_si512(blk.add(16) as *const _);
                 let q1 = _mm512_loadu_si512(blk.add(80) as *const _);
                 let wv = [
@@ -288,11 +306,11 @@ mod x86 {
         // shift per 256-bit half of the register (neighbouring bytes' bits are masked off).
         let shl_lo = _mm512_set_epi64(2, 2, 2, 2, 4, 4, 4, 4);
         let shr_hi = _mm512_set_epi64(2, 2, 2, 2, 0, 0, 0, 0);
-        let sc_idx = [
-            idx(&Q6K_SC[0]),
-            idx(&Q6K_SC[1]),
-            idx(&Q6K_SC[2]),
-            idx(&Q6K_SC[3]),
+        let sc_ctl = [
+            ctl(&Q6K_SC[0]),
+            ctl(&Q6K_SC[1]),
+            ctl(&Q6K_SC[2]),
+            ctl(&Q6K_SC[3]),
         ];
         for j in 0..rows {
             let row = w.add(j * kb * Q6K_BYTES);
@@ -300,13 +318,14 @@ mod x86 {
             for b in 0..kb {
                 let blk = row.add(b * Q6K_BYTES);
                 let d = f16_at(blk.add(208));
-                let s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(blk.add(192) as *const _));
-                let s16z = _mm512_castsi256_si512(s16);
+                let s8 = _mm_loadu_si128(blk.add(192) as *const _);
+                let s16 = _mm256_cvtepi8_epi16(s8);
+                let s8z = _mm512_broadcast_i32x4(s8);
                 let sc = [
-                    _mm512_permutexvar_epi16(sc_idx[0], s16z),
-                    _mm512_permutexvar_epi16(sc_idx[1], s16z),
-                    _mm512_permutexvar_epi16(sc_idx[2], s16z),
-                    _mm512_permutexvar_epi16(sc_idx[3], s16z),
+                    _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(s8z, sc_ctl[0])),
+                    _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(s8z, sc_ctl[1])),
+                    _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(s8z, sc_ctl[2])),
+                    _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(s8z, sc_ctl[3])),
                 ];
                 let qh = _mm512_loadu_si512(blk.add(128) as *const _);
                 let l0 = _mm512_loadu_si512(blk as *const _);
