@@ -103,14 +103,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// LM file.
 fn gguf_served(dir: &Path, scheme: &str) -> Result<(PathBuf, u64), Box<dyn std::error::Error>> {
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned());
-    let out = std::env::temp_dir().join(format!(
-        "vlm-bench-{}.{scheme}",
-        name.unwrap_or_default()
-    ));
+    let out = std::env::temp_dir().join(format!("vlm-bench-{}.{scheme}", name.unwrap_or_default()));
     let (lm, mmproj) = (out.join("lm.gguf"), out.join("mmproj-lm.gguf"));
     if !mmproj.is_file() {
         std::fs::create_dir_all(&out)?;
-        eprintln!("quantizing {} to {scheme} in {}", dir.display(), out.display());
+        eprintln!(
+            "quantizing {} to {scheme} in {}",
+            dir.display(),
+            out.display()
+        );
         let t = Instant::now();
         vlm_model::gguf::quantize_checkpoint(dir, scheme.parse()?, &lm, &mmproj)?;
         eprintln!("  done in {:.1} s", t.elapsed().as_secs_f64());
@@ -189,7 +190,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
         });
         println!(
             "\n[{dtype_name}] weights {:.2} GB (loaded in {load_s:.1} s); a decode step reads {:.2} GB",
-            model.weight_bytes() as f64 / 1e9,
+            gguf_bytes.unwrap_or(model.weight_bytes()) as f64 / 1e9,
             read_bytes as f64 / 1e9
         );
 

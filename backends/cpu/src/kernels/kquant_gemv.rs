@@ -269,11 +269,8 @@ mod x86 {
                     let sumi = _mm512_add_epi32(p0, p1);
                     // [d * x.d, dmin * x.d, ..]
                     let f = _mm_mul_ps(dm, _mm_set1_ps(x.d));
-                    acc[g] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(sumi),
-                        _mm512_broadcastss_ps(f),
-                        acc[g],
-                    );
+                    acc[g] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_broadcastss_ps(f), acc[g]);
                     let bs = _mm256_load_si256(x.bsums.as_ptr() as *const _);
                     let mn = _mm256_madd_epi16(mins, bs);
                     acc_m[g] = _mm256_fmadd_ps(
@@ -364,15 +361,10 @@ mod x86 {
                     // sum(sc * 32 * bsum): the values are stored + 32.
                     let bs = _mm256_load_si256(x.bsums.as_ptr() as *const _);
                     let off = _mm256_slli_epi32::<5>(_mm256_madd_epi16(s16, bs));
-                    let sumi = _mm512_sub_epi32(
-                        _mm512_add_epi32(p0, p1),
-                        _mm512_zextsi256_si512(off),
-                    );
-                    acc[g] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(sumi),
-                        _mm512_set1_ps(d * x.d),
-                        acc[g],
-                    );
+                    let sumi =
+                        _mm512_sub_epi32(_mm512_add_epi32(p0, p1), _mm512_zextsi256_si512(off));
+                    acc[g] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps(d * x.d), acc[g]);
                 }
             }
             for g in 0..G {
@@ -492,7 +484,13 @@ mod tests {
             return;
         }
         for ty in [KQuant::Q4K, KQuant::Q6K] {
-            for (m, n, k) in [(1, 1, 256), (2, 7, 512), (3, 33, 768), (4, 64, 2048), (1, 5, 6144)] {
+            for (m, n, k) in [
+                (1, 1, 256),
+                (2, 7, 512),
+                (3, 33, 768),
+                (4, 64, 2048),
+                (1, 5, 6144),
+            ] {
                 check(ty, m, n, k);
             }
         }

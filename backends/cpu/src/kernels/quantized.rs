@@ -189,9 +189,7 @@ impl QuantizedWeight {
             // SAFETY: `kquant` checked the CPU's features; `act` is in `ty`'s order; the
             // slice writes columns [first, first + rows) of the (m, n) `out`, which no other
             // slice touches, and `out` outlives the tasks.
-            unsafe {
-                kquant_gemv::gemv(ty, &data, s.rows, act, optr.get().add(s.first), self.n)
-            };
+            unsafe { kquant_gemv::gemv(ty, &data, s.rows, act, optr.get().add(s.first), self.n) };
             Ok(())
         })?;
         Tensor::from_vec(out, (m, self.n), &Device::Cpu)
@@ -253,12 +251,7 @@ fn kquant_type(dtype: GgmlDType) -> Option<KQuant> {
 }
 
 /// `xs` (m, k) · Wᵀ for the slice `q` (n, k) on the calling thread, on its compact blocks.
-fn compact_matmul(
-    q: &QMatMul,
-    xs: &[f32],
-    m: usize,
-    k: usize,
-) -> Result<Vec<f32>> {
+fn compact_matmul(q: &QMatMul, xs: &[f32], m: usize, k: usize) -> Result<Vec<f32>> {
     use candle_core::quantized::k_quants::{self as kq, GgmlType};
     let QMatMul::QTensor(t) = q else {
         candle_core::bail!("a quantized slice holds floats")
@@ -339,35 +332,63 @@ mod tests {
     #[test]
     fn a_concatenation_multiplies_as_its_parts() {
         let k = 512;
-        let parts: Vec<QuantizedWeight> = [(GgmlDType::Q4K, 130), (GgmlDType::Q6K, 67), (GgmlDType::Q4K, 64)]
-            .iter()
-            .enumerate()
-            .map(|(i, &(dtype, n))| {
-                let w = Tensor::from_vec(data(n * k, 11 * i), (n, k), &Device::Cpu).unwrap();
-                QuantizedWeight::new(&QTensor::quantize(&w, dtype).unwrap(), 3).unwrap()
-            })
-            .collect();
+        let parts: Vec<QuantizedWeight> = [
+            (GgmlDType::Q4K, 130),
+            (GgmlDType::Q6K, 67),
+            (GgmlDType::Q4K, 64),
+        ]
+        .iter()
+        .enumerate()
+        .map(|(i, &(dtype, n))| {
+            let w = Tensor::from_vec(data(n * k, 11 * i), (n, k), &Device::Cpu).unwrap();
+            QuantizedWeight::new(&QTensor::quantize(&w, dtype).unwrap(), 3).unwrap()
+        })
+        .collect();
         let all = QuantizedWeight::concat(&parts.iter().collect::<Vec<_>>()).unwrap();
         assert_eq!(all.dims(), (261, k));
         for m in 1..=KQUANT_ROWS + 1 {
             let x = Tensor::from_vec(data(m * k, 3 * m), (m, k), &Device::Cpu).unwrap();
             let each: Vec<Tensor> = parts.iter().map(|p| p.matmul(&x).unwrap()).collect();
             let want = Tensor::cat(&each, 1).unwrap().to_vec2::<f32>().unwrap();
-            assert_eq!(all.matmul(&x).unwrap().to_vec2::<f32>().unwrap(), want, "m={m}");
+            assert_eq!(
+                all.matmul(&x).unwrap().to_vec2::<f32>().unwrap(),
+                want,
+                "m={m}"
+            );
             let each: Vec<Tensor> = parts.iter().map(|p| p.matmul_candle(&x).unwrap()).collect();
             let want = Tensor::cat(&each, 1).unwrap().to_vec2::<f32>().unwrap();
-            assert_eq!(all.matmul_candle(&x).unwrap().to_vec2::<f32>().unwrap(), want, "m={m}");
+            assert_eq!(
+                all.matmul_candle(&x).unwrap().to_vec2::<f32>().unwrap(),
+                want,
+                "m={m}"
+            );
         }
-        let rows = all.rows(&[0, 130, 196, 200, 260]).unwrap().to_vec2::<f32>().unwrap();
+        let rows = all
+            .rows(&[0, 130, 196, 200, 260])
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
         let want = [(0, 0), (1, 0), (1, 66), (2, 3), (2, 63)].map(|(p, r)| {
-            parts[p].rows(&[r]).unwrap().to_vec2::<f32>().unwrap().remove(0)
+            parts[p]
+                .rows(&[r])
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap()
+                .remove(0)
         });
         assert_eq!(rows, want.to_vec());
         let other = QuantizedWeight::new(
-            &QTensor::quantize(&Tensor::zeros((64, 256), DType::F32, &Device::Cpu).unwrap(), GgmlDType::Q4K).unwrap(),
+            &QTensor::quantize(
+                &Tensor::zeros((64, 256), DType::F32, &Device::Cpu).unwrap(),
+                GgmlDType::Q4K,
+            )
+            .unwrap(),
             1,
         )
         .unwrap();
-        assert!(QuantizedWeight::concat(&[&parts[0], &other]).is_none(), "k differ");
+        assert!(
+            QuantizedWeight::concat(&[&parts[0], &other]).is_none(),
+            "k differ"
+        );
     }
 }
