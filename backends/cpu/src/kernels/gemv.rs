@@ -381,17 +381,7 @@ mod tests {
         out
     }
 
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_data::data;
 
     #[test]
     fn matches_f64_reference_for_every_isa_dtype_and_row_count() {

@@ -381,17 +381,7 @@ mod tests {
     use candle_core::quantized::{GgmlDType, QTensor};
     use candle_core::{Device, Tensor};
 
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..len)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
-    }
+    use crate::kernels::test_data::data;
 
     /// `bytes` (a QTensor's own storage: aligned, whole blocks) as blocks of `T`.
     fn blocks<T>(bytes: &[u8]) -> &[T] {

@@ -22,6 +22,8 @@ pub mod q8k_act;
 pub mod quantized;
 pub mod rms_norm;
 pub mod softmax;
+#[cfg(test)]
+mod test_data;
 pub mod tiled;
 pub mod vec;
 pub mod vit_ops;
