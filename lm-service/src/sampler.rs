@@ -263,23 +263,21 @@ impl Sampler {
                 && !(self.cfg.top_p > 0.0 && self.cfg.top_p < 1.0);
             let idx = if small_k {
                 top_k_desc(logits, self.cfg.top_k, floor)
-            } else if untruncated {
-                // Neither top_k nor top_p needs an order: the draw walks the candidates by id
-                // (sorting 151,936 of them cost 5-10 ms a row).
-                (0..logits.len())
-                    .filter(|&i| logits[i].is_finite() && logits[i] >= floor)
-                    .collect()
             } else {
                 let mut idx: Vec<usize> = (0..logits.len())
                     .filter(|&i| logits[i].is_finite() && logits[i] >= floor)
                     .collect();
-                let order =
-                    |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
-                if self.cfg.top_k > 0 && self.cfg.top_k < idx.len() {
-                    idx.select_nth_unstable_by(self.cfg.top_k - 1, order);
-                    idx.truncate(self.cfg.top_k);
+                // Neither top_k nor top_p needs an order: the draw walks the candidates by id
+                // instead of sorting the whole vocabulary, a row at a time on the engine thread.
+                if !untruncated {
+                    let order =
+                        |&a: &usize, &b: &usize| logits[b].total_cmp(&logits[a]).then(a.cmp(&b));
+                    if self.cfg.top_k > 0 && self.cfg.top_k < idx.len() {
+                        idx.select_nth_unstable_by(self.cfg.top_k - 1, order);
+                        idx.truncate(self.cfg.top_k);
+                    }
+                    idx.sort_by(order);
                 }
-                idx.sort_by(order);
                 idx
             };
             (max, idx)

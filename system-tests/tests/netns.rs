@@ -393,8 +393,9 @@ fn lose_a_replica_mid_stream(how: Loss) {
     assert!(error < done, "the error event comes before [DONE]: {rest}");
     let took = sys.served_within_bound("after the loss");
     eprintln!("{how:?}: new requests served {took:?} after lm{victim} was lost");
+    // Each call panics unless served within the bound.
     for _ in 0..3 {
-        assert!(sys.served_within_bound("on the other replica") < BOUND);
+        sys.served_within_bound("on the other replica");
     }
 
     restore(victim, held);
