@@ -33,6 +33,9 @@ pub enum ClientError {
         message: String,
         code: tonic::Code,
         part: Part,
+        /// The call failed below gRPC (the status carries the transport's error, not one the
+        /// replica sent): the connection died, which may say nothing of the replica.
+        transport: bool,
     },
     /// The replica refused the request itself (INVALID_ARGUMENT, ...): do not retry.
     #[error("{addr}: {status}")]
@@ -62,6 +65,8 @@ impl ClientError {
                     message: format!("{:?}: {}", s.code(), s.message()),
                     code: s.code(),
                     part,
+                    // tonic sets a source only on statuses it made from a transport error.
+                    transport: std::error::Error::source(&s).is_some(),
                 }
             }
             code => ClientError::Refused {
@@ -78,6 +83,19 @@ impl ClientError {
             ClientError::Unreachable { part, .. } | ClientError::Busy { part, .. } => *part,
             ClientError::Refused { .. } => Part::Lm,
         }
+    }
+
+    /// The LM call failed on its connection (not with a status from the LM): worth one more
+    /// try on the same replica over a new connection.
+    pub fn connection_failed(&self) -> bool {
+        matches!(
+            self,
+            ClientError::Unreachable {
+                transport: true,
+                part: Part::Lm,
+                ..
+            }
+        )
     }
 
     pub fn retryable(&self) -> bool {

@@ -287,8 +287,10 @@ impl Core {
         Ok(())
     }
 
-    /// Opens the LM stream and reads its first event, trying a second LM replica once when the
-    /// first fails before that.
+    /// Opens the LM stream and reads its first event. Before that event a call that failed on
+    /// its connection is tried once more on the same replica over a new one (after a stall the
+    /// pooled HTTP/2 connection can be dead while the replica is fine, and with one replica
+    /// there is no other); a replica that fails is left for a second replica, once.
     async fn open(
         &self,
         request_id: &str,
@@ -299,21 +301,30 @@ impl Core {
         let router = &self.inner.router;
         let mut tried: Vec<String> = Vec::new();
         let mut last: Option<ClientError> = None;
-        for attempt in 0..2 {
-            let pick = match router.pick_lm(&tried, key) {
-                Ok(p) => p,
-                Err(e) => return Err(last.map(GatewayError::from).unwrap_or(e)),
+        let mut redialled = false;
+        let mut again: Option<Lease> = None;
+        let mut attempt = 0;
+        while attempt < 2 {
+            let lm = match again.take() {
+                Some(lease) => lease,
+                None => {
+                    let pick = match router.pick_lm(&tried, key) {
+                        Ok(p) => p,
+                        Err(e) => return Err(last.map(GatewayError::from).unwrap_or(e)),
+                    };
+                    tracing::debug!(
+                        request_id,
+                        attempt,
+                        lm = %pick.lease.addr,
+                        route = pick.route.label(),
+                        passed_over = pick.passed_over.as_deref().unwrap_or(""),
+                        "LM replica chosen"
+                    );
+                    metrics::counter!(m::LM_ROUTES_TOTAL, "route" => pick.route.label())
+                        .increment(1);
+                    pick.lease
+                }
             };
-            tracing::debug!(
-                request_id,
-                attempt,
-                lm = %pick.lease.addr,
-                route = pick.route.label(),
-                passed_over = pick.passed_over.as_deref().unwrap_or(""),
-                "LM replica chosen"
-            );
-            metrics::counter!(m::LM_ROUTES_TOTAL, "route" => pick.route.label()).increment(1);
-            let lm = pick.lease;
             // Only requests with images need a vision replica: text is served while vision
             // is down.
             let vision = if valid.order.is_empty() {
@@ -326,27 +337,36 @@ impl Core {
             // The vision lease counts until the first token: the images are encoded by then.
             let first = first_event(&lm, req, router.internal_token()).await;
             let vision_addr = vision.map(|v| v.addr.clone());
-            match first {
+            let e = match first {
                 Ok((stream, first)) => return Ok((lm, stream, first)),
-                Err(e) => {
-                    tracing::warn!(request_id, lm = %lm.addr, vision = vision_addr.as_deref().unwrap_or(""),
-                        part = ?e.part(), error = %e, "failed before the first token");
-                    if !e.retryable() {
-                        return Err(e.into());
-                    }
-                    // Blame the part that failed; the other stays in rotation.
-                    match (e.part(), &vision_addr) {
-                        (Part::Vision, Some(v)) => router.mark_vision_failed(v),
-                        _ => {
-                            tried.push(lm.addr.clone());
-                            if e.replica_down() {
-                                router.mark_lm_failed(&lm.addr);
-                            }
-                        }
-                    }
+                Err(e) => e,
+            };
+            tracing::warn!(request_id, lm = %lm.addr, vision = vision_addr.as_deref().unwrap_or(""),
+                part = ?e.part(), error = %e, "failed before the first token");
+            if !e.retryable() {
+                return Err(e.into());
+            }
+            if e.connection_failed() && !redialled {
+                redialled = true;
+                again = router.redial_lm(&lm.addr);
+                if again.is_some() {
+                    metrics::counter!(m::LM_REDIALS_TOTAL).increment(1);
                     last = Some(e);
+                    continue;
                 }
             }
+            // Blame the part that failed; the other stays in rotation.
+            match (e.part(), &vision_addr) {
+                (Part::Vision, Some(v)) => router.mark_vision_failed(v),
+                _ => {
+                    tried.push(lm.addr.clone());
+                    if e.replica_down() {
+                        router.mark_lm_failed(&lm.addr);
+                    }
+                }
+            }
+            last = Some(e);
+            attempt += 1;
         }
         Err(last
             .map(GatewayError::from)
@@ -397,6 +417,7 @@ async fn first_event(
             message: "the stream ended before the first event".into(),
             code: tonic::Code::Unknown,
             part: Part::Lm,
+            transport: false,
         }),
         Err(s) => Err(ClientError::from_status(&lm.addr, s)),
     }

@@ -11,6 +11,8 @@ pub const VISION_TOKENS_TOTAL: &str = "vlm_gateway_vision_tokens_total";
 pub const COMPLETION_TOKENS_TOTAL: &str = "vlm_gateway_completion_tokens_total";
 pub const CACHED_PROMPT_TOKENS_TOTAL: &str = "vlm_gateway_cached_prompt_tokens_total";
 pub const LM_ROUTES_TOTAL: &str = "vlm_gateway_lm_routes_total";
+/// LM calls tried again on a new connection after theirs failed before the first token.
+pub const LM_REDIALS_TOTAL: &str = "vlm_gateway_lm_redials_total";
 /// Open connections of the HTTP port.
 pub const HTTP_CONNECTIONS: &str = "vlm_gateway_http_connections";
 /// HTTP connections closed by the gateway, by reason (see `http_serve`).
@@ -47,6 +49,12 @@ pub fn describe() {
         "LM replica choices, by route: prefix (the prompt's first KV block's replica), \
          prefix_busy (that replica was busy), load (no full first block, or prefix caching off)"
     );
+    metrics::describe_counter!(
+        LM_REDIALS_TOTAL,
+        "LM calls that failed on their connection (not with a status from the LM) before the \
+         first token and were tried again on the same replica over a new connection"
+    );
+    metrics::counter!(LM_REDIALS_TOTAL).increment(0);
     metrics::gauge!(QUEUE_DEPTH).set(0.0);
     metrics::gauge!(IN_FLIGHT).set(0.0);
     metrics::counter!(PROMPT_TOKENS_TOTAL).increment(0);

@@ -206,9 +206,24 @@ pub fn route_lm(
 
 struct Replica<L> {
     addr: String,
+    dialer: Dialer,
     channel: Channel,
     load: L,
     local: Arc<AtomicUsize>,
+}
+
+/// How to dial one replica: its endpoint (timeouts, keepalive) and TLS connector.
+#[derive(Clone)]
+struct Dialer {
+    endpoint: Endpoint,
+    tls: Option<TlsConnector>,
+}
+
+impl Dialer {
+    /// A channel that connects on first use, on a connection of its own.
+    fn dial(&self) -> Channel {
+        dial_lazy(self.endpoint.clone(), self.tls.clone())
+    }
 }
 
 impl<L: Default> Replica<L> {
@@ -229,10 +244,11 @@ impl<L: Default> Replica<L> {
             .map(|t| TlsConnector::new(t.clone(), &internal_tls::server_name(source, &addr)))
             .transpose()
             .map_err(|e| format!("{addr:?}: {e}"))?;
-        let channel = dial_lazy(endpoint, tls);
+        let dialer = Dialer { endpoint, tls };
         Ok(Replica {
             addr,
-            channel,
+            channel: dialer.dial(),
+            dialer,
             load: L::default(),
             local: Arc::new(AtomicUsize::new(0)),
         })
@@ -551,6 +567,21 @@ impl Router {
         })?;
         let r = &sets.vision[i];
         Ok(Lease::new(
+            r.addr.clone(),
+            r.channel.clone(),
+            r.local.clone(),
+        ))
+    }
+
+    /// A lease on LM replica `addr` over a new connection, which also replaces the replica's
+    /// channel for the requests after: a call failed on the old one below gRPC (an HTTP/2
+    /// error, a keepalive timeout, a reset), which says the connection died, not that the
+    /// replica did. None when `addr` is no longer a replica.
+    pub fn redial_lm(&self, addr: &str) -> Option<Lease> {
+        let mut sets = self.sets.write().unwrap_or_else(|p| p.into_inner());
+        let r = sets.lm.iter_mut().find(|r| r.addr == addr)?;
+        r.channel = r.dialer.dial();
+        Some(Lease::new(
             r.addr.clone(),
             r.channel.clone(),
             r.local.clone(),

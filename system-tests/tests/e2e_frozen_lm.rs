@@ -3,6 +3,9 @@
 //! must not hold the requests in flight to it forever. The gateway's HTTP/2 keepalive pings go
 //! unanswered, the connection is closed, and each request ends with a clear error; after
 //! SIGCONT the system serves again.
+//!
+//! And the other side of it: a connection that died while the LM did not (a stall, a middlebox
+//! that dropped the flow) must not fail the next request when there is no other replica.
 // The test has its own runtime on its own thread; the std mutex only serialises the tests.
 #![allow(clippy::await_holding_lock)]
 mod support;
@@ -106,4 +109,58 @@ async fn requests_in_flight_to_a_frozen_lm_end_and_it_serves_again() {
         assert!(t.elapsed() < BOUND, "the LM still holds sequences: {l:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// The one LM is fine but the gateway's pooled connection to it is dead (a relay in front of
+/// it stops passing the bytes of the connections open, as after a stall or a dropped flow):
+/// the request sent then fails on that connection, below gRPC, when the keepalive gives up;
+/// the gateway dials the same replica again and serves it, without taking it out of rotation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_connection_to_the_only_lm_is_redialled_before_the_first_token() {
+    let _g = serial();
+    let env: Vec<(String, String)> = KEEPALIVE
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let c = Cluster::start_env(1, &[], &env).await;
+    let relay = Relay::start(
+        &tokio::runtime::Handle::current(),
+        "127.0.0.1:0",
+        c.lms[0].addr("grpc"),
+    );
+    let gateway = Cluster::gateway_at(
+        &config_file(),
+        &c.vision.addr("grpc"),
+        std::slice::from_ref(&relay.addr),
+        &[],
+        &env,
+    )
+    .await;
+    let http = gateway.addr("http");
+    let small = serde_json::json!({
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4
+    });
+    let (status, text) = post_json(&http, &small);
+    assert_eq!(status, 200, "{text}");
+
+    relay.cut_open_connections();
+    let t = Instant::now();
+    let (status, text) = tokio::task::spawn_blocking({
+        let http = http.clone();
+        move || post_json(&http, &small)
+    })
+    .await
+    .unwrap();
+    eprintln!("served {:?} after the cut: {status}", t.elapsed());
+    assert_eq!(
+        status, 200,
+        "the request after the cut is served on a new connection: {text}"
+    );
+    let m = scrape(&http);
+    assert_eq!(
+        m.sum("vlm_gateway_lm_redials_total"),
+        Some(1.0),
+        "{}",
+        m.text
+    );
 }

@@ -20,7 +20,6 @@ mod support;
 use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::*;
 
@@ -418,58 +417,6 @@ fn a_frozen_lm_replica_ends_its_streams_and_is_routed_around() {
     lose_a_replica_mid_stream(Loss::Freeze);
 }
 
-/// A TCP relay that holds every chunk `delay_ms` before passing it on, each way: a link with
-/// that one-way latency (this kernel has no `tc netem`). Returns the address it listens on.
-fn delay_relay(
-    rt: &tokio::runtime::Runtime,
-    listen: String,
-    upstream: String,
-    delay_ms: Arc<AtomicU64>,
-) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    async fn pipe(
-        mut r: tokio::net::tcp::OwnedReadHalf,
-        mut w: tokio::net::tcp::OwnedWriteHalf,
-        delay_ms: Arc<AtomicU64>,
-    ) {
-        let (tx, mut rx) =
-            tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
-        let writer = tokio::spawn(async move {
-            while let Some((due, buf)) = rx.recv().await {
-                tokio::time::sleep_until(due).await;
-                if w.write_all(&buf).await.is_err() {
-                    break;
-                }
-            }
-            let _ = w.shutdown().await;
-        });
-        let mut buf = vec![0u8; 64 * 1024];
-        while let Ok(n @ 1..) = r.read(&mut buf).await {
-            let due = tokio::time::Instant::now()
-                + Duration::from_millis(delay_ms.load(Ordering::Relaxed));
-            if tx.send((due, buf[..n].to_vec())).is_err() {
-                break;
-            }
-        }
-        drop(tx);
-        let _ = writer.await;
-    }
-    let listener = rt.block_on(tokio::net::TcpListener::bind(listen)).unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    rt.spawn(async move {
-        while let Ok((down, _)) = listener.accept().await {
-            let Ok(up) = tokio::net::TcpStream::connect(&upstream).await else {
-                continue;
-            };
-            let (dr, dw) = down.into_split();
-            let (ur, uw) = up.into_split();
-            tokio::spawn(pipe(dr, uw, delay_ms.clone()));
-            tokio::spawn(pipe(ur, dw, delay_ms.clone()));
-        }
-    });
-    addr
-}
-
 /// Streams an image request: (time to its first content chunk, the whole answer).
 fn image_ttft(http: &str, seed: u8) -> (Duration, String) {
     let t = Instant::now();
@@ -485,13 +432,14 @@ fn image_ttft(http: &str, seed: u8) -> (Duration, String) {
 #[test]
 fn image_requests_complete_over_a_slow_lossy_link_to_vision() {
     let _g = serial();
-    let delay = Arc::new(AtomicU64::new(0));
-    let d = delay.clone();
-    let Some(sys) =
-        System::start(move |rt, vision| delay_relay(rt, format!("{SUBNET}.1:0"), vision, d))
-    else {
+    let relay = std::sync::OnceLock::new();
+    let Some(sys) = System::start(|rt, vision| {
+        let r = relay.get_or_init(|| Relay::start(rt.handle(), &format!("{SUBNET}.1:0"), vision));
+        r.addr.clone()
+    }) else {
         return;
     };
+    let relay = relay.get().expect("the relay in front of vision");
     let http = sys.http();
     let mut base = Vec::new();
     for seed in 0..3 {
@@ -502,7 +450,7 @@ fn image_requests_complete_over_a_slow_lossy_link_to_vision() {
         );
         base.push(ttft);
     }
-    delay.store(50, Ordering::Relaxed);
+    relay.set_delay(Duration::from_millis(50));
     for chain in ["INPUT", "OUTPUT"] {
         sys.net.exec(
             VISION,

@@ -13,8 +13,9 @@ pub mod http;
 pub mod metrics;
 pub mod otlp;
 pub mod processes;
+pub mod relay;
 pub mod requests;
 
 // Each test file takes what it needs by name or by `support::*`.
 #[allow(unused_imports)]
-pub use {binaries::*, http::*, metrics::*, processes::*, requests::*};
+pub use {binaries::*, http::*, metrics::*, processes::*, relay::*, requests::*};

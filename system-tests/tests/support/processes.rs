@@ -318,11 +318,19 @@ impl Cluster {
         extra: &[&str],
         env: &[(String, String)],
     ) -> Proc {
-        let lm_list = lms
-            .iter()
-            .map(|l| l.addr("grpc"))
-            .collect::<Vec<_>>()
-            .join(",");
+        let lms: Vec<String> = lms.iter().map(|l| l.addr("grpc")).collect();
+        Self::gateway_at(config, &vision.addr("grpc"), &lms, extra, env).await
+    }
+
+    /// A gateway reading `config` that dials vision at `vision` and the LMs at `lms` (a relay
+    /// in front of a replica, say).
+    pub async fn gateway_at(
+        config: &Path,
+        vision: &str,
+        lms: &[String],
+        extra: &[&str],
+        env: &[(String, String)],
+    ) -> Proc {
         let mut args = vec![
             "--model".to_string(),
             tiny_model().display().to_string(),
@@ -333,9 +341,9 @@ impl Cluster {
             "--http-listen".into(),
             "127.0.0.1:0".into(),
             "--vision".into(),
-            vision.addr("grpc"),
+            vision.to_string(),
             "--lm".into(),
-            lm_list,
+            lms.join(","),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         let g = Proc::spawn_env("gateway", &bin("gateway"), &args, env);
