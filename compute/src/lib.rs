@@ -13,7 +13,7 @@
 //! A backend is a crate under `backends/` that implements these traits and reports its own sizes
 //! to the planner (`vlm_config::plan::Sizing`); `backends/` (crate `vlm-backends`) picks one.
 pub mod embeds;
-pub mod embeds_lru;
+pub mod embeds_cache;
 pub mod error;
 pub mod info;
 pub mod layout;
@@ -26,7 +26,7 @@ pub mod tensor;
 pub mod vision;
 
 pub use embeds::ImageEmbeds;
-pub use embeds_lru::EmbedsLru;
+pub use embeds_cache::EmbedsCache;
 pub use error::{ComputeError, Result};
 pub use info::BackendInfo;
 pub use layout::{build_chunk, PromptLayout};

@@ -1,26 +1,24 @@
 //! Fetching `image_url` images over http:// and https:// from allow-listed hosts
-//! (`--allow-image-host`).
+//! (`--allow-image-host`), with reqwest.
 //!
-//! One connection per image (hyper's HTTP/1 client over a tokio `TcpStream`, wrapped in TLS for
-//! https://), no redirects, a total deadline (`--image-fetch-timeout-ms`, TLS handshake
-//! included) and a byte limit (`--image-fetch-max-bytes`) enforced while the body streams in: a
-//! `Content-Length` over the limit is refused before reading, and a body without one stops being
-//! read as soon as it crosses the limit.
+//! No redirects, no proxies (none read from the environment), a total deadline
+//! (`--image-fetch-timeout-ms`, TLS handshake included) and a byte limit
+//! (`--image-fetch-max-bytes`) enforced while the body streams in: a `Content-Length` over the
+//! limit is refused before reading, and a body without one stops being read (its connection
+//! dropped) as soon as it crosses the limit. The URL's user info is never sent.
 //!
-//! TLS is rustls on the ring provider (TLS 1.2 and 1.3, ALPN `http/1.1`). The server's
-//! certificate must chain to one of Mozilla's roots, compiled in (webpki-roots: nothing is read
-//! from the system at run time), or to a certificate of `--image-fetch-ca-file` (PEM, read once
-//! at start-up by [`read_ca_file`]) for private CAs, and be valid for the URL's host: a DNS name
-//! (also sent as SNI) or an IP address (checked against the certificate's IP SANs; no SNI). An
-//! untrusted certificate, a name mismatch or a failed handshake is refused like any other fetch
-//! failure: a validation error naming the URL and the cause.
+//! TLS is rustls on the ring provider (TLS 1.2 and 1.3, ALPN `http/1.1`), handed to reqwest
+//! ready-made. The server's certificate must chain to one of Mozilla's roots, compiled in
+//! (webpki-roots: nothing is read from the system at run time), or to a certificate of
+//! `--image-fetch-ca-file` (PEM, read once at start-up by [`read_ca_file`]) for private CAs, and
+//! be valid for the URL's host: a DNS name (also sent as SNI) or an IP address (checked against
+//! the certificate's IP SANs). An untrusted certificate, a name mismatch or a failed handshake
+//! is refused like any other fetch failure: a validation error naming the URL and the cause.
 use crate::error::GatewayError;
-use axum::http::{header, Method, Request, StatusCode, Uri};
+use axum::http::{header, StatusCode, Uri};
 use bytes::{Bytes, BytesMut};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,7 +92,8 @@ pub struct Fetched {
 /// An http(s) URL that passed the scheme and allow-list checks.
 #[derive(Debug, Clone)]
 pub struct Target {
-    uri: Uri,
+    /// What is requested: the URL without its user info.
+    url: String,
     /// https://: TLS over the connection.
     tls: bool,
     /// `host[:port]` as written (no user info): the `Host` header.
@@ -102,7 +101,6 @@ pub struct Target {
     /// The host name alone, without IPv6 brackets: what is resolved, and the name (or IP
     /// address) the certificate must be valid for.
     name: String,
-    port: u16,
     /// `http(s)://host[:port]/path`, for messages (no user info, no query).
     shown: String,
 }
@@ -113,19 +111,27 @@ impl Target {
     }
 }
 
-/// Fetches images under one [`FetchOptions`]; cheap to clone.
+/// Fetches images under one [`FetchOptions`]; cheap to clone (one connection pool).
 #[derive(Debug, Clone)]
 pub struct ImageFetcher {
     opts: Arc<FetchOptions>,
-    tls: Arc<rustls::ClientConfig>,
+    client: reqwest::Client,
 }
 
 impl ImageFetcher {
     pub fn new(opts: FetchOptions) -> Self {
-        let tls = client_config(&opts.extra_roots);
+        let client = reqwest::Client::builder()
+            .tls_backend_preconfigured(client_config(&opts.extra_roots))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .user_agent("vlm-gateway")
+            .tcp_nodelay(true)
+            .build()
+            // Only a TLS backend of another type than the one compiled in fails here.
+            .expect("reqwest takes the rustls config it is built with");
         ImageFetcher {
             opts: Arc::new(opts),
-            tls,
+            client,
         }
     }
 
@@ -173,10 +179,10 @@ impl ImageFetcher {
         }
         let scheme = if https { "https" } else { "http" };
         let shown = format!("{scheme}://{authority}{}", truncate(uri.path(), 200));
+        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         Ok(Target {
-            port: auth.port_u16().unwrap_or(if https { 443 } else { 80 }),
             tls: https,
-            uri,
+            url: format!("{scheme}://{authority}{path}"),
             authority,
             name,
             shown,
@@ -204,56 +210,16 @@ impl ImageFetcher {
         }
     }
 
-    /// Connects (and, for https://, completes the TLS handshake); the error is the cause,
-    /// without the URL.
+    /// The request and the response, limits applied; the error is the cause, without the URL.
     async fn get(&self, t: &Target) -> Result<Fetched, String> {
-        let tcp = tokio::net::TcpStream::connect((t.name.as_str(), t.port))
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", t.authority))?;
-        let _ = tcp.set_nodelay(true);
-        if !t.tls {
-            return self.exchange(t, TokioIo::new(tcp)).await;
-        }
-        let server_name = ServerName::try_from(t.name.clone())
-            .map_err(|e| format!("{:?} cannot be checked against a certificate: {e}", t.name))?;
-        let tls = tokio_rustls::TlsConnector::from(self.tls.clone())
-            .connect(server_name, tcp)
-            .await
-            .map_err(|e| tls_failure(&t.authority, &t.name, &e))?;
-        self.exchange(t, TokioIo::new(tls)).await
-    }
-
-    /// The HTTP/1 request and response over a connected stream.
-    async fn exchange<I>(&self, t: &Target, io: I) -> Result<Fetched, String>
-    where
-        I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-    {
         let max = self.opts.max_bytes;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-            .await
-            .map_err(|e| format!("HTTP handshake with {} failed: {e}", t.authority))?;
-        // The connection task dies with this call (limit crossed, deadline, error), which
-        // closes the socket instead of draining the rest of the body.
-        let _conn = AbortOnDrop(tokio::spawn(conn));
-        let path = t
-            .uri
-            .path_and_query()
-            .map(|p| p.as_str())
-            .unwrap_or("/")
-            .to_string();
-        let req = Request::builder()
-            .method(Method::GET)
-            .uri(path)
-            .header(header::HOST, &t.authority)
-            .header(header::USER_AGENT, "vlm-gateway")
+        let mut resp = self
+            .client
+            .get(&t.url)
             .header(header::ACCEPT, "image/*")
-            .header(header::CONNECTION, "close")
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| format!("cannot build the request: {e}"))?;
-        let resp = send
-            .send_request(req)
+            .send()
             .await
-            .map_err(|e| format!("request failed: {e}"))?;
+            .map_err(|e| send_failure(t, &e))?;
         let status = resp.status();
         if status.is_redirection() {
             let to = resp
@@ -269,12 +235,7 @@ impl ImageFetcher {
         if !status.is_success() {
             return Err(format!("server answered {}", status_text(status)));
         }
-        if let Some(len) = resp
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
+        if let Some(len) = resp.content_length() {
             if len > max as u64 {
                 return Err(format!(
                     "Content-Length {len} exceeds the {max}-byte limit of --image-fetch-max-bytes"
@@ -294,18 +255,19 @@ impl ImageFetcher {
             })
             .filter(|m| m.starts_with("image/"))
             .unwrap_or_default();
-        let mut body = resp.into_body();
         let mut data = BytesMut::new();
-        while let Some(frame) = body.frame().await {
-            let frame = frame.map_err(|e| format!("reading the body failed: {e}"))?;
-            if let Ok(chunk) = frame.into_data() {
-                if data.len() + chunk.len() > max {
-                    return Err(format!(
-                        "body exceeds the {max}-byte limit of --image-fetch-max-bytes"
-                    ));
-                }
-                data.extend_from_slice(&chunk);
+        // Dropping `resp` past the limit closes its connection instead of draining the rest.
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .map_err(|e| format!("reading the body failed: {}", innermost(&e)))?
+        {
+            if data.len() + chunk.len() > max {
+                return Err(format!(
+                    "body exceeds the {max}-byte limit of --image-fetch-max-bytes"
+                ));
             }
+            data.extend_from_slice(&chunk);
         }
         if data.is_empty() {
             return Err("server answered with an empty body".into());
@@ -317,9 +279,66 @@ impl ImageFetcher {
     }
 }
 
+/// A request that got no response, as a cause: a failed TLS handshake in words (rustls's error
+/// in the chain), a failed connection, or what reqwest says.
+fn send_failure(t: &Target, e: &reqwest::Error) -> String {
+    if let Some(tls) = find_rustls(e) {
+        return tls_failure(&t.authority, &t.name, tls);
+    }
+    if t.tls && e.is_connect() && !connect_refused(e) {
+        // A handshake that ended without a rustls error (the peer closed or reset it).
+        return format!(
+            "TLS handshake with {} failed: {}",
+            t.authority,
+            innermost(e)
+        );
+    }
+    if e.is_connect() {
+        return format!("cannot connect to {}: {}", t.authority, innermost(e));
+    }
+    format!("request failed: {}", innermost(e))
+}
+
+/// rustls's error in `e`'s chain. It comes wrapped in io::Errors (tokio-rustls's, then the
+/// connector's), whose `source()` skips the error they wrap: those are opened with `get_ref`.
+fn find_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+        return find_rustls(inner);
+    }
+    e.source().and_then(find_rustls)
+}
+
+/// The TCP connection itself was not made (refused, unreachable, no such host).
+fn connect_refused(e: &reqwest::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind::*;
+            return matches!(
+                io.kind(),
+                ConnectionRefused | HostUnreachable | NetworkUnreachable | AddrNotAvailable
+            );
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// The last error of `e`'s source chain: the cause in its own words.
+fn innermost(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut last = e;
+    while let Some(s) = last.source() {
+        last = s;
+    }
+    last.to_string()
+}
+
 /// The client side of TLS: Mozilla's roots plus `extra` (already checked by
 /// [`read_ca_file`]; one that still does not parse is skipped), ring, TLS 1.2 and 1.3.
-fn client_config(extra: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig> {
+fn client_config(extra: &[CertificateDer<'static>]) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore {
         roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
     };
@@ -332,18 +351,15 @@ fn client_config(extra: &[CertificateDer<'static>]) -> Arc<rustls::ClientConfig>
     .with_root_certificates(roots)
     .with_no_client_auth();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Arc::new(cfg)
+    cfg
 }
 
 /// A failed TLS handshake as a cause: the certificate problems in words, anything else as
-/// rustls (or the socket) says it.
-fn tls_failure(authority: &str, name: &str, e: &std::io::Error) -> String {
+/// rustls says it.
+fn tls_failure(authority: &str, name: &str, e: &rustls::Error) -> String {
     use rustls::CertificateError as C;
-    let cause = match e
-        .get_ref()
-        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    {
-        Some(rustls::Error::InvalidCertificate(c)) => match c {
+    let cause = match e {
+        rustls::Error::InvalidCertificate(c) => match c {
             C::UnknownIssuer => "untrusted certificate: it does not chain to a bundled Mozilla \
                                  root nor to a certificate of --image-fetch-ca-file"
                 .to_string(),
@@ -356,18 +372,9 @@ fn tls_failure(authority: &str, name: &str, e: &std::io::Error) -> String {
             }
             other => format!("invalid certificate: {other}"),
         },
-        Some(other) => other.to_string(),
-        None => e.to_string(),
+        other => other.to_string(),
     };
     format!("TLS handshake with {authority} failed: {cause}")
-}
-
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 fn status_text(s: StatusCode) -> String {
@@ -411,18 +418,22 @@ mod tests {
             .check("http://user:pw@ok.example:81/a.png?k=secret")
             .unwrap();
         assert_eq!(t.authority, "ok.example:81");
-        assert_eq!(t.port, 81);
+        // The user info is never sent; the query is.
+        assert_eq!(t.url, "http://ok.example:81/a.png?k=secret");
         assert_eq!(t.shown(), "http://ok.example:81/a.png");
         assert!(f.check("http://127.0.0.1:8000/x").is_ok());
         let e = f.check("http://127.0.0.1:9000/x").unwrap_err();
         assert!(e.to_string().contains("not allowed"), "{e}");
         let t = f.check("https://ok.example/a.png").unwrap();
         assert_eq!(
-            (t.tls, t.port, t.shown()),
-            (true, 443, "https://ok.example/a.png")
+            (t.tls, t.url.as_str(), t.shown()),
+            (true, "https://ok.example/a.png", "https://ok.example/a.png")
         );
         let t = f.check("https://ok.example:8443/a.png").unwrap();
-        assert_eq!((t.tls, t.port), (true, 8443));
+        assert_eq!(
+            (t.tls, t.url.as_str()),
+            (true, "https://ok.example:8443/a.png")
+        );
         assert!(!f.check("http://ok.example/a.png").unwrap().tls);
         let e = f.check("https://evil.example/a.png").unwrap_err();
         assert!(
@@ -431,6 +442,9 @@ mod tests {
         );
         assert!(f.check("ftp://ok.example/a").is_err());
         let ip6 = fetcher(&["::1"]).check("http://[::1]:8080/a").unwrap();
-        assert_eq!((ip6.name.as_str(), ip6.port), ("::1", 8080));
+        assert_eq!(
+            (ip6.name.as_str(), ip6.url.as_str()),
+            ("::1", "http://[::1]:8080/a")
+        );
     }
 }

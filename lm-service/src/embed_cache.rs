@@ -1,18 +1,18 @@
 //! Image embeddings by content hash and grid (the same bytes at two resolutions, OpenAI's
-//! `detail`, are two entries): [`vlm_compute::EmbedsLru`] with this service's metrics. Values
+//! `detail`, are two entries): [`vlm_compute::EmbedsCache`] with this service's metrics. Values
 //! share their bytes, so a hit costs no copy.
-use vlm_compute::{EmbedsLru, ImageEmbeds};
+use vlm_compute::{EmbedsCache, ImageEmbeds};
 
-/// LRU cache of image embeddings keyed by the image's content hash and grid.
+/// Image embeddings keyed by the image's content hash and grid, bounded in bytes.
 #[derive(Debug)]
 pub struct EmbedCache {
-    lru: EmbedsLru<(Vec<u8>, [usize; 3])>,
+    lru: EmbedsCache<(Vec<u8>, [usize; 3])>,
 }
 
 impl EmbedCache {
     pub fn new(capacity_bytes: usize) -> Self {
         EmbedCache {
-            lru: EmbedsLru::new(capacity_bytes),
+            lru: EmbedsCache::new(capacity_bytes),
         }
     }
 
@@ -28,8 +28,8 @@ impl EmbedCache {
         found
     }
 
-    /// Stores `value` under `hash`, evicting least recently used entries to stay under the
-    /// capacity. An entry larger than the whole cache (or an empty hash) is not stored.
+    /// Stores `value` under `hash`, evicting entries (those not read since they came in first)
+    /// to stay under the capacity. An entry larger than the whole cache (or an empty hash) is not stored.
     pub fn insert(&mut self, hash: &[u8], value: ImageEmbeds) {
         if !hash.is_empty() {
             self.lru.insert((hash.to_vec(), value.grid_thw), value);
@@ -68,14 +68,14 @@ mod tests {
     }
 
     #[test]
-    fn evicts_least_recently_used_within_the_byte_bound() {
+    fn evicts_entries_not_read_first_within_the_byte_bound() {
         // Each entry of 1 row: 2 tensors x 4 f32 = 32 bytes. Room for 3.
         let mut c = EmbedCache::new(100);
         c.insert(b"a", embeds(1));
         c.insert(b"b", embeds(1));
         c.insert(b"c", embeds(1));
-        assert!(c.get(b"a", [1, 2, 2]).is_some()); // a is now the most recent
-        c.insert(b"d", embeds(1)); // evicts b
+        assert!(c.get(b"a", [1, 2, 2]).is_some()); // a was read, b and c were not
+        c.insert(b"d", embeds(1)); // evicts b, the oldest not read
         assert!(c.get(b"b", [1, 2, 2]).is_none());
         assert!(c.get(b"a", [1, 2, 2]).is_some());
         assert!(c.get(b"c", [1, 2, 2]).is_some());

@@ -60,7 +60,8 @@ struct Args {
     #[arg(long, env = "VLM_VISION_SPREAD_LONE_IMAGES", default_value_t = true, action = clap::ArgAction::Set)]
     spread_lone_images: bool,
     /// MiB of embeddings kept for images and video temporal groups sent again (keyed by the
-    /// SHA-256 of their bytes and resize; least recently used out first); 0 turns it off.
+    /// SHA-256 of their bytes and resize; entries not read since they came in go first); 0 turns
+    /// it off.
     #[arg(long, env = "VLM_VISION_EMBED_CACHE_MIB", default_value_t = vlm_vision_service::DEFAULT_EMBED_CACHE_BYTES >> 20)]
     embed_cache_mib: u64,
     /// File holding the shared token callers of vlm.v1.Vision must send (a mounted Secret;

@@ -2,11 +2,12 @@
 //! SHA-256 of everything its embeddings depend on: the input's bytes and how the service turns
 //! them into patch rows (the resize target of an image file; the frames themselves for resized
 //! pixels, so a video sampled at another fps or size is another key). The caller's
-//! `content_hash` is only echoed, never trusted as a key. Bounded by bytes, least recently used
-//! out first; a hit skips the decode, the resize and the ViT. Size 0 turns it off.
+//! `content_hash` is only echoed, never trusted as a key. Bounded by bytes (an entry read since
+//! it came in outlives one that was not: [`EmbedsCache`]); a hit skips the decode, the resize
+//! and the ViT. Size 0 turns it off.
 use sha2::{Digest, Sha256};
 use std::sync::Mutex;
-use vlm_compute::{EmbedsLru, ImageEmbeds};
+use vlm_compute::{EmbedsCache, ImageEmbeds};
 
 pub type Key = [u8; 32];
 
@@ -31,16 +32,16 @@ pub struct CacheStats {
     pub misses: u64,
 }
 
-/// [`EmbedsLru`] shared by the compute threads, with this service's metrics.
+/// [`EmbedsCache`] shared by the compute threads, with this service's metrics.
 #[derive(Debug)]
 pub struct EmbedCache {
-    lru: Mutex<EmbedsLru<Key>>,
+    lru: Mutex<EmbedsCache<Key>>,
 }
 
 impl EmbedCache {
     pub fn new(capacity_bytes: u64) -> EmbedCache {
         EmbedCache {
-            lru: Mutex::new(EmbedsLru::new(capacity_bytes as usize)),
+            lru: Mutex::new(EmbedsCache::new(capacity_bytes as usize)),
         }
     }
 
@@ -48,7 +49,7 @@ impl EmbedCache {
         self.lock().capacity() > 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, EmbedsLru<Key>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, EmbedsCache<Key>> {
         self.lru.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -64,8 +65,8 @@ impl EmbedCache {
         found
     }
 
-    /// Keeps `value` under `key` (least recently used out first; one larger than the whole
-    /// cache is not kept).
+    /// Keeps `value` under `key` (entries not read since they came in go first; one larger
+    /// than the whole cache is not kept).
     pub fn put(&self, key: Key, value: ImageEmbeds) {
         let mut lru = self.lock();
         lru.insert(key, value);
@@ -99,13 +100,13 @@ mod tests {
     }
 
     #[test]
-    fn least_recently_used_goes_first_and_the_bytes_stay_bounded() {
+    fn an_entry_read_outlives_one_not_read_and_the_bytes_stay_bounded() {
         // Each entry is rows * 16 bytes; room for 48.
         let c = EmbedCache::new(48);
         let (a, b, d) = (key(&[b"a"]), key(&[b"b"]), key(&[b"d"]));
         c.put(a, embeds(1));
         c.put(b, embeds(1));
-        assert!(c.get(&a).is_some()); // a is now newer than b
+        assert!(c.get(&a).is_some()); // a was read, b was not
         c.put(d, embeds(2)); // 16 + 16 + 32 > 48: b goes
         assert!(c.get(&b).is_none());
         assert!(c.get(&a).is_some() && c.get(&d).is_some());

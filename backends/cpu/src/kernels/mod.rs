@@ -14,7 +14,6 @@ pub(crate) mod cpu_view;
 pub mod decode_attention;
 pub mod gemv;
 pub mod kquant_gemv;
-pub(crate) mod multiversion;
 pub mod packed;
 pub mod peak;
 pub mod ptr;

@@ -5,29 +5,31 @@
 //! prefill spent ~24 ms of its ~970 in the 2B model's norms); here 16 running sums, so the row
 //! is summed at vector width. Only the summation order differs (a few ulp on the norm; the
 //! reference, `hidden_states.pow(2).mean(-1)` in torch, sums in its own blocked order too).
-use super::multiversion::multiversion;
+use multiversion::multiversion;
 use rayon::prelude::*;
 
 /// Values per parallel task: below this a call stays on the calling thread (a decode step's
 /// few rows).
 const PAR_VALUES: usize = 16 * 1024;
 
-multiversion! {
-    /// One row: out = x / sqrt(mean(x²) + eps) * w.
-    pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
-        let mut s = [0f32; 16];
-        let mut chunks = x.chunks_exact(16);
-        for c in &mut chunks {
-            for i in 0..16 {
-                s[i] += c[i] * c[i];
-            }
+/// One row: out = x / sqrt(mean(x²) + eps) * w.
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+pub fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let mut s = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for i in 0..16 {
+            s[i] += c[i] * c[i];
         }
-        let mut sum: f32 = s.iter().sum();
-        sum += chunks.remainder().iter().map(|v| v * v).sum::<f32>();
-        let m = (sum / x.len() as f32 + eps).sqrt();
-        for ((o, &v), &wi) in out.iter_mut().zip(x).zip(w) {
-            *o = v / m * wi;
-        }
+    }
+    let mut sum: f32 = s.iter().sum();
+    sum += chunks.remainder().iter().map(|v| v * v).sum::<f32>();
+    let m = (sum / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &wi) in out.iter_mut().zip(x).zip(w) {
+        *o = v / m * wi;
     }
 }
 

@@ -3,26 +3,7 @@
 //! and picked at run time. bf16 values are widened exactly (bits << 16), so the products and
 //! sums are the f32 ones of the widened values.
 use half::bf16;
-
-macro_rules! dispatch {
-    ($name:ident, $portable:ident, $fast:ident, ($($arg:ident: $ty:ty),*) -> $ret:ty) => {
-        #[inline]
-        pub fn $name($($arg: $ty),*) -> $ret {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f")]
-                unsafe fn $fast($($arg: $ty),*) -> $ret {
-                    $portable($($arg),*)
-                }
-                if std::arch::is_x86_feature_detected!("avx512f") {
-                    // SAFETY: the feature was detected on this CPU.
-                    return unsafe { $fast($($arg),*) };
-                }
-            }
-            $portable($($arg),*)
-        }
-    };
-}
+use multiversion::multiversion;
 
 /// An element a vector can be read as f32 from.
 pub trait Widen: Copy + Send + Sync {
@@ -73,9 +54,20 @@ fn scale_add_portable(y: &mut [f32], c: f32, x: &[f32]) {
     }
 }
 
-dispatch!(dot, dot_portable, dot_avx512, (a: &[f32], b: &[f32]) -> f32);
-dispatch!(axpy, axpy_portable, axpy_avx512, (y: &mut [f32], a: f32, x: &[f32]) -> ());
-dispatch!(scale_add, scale_add_portable, scale_add_avx512, (y: &mut [f32], c: f32, x: &[f32]) -> ());
+#[multiversion(targets("x86_64+avx512f"))]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_portable(a, b)
+}
+
+#[multiversion(targets("x86_64+avx512f"))]
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_portable(y, a, x)
+}
+
+#[multiversion(targets("x86_64+avx512f"))]
+pub fn scale_add(y: &mut [f32], c: f32, x: &[f32]) {
+    scale_add_portable(y, c, x)
+}
 
 /// `out[i] = q · rows[i]` for the `out.len()` consecutive rows of `q.len()` values in `rows`
 /// (a run of cached keys). Each row's sum is formed on its own (no dependence on the rows

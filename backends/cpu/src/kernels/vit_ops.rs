@@ -8,8 +8,8 @@
 //! Accuracy: `exp` ~2e-7 relative (Cephes expf polynomial), `erf` ~1.5e-7 absolute
 //! (Abramowitz-Stegun 7.1.26); far inside the 1e-5 the bucketed path is held to.
 
-use super::multiversion::multiversion;
 pub use crate::kernels::softmax::{exp_approx, online_softmax_tile};
+use multiversion::multiversion;
 
 /// `gelu_pytorch_tanh`: 0.5 x (1 + tanh(u)) with u = sqrt(2/pi) (x + 0.044715 x^3), written as
 /// the identical x * sigmoid(2u), which is stable at both tails.
@@ -38,67 +38,79 @@ pub fn gelu_erf(x: f32) -> f32 {
     0.5 * x * (1.0 + erf_approx(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
-multiversion! {
-    /// x[i] = gelu_tanh(x[i] + bias[i % bias.len()]).
-    pub fn bias_gelu_tanh(x: &mut [f32], bias: &[f32]) {
-        for row in x.chunks_exact_mut(bias.len()) {
-            for (v, b) in row.iter_mut().zip(bias) {
-                *v = gelu_tanh(*v + *b);
-            }
+/// x[i] = gelu_tanh(x[i] + bias[i % bias.len()]).
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+pub fn bias_gelu_tanh(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v = gelu_tanh(*v + *b);
         }
     }
 }
 
-multiversion! {
-    /// x[i] = gelu_erf(x[i] + bias[i % bias.len()]).
-    pub fn bias_gelu_erf(x: &mut [f32], bias: &[f32]) {
-        for row in x.chunks_exact_mut(bias.len()) {
-            for (v, b) in row.iter_mut().zip(bias) {
-                *v = gelu_erf(*v + *b);
-            }
+/// x[i] = gelu_erf(x[i] + bias[i % bias.len()]).
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+pub fn bias_gelu_erf(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v = gelu_erf(*v + *b);
         }
     }
 }
 
-multiversion! {
-    /// out = LayerNorm(x) * w + b over one row (two-pass mean and variance in f32, eps inside the
-    /// square root, as torch's layer_norm).
-    pub fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
-        let n = x.len() as f32;
-        let mut s = [0f32; 8];
-        let mut chunks = x.chunks_exact(8);
-        for c in &mut chunks {
-            for i in 0..8 {
-                s[i] += c[i];
-            }
+/// out = LayerNorm(x) * w + b over one row (two-pass mean and variance in f32, eps inside the
+/// square root, as torch's layer_norm).
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+pub fn layer_norm_row(x: &[f32], w: &[f32], b: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len() as f32;
+    let mut s = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            s[i] += c[i];
         }
-        let mut sum: f32 = s.iter().sum();
-        sum += chunks.remainder().iter().sum::<f32>();
-        let mean = sum / n;
-        let mut s = [0f32; 8];
-        let mut chunks = x.chunks_exact(8);
-        for c in &mut chunks {
-            for i in 0..8 {
-                let d = c[i] - mean;
-                s[i] += d * d;
-            }
+    }
+    let mut sum: f32 = s.iter().sum();
+    sum += chunks.remainder().iter().sum::<f32>();
+    let mean = sum / n;
+    let mut s = [0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for i in 0..8 {
+            let d = c[i] - mean;
+            s[i] += d * d;
         }
-        let mut var: f32 = s.iter().sum();
-        var += chunks.remainder().iter().map(|v| (v - mean) * (v - mean)).sum::<f32>();
-        let rstd = 1.0 / (var / n + eps).sqrt();
-        for (((o, &v), &wi), &bi) in out.iter_mut().zip(x).zip(w).zip(b) {
-            *o = (v - mean) * rstd * wi + bi;
-        }
+    }
+    let mut var: f32 = s.iter().sum();
+    var += chunks
+        .remainder()
+        .iter()
+        .map(|v| (v - mean) * (v - mean))
+        .sum::<f32>();
+    let rstd = 1.0 / (var / n + eps).sqrt();
+    for (((o, &v), &wi), &bi) in out.iter_mut().zip(x).zip(w).zip(b) {
+        *o = (v - mean) * rstd * wi + bi;
     }
 }
 
-multiversion! {
-    /// x[i] += bias[i % bias.len()].
-    pub fn add_bias(x: &mut [f32], bias: &[f32]) {
-        for row in x.chunks_exact_mut(bias.len()) {
-            for (v, b) in row.iter_mut().zip(bias) {
-                *v += *b;
-            }
+/// x[i] += bias[i % bias.len()].
+#[multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512dq+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+pub fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += *b;
         }
     }
 }
