@@ -305,7 +305,10 @@ fn find_rustls<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustl
     if let Some(tls) = e.downcast_ref::<rustls::Error>() {
         return Some(tls);
     }
-    if let Some(inner) = e.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref()) {
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
         return find_rustls(inner);
     }
     e.source().and_then(find_rustls)

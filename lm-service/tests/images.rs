@@ -49,7 +49,6 @@ fn image_oracle(
 #[tokio::test(flavor = "multi_thread")]
 async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
     let bytes = std::fs::read(tiny_dir().join("synth_100x75/synthetic.png")).unwrap();
-    let hash = Sha256::digest(&bytes).to_vec();
 
     // In-process oracle.
     let (chunk, block_len, max_new) = (128usize, 256usize, 12usize);
@@ -66,24 +65,7 @@ async fn greedy_with_image_matches_in_process_pipeline_and_hits_the_cache() {
     );
     wait_serving(&lm).await;
     let mut client = lm_client(&lm).await;
-    let image = LmImage {
-        content_hash: hash,
-        grid: Some(ImageGrid {
-            t: grid[0] as u32,
-            h: grid[1] as u32,
-            w: grid[2] as u32,
-        }),
-        input: Some(ImageInput {
-            source: Some(vlm_proto::image_input::Source::Encoded(EncodedImage {
-                data: bytes,
-                mime_type: "image/png".into(),
-            })),
-            content_hash: vec![],
-            expected_grid: None,
-            ..Default::default()
-        }),
-        video: false,
-    };
+    let image = encoded_image(bytes, grid);
     let req = request(
         ids.clone(),
         vec![image.clone()],
@@ -128,7 +110,16 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
     wait_serving(&vision).await;
     wait_serving(&lm).await;
     let mut client = lm_client(&lm).await;
-    let image = LmImage {
+    let image = encoded_image(bytes, grid);
+    let req = request(ids, vec![image], &vision.endpoint(), greedy(max_new as u32));
+    let (served, _) = generate(&mut client, req).await.unwrap();
+    assert_eq!(served, oracle);
+}
+
+/// An image file as the gateway sends it: its bytes for the vision service, their SHA-256 and
+/// the grid they preprocess to.
+fn encoded_image(bytes: Vec<u8>, grid: [usize; 3]) -> LmImage {
+    LmImage {
         content_hash: Sha256::digest(&bytes).to_vec(),
         grid: Some(ImageGrid {
             t: grid[0] as u32,
@@ -145,10 +136,7 @@ async fn image_split_across_prefill_chunks_matches_the_pipeline() {
             ..Default::default()
         }),
         video: false,
-    };
-    let req = request(ids, vec![image], &vision.endpoint(), greedy(max_new as u32));
-    let (served, _) = generate(&mut client, req).await.unwrap();
-    assert_eq!(served, oracle);
+    }
 }
 
 /// The tiny fixtures' synthetic image as the gateway sends it (encoded, hashed, its grid), and
@@ -159,24 +147,7 @@ fn synthetic_image() -> (LmImage, usize) {
         .unwrap()
         .grid_thw;
     let tokens = grid[0] * (grid[1] / 2) * (grid[2] / 2);
-    let image = LmImage {
-        content_hash: Sha256::digest(&bytes).to_vec(),
-        grid: Some(ImageGrid {
-            t: grid[0] as u32,
-            h: grid[1] as u32,
-            w: grid[2] as u32,
-        }),
-        input: Some(ImageInput {
-            source: Some(vlm_proto::image_input::Source::Encoded(EncodedImage {
-                data: bytes,
-                mime_type: String::new(),
-            })),
-            content_hash: vec![],
-            expected_grid: None,
-            ..Default::default()
-        }),
-        video: false,
-    };
+    let image = encoded_image(bytes, grid);
     (image, tokens)
 }
 

@@ -2,26 +2,12 @@
 //! pixel is decoded, corrupt and unsupported data are clear errors, alpha is composited onto
 //! white, a GIF gives its first frame.
 use vlm_preprocess::{decode_image, over_white, read_image_size, PreprocessConfig};
+use vlm_test_support::png::crc32;
 
 fn encode_png(img: &image::DynamicImage) -> Vec<u8> {
     let mut out = std::io::Cursor::new(Vec::new());
     img.write_to(&mut out, image::ImageFormat::Png).unwrap();
     out.into_inner()
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = 0xffff_ffffu32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xedb8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 /// A PNG whose header claims `w` x `h` RGB pixels, with no image data behind it.

@@ -203,29 +203,13 @@ fn mutate(mut b: Vec<u8>, muts: &[Mutation]) -> Vec<u8> {
     b
 }
 
-/// CRC-32 (ISO-HDLC), as PNG chunks carry it.
-fn crc32(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c ^= b as u32;
-        for _ in 0..8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-        }
-    }
-    !c
-}
-
 /// A PNG whose IHDR says `w` x `h` (its CRC recomputed), whatever its pixel data holds.
 fn png_with_size(mut png: Vec<u8>, w: u32, h: u32) -> Vec<u8> {
     // 8-byte signature, then IHDR: length (4), "IHDR" (4), width (4), height (4), 5 bytes, CRC.
     assert_eq!(&png[12..16], b"IHDR");
     png[16..20].copy_from_slice(&w.to_be_bytes());
     png[20..24].copy_from_slice(&h.to_be_bytes());
-    let crc = crc32(&png[12..29]);
+    let crc = vlm_test_support::png::crc32(&png[12..29]);
     png[29..33].copy_from_slice(&crc.to_be_bytes());
     png
 }

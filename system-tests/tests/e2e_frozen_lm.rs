@@ -21,6 +21,13 @@ const KEEPALIVE: [(&str, &str); 2] = [
     ("VLM_GRPC_KEEPALIVE_TIMEOUT_MS", "1000"),
 ];
 
+fn keepalive_env() -> Vec<(String, String)> {
+    KEEPALIVE
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Each in-flight request must end within this of the freeze: generous against the ~1.5 s the
 /// keepalive takes, and far short of the "forever" of issue 42.
 const BOUND: Duration = Duration::from_secs(30);
@@ -39,10 +46,7 @@ fn chat(stream: bool) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_in_flight_to_a_frozen_lm_end_and_it_serves_again() {
     let _g = serial();
-    let env: Vec<(String, String)> = KEEPALIVE
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let env = keepalive_env();
     let c = Cluster::start_env(1, &[], &env).await;
     let http = c.http();
 
@@ -118,10 +122,7 @@ async fn requests_in_flight_to_a_frozen_lm_end_and_it_serves_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_connection_to_the_only_lm_is_redialled_before_the_first_token() {
     let _g = serial();
-    let env: Vec<(String, String)> = KEEPALIVE
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
+    let env = keepalive_env();
     let c = Cluster::start_env(1, &[], &env).await;
     let relay = Relay::start(
         &tokio::runtime::Handle::current(),

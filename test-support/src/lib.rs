@@ -12,6 +12,7 @@
 //!
 //! [`ffmpeg`]: video fixtures made with the ffmpeg CLI.
 pub mod ffmpeg;
+pub mod png;
 
 use std::io::Write;
 use std::path::PathBuf;

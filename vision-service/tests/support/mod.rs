@@ -371,24 +371,9 @@ pub fn png_claiming(w: u32, h: u32) -> Vec<u8> {
     assert_eq!(&bytes[12..16], b"IHDR");
     bytes[16..20].copy_from_slice(&w.to_be_bytes());
     bytes[20..24].copy_from_slice(&h.to_be_bytes());
-    let crc = crc32(&bytes[12..29]);
+    let crc = vlm_test_support::png::crc32(&bytes[12..29]);
     bytes[29..33].copy_from_slice(&crc.to_be_bytes());
     bytes
-}
-
-fn crc32(data: &[u8]) -> u32 {
-    let mut crc = 0xFFFF_FFFFu32;
-    for &b in data {
-        crc ^= b as u32;
-        for _ in 0..8 {
-            crc = if crc & 1 != 0 {
-                (crc >> 1) ^ 0xEDB8_8320
-            } else {
-                crc >> 1
-            };
-        }
-    }
-    !crc
 }
 
 /// The config used by most tests: small buckets, the tiny model's defaults otherwise.
