@@ -22,7 +22,8 @@ impl<K> Weighter<K, ImageEmbeds> for ByBytes {
     }
 }
 
-/// Typical entry for sizing the table: a 512x512 image of the 2B model, ~1 MB with deepstack.
+/// Bytes per entry assumed when sizing the table up front (a hint only: the weight bound is
+/// what limits the cache).
 const TYPICAL_ENTRY_BYTES: usize = 1 << 20;
 
 pub struct EmbedsCache<K> {

@@ -246,7 +246,6 @@ pub fn service_args_with(config: &Path, listen_metrics: bool) -> Vec<String> {
     a
 }
 
-/// One vision service, `lms` LM replicas and a gateway in front of them.
 /// `args` plus the LM's `--vision` naming `vision` (the only replica it may dial).
 pub fn lm_args(args: &[String], vision: &Proc) -> Vec<String> {
     let mut a = args.to_vec();
@@ -331,20 +330,15 @@ impl Cluster {
         extra: &[&str],
         env: &[(String, String)],
     ) -> Proc {
-        let mut args = vec![
-            "--model".to_string(),
-            tiny_model().display().to_string(),
-            "--config".into(),
-            config.display().to_string(),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
+        let mut args = service_args_with(config, false);
+        args.extend([
             "--http-listen".into(),
             "127.0.0.1:0".into(),
             "--vision".into(),
             vision.to_string(),
             "--lm".into(),
             lms.join(","),
-        ];
+        ]);
         args.extend(extra.iter().map(|s| s.to_string()));
         let g = Proc::spawn_env("gateway", &bin("gateway"), &args, env);
         wait_serving(&g.addr("grpc")).await;
