@@ -11,7 +11,7 @@ vLLM stays up for the whole run; each `--ours NAME[=CONFIG]` layout is started i
 it (`default` = `vlm up` with no --config: its embedded config and layout) and the request
 kinds alternate between the two servers for `--rounds` rounds. Request kinds (every image and
 prompt is new, so no prefix or embedding cache helps either side):
-  text      a ~75-token prompt, 64 tokens: TTFT and decode tokens/s
+  text      a ~75-token prompt, 64 tokens (--decode-tokens): TTFT and decode tokens/s
   img512    one 512x512 image, 64 tokens: TTFT
   img1024   one 1024x1024 image, 8 tokens: TTFT
   conc8     8 concurrent requests, a 512x512 image each, 128 tokens: output tokens/s
@@ -116,10 +116,10 @@ def image_part(img):
             "image_url": {"url": "data:image/png;base64," + base64.b64encode(img).decode()}}
 
 
-def run_kind(server, kind, seed):
+def run_kind(server, kind, seed, decode_tokens=64):
     """One measurement of `kind`: a dict of named numbers."""
     if kind == "text":
-        ttft, rate, _, _ = chat(server, text_prompt(seed), 64)
+        ttft, rate, _, _ = chat(server, text_prompt(seed), decode_tokens)
         return {"TTFT s": ttft, "decode tok/s": rate}
     if kind == "img512":
         content = [image_part(png(512, 512, seed)), {"type": "text", "text": "Describe it."}]
@@ -225,7 +225,7 @@ def one_at_a_time(a, layout, kinds, ref_name):
                     seed += 1
                 for k in kinds:
                     wait_idle(a.settle_s)
-                    m = run_kind(server, k, seed)
+                    m = run_kind(server, k, seed, a.decode_tokens)
                     seed += 1
                     got[(side, k)].append(m)
                     print(f"  round {r + 1} {k:8} {side:8} "
@@ -250,6 +250,8 @@ def main():
                     help="NAME[=CONFIG]; `default` = vlm up without --config (repeatable)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--kinds", default="text,img512,img1024,conc8")
+    ap.add_argument("--decode-tokens", type=int, default=64,
+                    help="tokens the text request decodes (more: a longer, steadier rate)")
     ap.add_argument("--cores", default="0-1", help="vLLM's VLLM_CPU_OMP_THREADS_BIND")
     ap.add_argument("--vllm-kv-gib", type=int, default=4)
     ap.add_argument("--vllm-dtype", default="bfloat16",
@@ -299,7 +301,7 @@ def main():
                             order.reverse()
                         for side, server in order:
                             wait_idle(a.settle_s)
-                            m = run_kind(server, k, seed)
+                            m = run_kind(server, k, seed, a.decode_tokens)
                             seed += 1
                             got[(side, k)].append(m)
                             print(f"  round {r + 1} {k:8} {side:8} "

@@ -1,4 +1,4 @@
-//! Decode products of k-quant weights (the 2B's Q4_K_M shapes): `QuantizedWeight::matmul`
+//! Decode products of quantized weights (the 2B's Q4_K_M and Q8_0 shapes): `QuantizedWeight::matmul`
 //! (our AVX512-VNNI gemv on the compact blocks, where the CPU has it) against
 //! `QuantizedWeight::matmul_candle` (candle's products, what ran before), alternating batches
 //! of calls, in GB/s of weight bytes (each product reads the weight once). Run as the
@@ -40,6 +40,7 @@ fn random_weight(dtype: GgmlDType, n: usize, k: usize) -> QTensor {
                 b[2..4].copy_from_slice(&scale);
             }
             GgmlDType::Q6K => b[208..210].copy_from_slice(&scale),
+            GgmlDType::Q8_0 => b[0..2].copy_from_slice(&scale),
             _ => unreachable!(),
         }
     }
@@ -62,6 +63,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ("gate/up", GgmlDType::Q4K, 6144, 2048),
         ("down", GgmlDType::Q4K, 2048, 6144),
         ("head", GgmlDType::Q6K, 151936, 2048),
+        ("gate/up", GgmlDType::Q8_0, 6144, 2048),
+        ("down", GgmlDType::Q8_0, 2048, 6144),
+        ("head", GgmlDType::Q8_0, 151936, 2048),
     ];
     let threads = rayon::current_num_threads();
     println!(

@@ -1,5 +1,6 @@
-//! The decode gemv of Q4_K and Q6_K weights (1..=4 activation rows) on AVX512-VNNI, reading
-//! the file's compact blocks as they are (no repacked copy): per 64 weight bytes one
+//! The decode gemv of Q4_K, Q6_K and Q8_0 weights (1..=4 activation rows) on AVX512-VNNI,
+//! reading the file's compact blocks as they are (no repacked copy). Q8_0 has a kernel of its
+//! own ([`q8_0`]); for the k-quants, per 64 weight bytes one
 //! `vpmaddubsw` (unsigned 4- or 6-bit weights x signed Q8_K activations, pairs to int16) and
 //! one `vpdpwssd` (x the sub-block scales, pairs to int32, accumulated), one int32 -> f32
 //! convert and one FMA per superblock. The activations are quantized once per product
@@ -23,18 +24,24 @@ pub const Q4K_BYTES: usize = 144;
 /// Bytes of a Q6_K superblock: 128 low nibbles, 64 of high bit pairs, 16 i8 scales, d (f16).
 pub const Q6K_BYTES: usize = 210;
 
+mod q8_0;
+
 /// The weight types this kernel takes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum KQuant {
     Q4K,
     Q6K,
+    /// 32 values a block (not a k-quant, but paired with the same Q8_K activations).
+    Q8_0,
 }
 
 impl KQuant {
+    /// Bytes of weight per 256 values (one superblock; eight Q8_0 blocks).
     pub fn block_bytes(self) -> usize {
         match self {
             KQuant::Q4K => Q4K_BYTES,
             KQuant::Q6K => Q6K_BYTES,
+            KQuant::Q8_0 => 8 * q8_0::BLOCK_BYTES,
         }
     }
 
@@ -42,7 +49,7 @@ impl KQuant {
     pub fn order(self) -> Order {
         match self {
             KQuant::Q4K => Order::Q4K,
-            KQuant::Q6K => Order::Natural,
+            KQuant::Q6K | KQuant::Q8_0 => Order::Natural,
         }
     }
 }
@@ -98,6 +105,7 @@ pub unsafe fn gemv(ty: KQuant, w: &[u8], rows: usize, act: &Q8KRows, out: *mut f
         match ty {
             KQuant::Q4K => run!(q4k),
             KQuant::Q6K => run!(q6k),
+            KQuant::Q8_0 => q8_0::gemv(w.as_ptr(), rows, act, out, ldo),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -208,7 +216,7 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn hsum8(v: __m256) -> f32 {
+    pub(super) unsafe fn hsum8(v: __m256) -> f32 {
         let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -378,8 +386,8 @@ mod x86 {
 mod tests {
     use super::*;
     use candle_core::quantized::k_quants::{self as kq, BlockQ8K, GgmlType};
-    use candle_core::quantized::{GgmlDType, QTensor};
-    use candle_core::{Device, Tensor};
+    use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
+    use candle_core::{Device, Module, Tensor};
 
     use crate::kernels::test_data::data;
 
@@ -396,8 +404,8 @@ mod tests {
     }
 
     /// Our product against (a) the dequantized weight times the Q8_K-rounded activations in
-    /// f64 and (b) candle's `k_quants::matmul` (both: f32 summation order only, 1e-5 of the
-    /// sum of |terms|), and (c) the dequantized weight times the unrounded activations, within
+    /// f64 and (b) candle's product of the same scheme (`k_quants::matmul`; for Q8_0 its
+    /// repacked tiles) (both: f32 summation order only, 1e-5 of the sum of |terms|), and (c) the dequantized weight times the unrounded activations, within
     /// the Q8_K rounding bound (each activation moves by at most half a step, amax / 254 of
     /// its 256-value block).
     fn check(ty: KQuant, m: usize, n: usize, k: usize) {
@@ -407,6 +415,7 @@ mod tests {
         let dtype = match ty {
             KQuant::Q4K => GgmlDType::Q4K,
             KQuant::Q6K => GgmlDType::Q6K,
+            KQuant::Q8_0 => GgmlDType::Q8_0,
         };
         let q = QTensor::quantize(&wt, dtype).unwrap();
         let bytes = q.data().unwrap();
@@ -423,11 +432,30 @@ mod tests {
         unsafe { gemv(ty, &bytes, n, &act, got.as_mut_ptr(), n) };
         let mut theirs = vec![0f32; m * n];
         let mkn = (m, k, n);
-        let done = match ty {
+        match ty {
             KQuant::Q4K => kq::matmul::<kq::BlockQ4K>(mkn, &x, blocks(&bytes), &mut theirs),
             KQuant::Q6K => kq::matmul::<kq::BlockQ6K>(mkn, &x, blocks(&bytes), &mut theirs),
-        };
-        done.unwrap();
+            // candle's Q8_0 product of the same scheme (Q8_K rows) is its repacked tiles,
+            // which it takes for 16-row multiples; otherwise it pairs Q8_0 rows (a scale per
+            // 32 values), another rounding, so only the f64 references below apply.
+            KQuant::Q8_0 if n.is_multiple_of(16) => {
+                let t = QMatMul::from_qtensor(QTensor::quantize(&wt, dtype).unwrap()).unwrap();
+                let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+                theirs = t
+                    .forward(&xt)
+                    .unwrap()
+                    .flatten_all()
+                    .unwrap()
+                    .to_vec1()
+                    .unwrap();
+                Ok(())
+            }
+            KQuant::Q8_0 => {
+                theirs.clone_from(&got);
+                Ok(())
+            }
+        }
+        .unwrap();
         let mut xb = vec![BlockQ8K::zeros(); m * k / QK_K];
         BlockQ8K::from_float(&x, &mut xb);
         let mut xq = vec![0f32; m * k];
@@ -473,13 +501,14 @@ mod tests {
             eprintln!("skipped: no AVX512-VNNI");
             return;
         }
-        for ty in [KQuant::Q4K, KQuant::Q6K] {
+        for ty in [KQuant::Q4K, KQuant::Q6K, KQuant::Q8_0] {
             for (m, n, k) in [
                 (1, 1, 256),
                 (2, 7, 512),
                 (3, 33, 768),
                 (4, 64, 2048),
                 (1, 5, 6144),
+                (4, 48, 2048),
             ] {
                 check(ty, m, n, k);
             }

@@ -12,9 +12,10 @@
 //! see `lm-service`'s main). Memory stays one copy of the quantized bytes (plus candle's
 //! repacked layout).
 //!
-//! Decode products (<= 4 rows) of Q4_K and Q6_K weights on a CPU with AVX512-VNNI run our own
-//! gemv on the slices' compact blocks ([`super::kquant_gemv`]), the activations quantized to
-//! Q8_K once for all slices; the candle products stay for other CPUs, types and row counts.
+//! Decode products (<= 4 rows) of Q4_K, Q6_K and Q8_0 weights on a CPU with AVX512-VNNI run
+//! our own gemv on the slices' compact blocks ([`super::kquant_gemv`]), the activations
+//! quantized to Q8_K once for all slices; the candle products stay for other CPUs, types and
+//! row counts.
 use super::kquant_gemv::{self, KQuant};
 use super::ptr::SendPtr;
 use super::q8k_act::{Order, Q8KRows, QK_K};
@@ -30,11 +31,12 @@ use std::borrow::Cow;
 /// tiles, which reuse each expanded tile across rows. Both pair the weight with Q8_K rows, so
 /// the results agree to summation order. Q6_K already decodes compact in candle; Q8_0's
 /// compact product pairs it with Q8_0 rows (another scheme) and measured slower, so it stays
-/// on the tiles. (On AVX512-VNNI CPUs, Q4_K and Q6_K decode on [`kquant_gemv`] instead.)
+/// on the tiles. (On AVX512-VNNI CPUs, Q4_K, Q6_K and Q8_0 decode on [`kquant_gemv`].)
 const COMPACT_ROWS: usize = 4;
 
-/// Up to this many activation rows a Q4_K / Q6_K product runs on [`kquant_gemv`] (where the
-/// CPU has it): the rows share each load of the weight; more rows take candle's tiles.
+/// Up to this many activation rows a Q4_K / Q6_K / Q8_0 product runs on [`kquant_gemv`]
+/// (where the CPU has it): the rows share each load of the weight; more rows take candle's
+/// tiles.
 const KQUANT_ROWS: usize = 4;
 
 /// Rows of a slice are a multiple of this (candle's repacked tiles take 16 rows).
@@ -143,7 +145,7 @@ impl QuantizedWeight {
         self.matmul_candle(x)
     }
 
-    /// Whether an `m`-row product runs on [`kquant_gemv`]: every slice Q4_K or Q6_K blocks.
+    /// Whether an `m`-row product runs on [`kquant_gemv`]: every slice of a type it takes.
     fn kquant(&self, m: usize) -> bool {
         self.own_gemv
             && (1..=KQUANT_ROWS).contains(&m)
@@ -246,6 +248,7 @@ fn kquant_type(dtype: GgmlDType) -> Option<KQuant> {
     match dtype {
         GgmlDType::Q4K => Some(KQuant::Q4K),
         GgmlDType::Q6K => Some(KQuant::Q6K),
+        GgmlDType::Q8_0 => Some(KQuant::Q8_0),
         _ => None,
     }
 }
@@ -304,8 +307,15 @@ mod tests {
     /// that are not all the same size.
     #[test]
     fn decode_products_agree_with_candles_across_slices() {
-        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K] {
+        for dtype in [GgmlDType::Q4K, GgmlDType::Q6K, GgmlDType::Q8_0] {
             for (n, k, parts) in [(67, 256, 2), (130, 768, 4), (200, 1024, 3), (1, 512, 4)] {
+                // candle pairs Q8_0 with Q8_K rows (our scheme) only on its tiles, which take
+                // slices of 16-row multiples (as every Q8_0 weight of the 2B is).
+                let n = if dtype == GgmlDType::Q8_0 {
+                    (n / 16).max(1) * 16
+                } else {
+                    n
+                };
                 let w = Tensor::from_vec(data(n * k, 1), (n, k), &Device::Cpu).unwrap();
                 let q = QTensor::quantize(&w, dtype).unwrap();
                 let qw = QuantizedWeight::new(&q, parts).unwrap();
@@ -335,6 +345,7 @@ mod tests {
         let parts: Vec<QuantizedWeight> = [
             (GgmlDType::Q4K, 130),
             (GgmlDType::Q6K, 67),
+            (GgmlDType::Q8_0, 64),
             (GgmlDType::Q4K, 64),
         ]
         .iter()
@@ -345,7 +356,7 @@ mod tests {
         })
         .collect();
         let all = QuantizedWeight::concat(&parts.iter().collect::<Vec<_>>()).unwrap();
-        assert_eq!(all.dims(), (261, k));
+        assert_eq!(all.dims(), (325, k));
         for m in 1..=KQUANT_ROWS + 1 {
             let x = Tensor::from_vec(data(m * k, 3 * m), (m, k), &Device::Cpu).unwrap();
             let each: Vec<Tensor> = parts.iter().map(|p| p.matmul(&x).unwrap()).collect();
@@ -364,11 +375,11 @@ mod tests {
             );
         }
         let rows = all
-            .rows(&[0, 130, 196, 200, 260])
+            .rows(&[0, 130, 196, 200, 260, 324])
             .unwrap()
             .to_vec2::<f32>()
             .unwrap();
-        let want = [(0, 0), (1, 0), (1, 66), (2, 3), (2, 63)].map(|(p, r)| {
+        let want = [(0, 0), (1, 0), (1, 66), (2, 3), (2, 63), (3, 63)].map(|(p, r)| {
             parts[p]
                 .rows(&[r])
                 .unwrap()
