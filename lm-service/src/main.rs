@@ -3,7 +3,10 @@
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use vlm_lm_service::{ReplicaSource, ServeConfig, DEFAULT_EMBEDDING_CACHE_BYTES};
+use vlm_lm_service::{
+    ReplicaSource, ServeConfig, DEFAULT_EMBEDDING_CACHE_BYTES,
+    DEFAULT_PREFILL_TOKENS_WHILE_DECODING,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -29,13 +32,13 @@ struct Args {
     /// Bytes of image embeddings kept by content hash.
     #[arg(long, env = "VLM_LM_EMBEDDING_CACHE_BYTES", default_value_t = DEFAULT_EMBEDDING_CACHE_BYTES)]
     embedding_cache_bytes: usize,
-    /// Prompt tokens a step computes while sequences decode (0: `prefill_chunk_size`, as when
-    /// none do). Smaller: running streams get a token sooner during a long prompt's prefill,
-    /// at the cost of more steps for that prompt.
+    /// Prompt tokens a step computes while sequences decode (at most `prefill_chunk_size`; 0:
+    /// `prefill_chunk_size`, as when none do). Smaller: running streams get a token sooner
+    /// during a long prompt's prefill, at the cost of more steps for that prompt.
     #[arg(
         long,
         env = "VLM_LM_PREFILL_TOKENS_WHILE_DECODING",
-        default_value_t = 0
+        default_value_t = DEFAULT_PREFILL_TOKENS_WHILE_DECODING
     )]
     prefill_tokens_while_decoding: u32,
     /// The vision replicas this LM may pull image embeddings from: `host:port,host:port` or
