@@ -6,8 +6,15 @@
 //! transformers' `load_image` do with `PIL.ImageOps.exif_transpose`: a portrait phone photo
 //! stored sideways reaches the model upright, and its size is the displayed one.
 //!
+//! AVIF goes through FFmpeg (its MP4 demuxer and libdav1d, the video path's libraries): the
+//! `image` crate's AVIF decoder binds dav1d >= 1.3, where Debian 12 ships 1.0. Colour as
+//! swscale converts it (lossless AVIF: the source pixels exactly; 4:4:4 within 1 of libavif's
+//! `avifdec`, 4:2:0 within 7: the chroma upsampling differs). An AVIF's alpha plane (an
+//! auxiliary item) is not read: its pixels are taken as they are stored, not onto white.
+//!
 //! Decompression bombs are refused from the header, before any pixel is decoded.
 use crate::error::{PreprocessError, Result};
+use crate::video_file::{decode_video, read_video_info, DecodeLimits};
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits, RgbImage};
 use std::io::Cursor;
@@ -21,7 +28,30 @@ const SUPPORTED: &[ImageFormat] = &[
     ImageFormat::Bmp,
     ImageFormat::Tiff,
 ];
-const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF, BMP, TIFF";
+const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF, BMP, TIFF, AVIF";
+
+/// Whether `bytes` start as an AVIF file: an ISOBMFF `ftyp` box whose major or compatible
+/// brands include `avif` (a still) or `avis` (a sequence: its first frame is taken).
+fn is_avif(bytes: &[u8]) -> bool {
+    let Some(size) = bytes
+        .get(..4)
+        .map(|b| u32::from_be_bytes(b.try_into().unwrap()) as usize)
+    else {
+        return false;
+    };
+    if bytes.get(4..8) != Some(b"ftyp") || size < 16 || size > bytes.len() {
+        return false;
+    }
+    let brand = |b: &[u8]| b == b"avif" || b == b"avis";
+    brand(&bytes[8..12]) || bytes[16..size].chunks_exact(4).any(brand)
+}
+
+/// An AVIF's (width, height), from FFmpeg's reading of its header (nothing decoded).
+fn avif_size(bytes: &[u8]) -> Result<(u32, u32)> {
+    let info = read_video_info(bytes)
+        .map_err(|e| PreprocessError::invalid(format!("corrupt Avif image: {e}")))?;
+    Ok((info.width, info.height))
+}
 
 /// A reader positioned on `bytes` whose format is one of [`SUPPORTED`]; a JPEG must be whole
 /// (a truncated one would decode to a partly gray image).
@@ -76,31 +106,37 @@ fn header(decoder: &mut impl ImageDecoder) -> ((u32, u32), Orientation) {
 /// (width, height) as displayed (after the EXIF orientation), from the image header only; no
 /// pixel is decoded.
 pub fn read_image_size(bytes: &[u8]) -> Result<(u32, u32)> {
+    if is_avif(bytes) {
+        return avif_size(bytes);
+    }
     let (reader, format) = reader(bytes)?;
     let mut decoder = reader.into_decoder().map_err(|e| header_error(format, e))?;
     let ((w, h), o) = header(&mut decoder);
     Ok(if swaps_sides(o) { (h, w) } else { (w, h) })
 }
 
-/// Decodes PNG/JPEG/WebP/GIF/BMP/TIFF (first frame) to RGB, compositing transparency onto white as the
-/// reference processor does. Images over `max_decode_pixels` (width * height, from the header)
-/// are refused before decoding.
+/// Decodes PNG/JPEG/WebP/GIF/BMP/TIFF/AVIF (first frame) to RGB, compositing transparency onto
+/// white as the reference processor does. Images over `max_decode_pixels` (width * height,
+/// from the header) are refused before decoding.
 pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
+    if is_avif(bytes) {
+        let (width, height) = avif_size(bytes)?;
+        check_pixels(width, height, max_decode_pixels)?;
+        // libavcodec refuses larger pictures itself (`max_pixels`), and the demuxing is bounded
+        // by the video path's packet and time budget.
+        let limits = DecodeLimits::new(max_decode_pixels);
+        let mut frames = decode_video(bytes, &[0], &limits)
+            .map_err(|e| PreprocessError::invalid(format!("corrupt Avif image: {e}")))?
+            .frames;
+        return frames
+            .pop()
+            .ok_or_else(|| PreprocessError::invalid("corrupt Avif image: no picture decoded"));
+    }
     let (reader, format) = reader(bytes)?;
     let (width, height) = reader
         .into_dimensions()
         .map_err(|e| header_error(format, e))?;
-    let pixels = width as u64 * height as u64;
-    if pixels > max_decode_pixels {
-        return Err(PreprocessError::invalid(format!(
-            "image is {width}x{height} = {pixels} pixels, over the decode limit of {max_decode_pixels} pixels"
-        )));
-    }
-    if pixels == 0 {
-        return Err(PreprocessError::invalid(format!(
-            "image is {width}x{height}: it has no pixels"
-        )));
-    }
+    let pixels = check_pixels(width, height, max_decode_pixels)?;
     // Second line of defence: the decoder itself refuses larger frames and allocations (a
     // header can lie about frame sizes in GIF/WebP). 16-bit RGBA is 8 bytes per pixel.
     let mut limits = Limits::default();
@@ -127,6 +163,22 @@ pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
         other => PreprocessError::invalid(format!("corrupt {format:?} image: {other}")),
     })?;
     Ok(to_rgb_on_white(image))
+}
+
+/// width * height, refused over `max_decode_pixels` or at zero.
+fn check_pixels(width: u32, height: u32, max_decode_pixels: u64) -> Result<u64> {
+    let pixels = width as u64 * height as u64;
+    if pixels > max_decode_pixels {
+        return Err(PreprocessError::invalid(format!(
+            "image is {width}x{height} = {pixels} pixels, over the decode limit of {max_decode_pixels} pixels"
+        )));
+    }
+    if pixels == 0 {
+        return Err(PreprocessError::invalid(format!(
+            "image is {width}x{height}: it has no pixels"
+        )));
+    }
+    Ok(pixels)
 }
 
 /// transformers `convert_to_rgb`: an image with alpha is composited onto opaque white, other

@@ -138,3 +138,55 @@ fn gif_decodes_its_first_frame() {
     let p = rgb.get_pixel(3, 3).0;
     assert!(p[0] > 150 && p[2] < 60, "first frame is red, got {p:?}");
 }
+
+/// `preprocess/tests/data/NAME` (made by `preprocess/tests/data/make-avif.sh`).
+fn data(name: &str) -> Vec<u8> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    std::fs::read(dir.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn png_rgb(name: &str) -> image::RgbImage {
+    decode_image(&data(name), 1 << 20).unwrap()
+}
+
+/// The largest per-value difference of two images of the same size.
+fn max_diff(a: &image::RgbImage, b: &image::RgbImage) -> u8 {
+    assert_eq!(a.dimensions(), b.dimensions());
+    a.as_raw()
+        .iter()
+        .zip(b.as_raw())
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap()
+}
+
+/// AVIF files as libavif's `avifenc` writes them (item-based stills): a lossless one decodes to
+/// its source's pixels exactly; lossy ones to libavif's own decode (`avifdec`) within the
+/// colour conversion's rounding (4:4:4) and its chroma upsampling (4:2:0, measured 7).
+#[test]
+fn avif_stills_decode_as_libavif_does() {
+    let source = png_rgb("avif_source.png");
+    let lossless = data("lossless.avif");
+    assert_eq!(read_image_size(&lossless).unwrap(), (48, 32));
+    assert_eq!(
+        max_diff(&decode_image(&lossless, 1 << 20).unwrap(), &source),
+        0
+    );
+    for (file, reference, tolerance) in [
+        ("lossy444.avif", "lossy444.avifdec.png", 1),
+        ("lossy420.avif", "lossy420.avifdec.png", 7),
+    ] {
+        let got = decode_image(&data(file), 1 << 20).unwrap();
+        let d = max_diff(&got, &png_rgb(reference));
+        assert!(d <= tolerance, "{file}: {d} from avifdec's decode");
+    }
+    // The pixel limit holds before decoding; damage is a clear error.
+    let err = decode_image(&lossless, 1000).unwrap_err().to_string();
+    assert!(
+        err.contains("48x32 = 1536 pixels, over the decode limit of 1000 pixels"),
+        "{err}"
+    );
+    let cut = &lossless[..lossless.len() / 2];
+    let err = decode_image(cut, 1 << 20).unwrap_err().to_string();
+    assert!(err.contains("corrupt Avif image"), "{err}");
+}

@@ -1,6 +1,6 @@
 //! Property tests of image header reading and decoding (issue 18): `read_image_size` and
 //! `decode_image` on random bytes, and on small random PNG / JPEG / GIF / WebP / BMP / TIFF
-//! images (encoded here with the `image` crate) that are truncated, have bytes flipped, inserted
+//! images (encoded here with the `image` crate) and the AVIF test files that are truncated, have bytes flipped, inserted
 //! or removed, or have their header's size rewritten (PNG with a fixed CRC, so the lie gets past
 //! the checksum).
 //!
@@ -271,6 +271,7 @@ proptest! {
             b"RIFF\x00\x00\x00\x00WEBPVP8L",
             b"RIFF\x00\x00\x00\x00WEBPVP8 ",
             b"BM",
+            b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00avifmif1miaf",
         ]),
         rest in prop::collection::vec(any::<u8>(), 0..256),
     ) {
@@ -316,6 +317,18 @@ proptest! {
         muts in prop::collection::vec(mutation(), 1..4),
     ) {
         let bytes = mutate(encode(&img, format), &muts);
+        check_any(&bytes)?;
+    }
+
+    /// The AVIF test files (libavif's, decoded through FFmpeg), mutated: the properties of any
+    /// input.
+    #[test]
+    fn mutated_avif_files_never_panic_and_agree(
+        file in prop::sample::select(vec!["lossless.avif", "lossy444.avif", "lossy420.avif"]),
+        muts in prop::collection::vec(mutation(), 1..4),
+    ) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+        let bytes = mutate(std::fs::read(dir.join(file)).unwrap(), &muts);
         check_any(&bytes)?;
     }
 
