@@ -10,6 +10,10 @@ use std::sync::Arc;
 use vlm_config::VisualConfig;
 use vlm_preprocess::{self as preprocess, PixelValues, PreprocessConfig, PreprocessError};
 
+/// Declared types that say nothing of the format: like an empty one, the format is detected
+/// from the bytes (what vLLM's loader does with any type).
+const UNTYPED_MIME: &[&str] = &["application/octet-stream", "binary/octet-stream"];
+
 /// MIME types a caller may declare (an empty one means: detect from the bytes).
 const SUPPORTED_MIME: &[&str] = &[
     "image/png",
@@ -20,6 +24,7 @@ const SUPPORTED_MIME: &[&str] = &[
     "image/bmp",
     "image/x-ms-bmp",
     "image/tiff",
+    "image/avif",
 ];
 
 /// What every image is checked against.
@@ -82,7 +87,8 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
     let (pixels, grid, bucket, downscaled) = match input.source {
         ImageSource::Encoded { data, mime_type } => {
             let mime = mime_type.trim().to_ascii_lowercase();
-            if !mime.is_empty() && !SUPPORTED_MIME.contains(&mime.as_str()) {
+            let untyped = mime.is_empty() || UNTYPED_MIME.contains(&mime.as_str());
+            if !untyped && !SUPPORTED_MIME.contains(&mime.as_str()) {
                 return Err(VisionError::invalid(
                     index,
                     format!(
@@ -336,6 +342,26 @@ mod tests {
         };
         let msg = plan(4, input, &l).unwrap_err().to_string();
         assert!(msg.contains("12288") && msg.contains("got 10"), "{msg}");
+    }
+
+    #[test]
+    fn the_declared_type_is_an_image_type_or_says_nothing() {
+        let l = limits(&[256, 1024], Oversize::Reject);
+        let typed = |mime: &str| {
+            let mut input = encoded(png(64, 64));
+            if let ImageSource::Encoded { mime_type, .. } = &mut input.source {
+                *mime_type = mime.into();
+            }
+            input
+        };
+        for mime in ["image/avif", "application/octet-stream", "", "IMAGE/PNG"] {
+            assert!(plan(0, typed(mime), &l).is_ok(), "{mime}");
+        }
+        let msg = plan(0, typed("video/mp4"), &l).unwrap_err().to_string();
+        assert!(
+            msg.contains("unsupported image format \"video/mp4\""),
+            "{msg}"
+        );
     }
 
     #[test]
