@@ -4,7 +4,7 @@
 use vlm_backend_cpu::sizing::{vit_bucket_bytes, VitDims};
 use vlm_config::plan::{
     self, structured_output_bytes, BufferPolicy, DeviceKind, ModelDims, Part, PlanOptions, Service,
-    Sizing, CPU_PROCESS_BASELINE, GIB,
+    Sizing, CPU_PROCESS_BASELINE, GIB, MEDIA_LIBRARIES_BYTES,
 };
 use vlm_config::{DeployConfig, Dtype};
 
@@ -156,7 +156,10 @@ fn a_cpu_service_resident_figure_is_baseline_weights_held_buffers_and_kv() {
     let held = engine_bytes(&dims, 1024).0 + engine_bytes(&dims, 4096).0;
     assert_eq!(v.held_buffers, held);
     assert!(v.held_buffers < v.buffers);
-    assert_eq!(v.resident(), CPU_PROCESS_BASELINE + v.weights + held);
+    assert_eq!(
+        v.resident(),
+        CPU_PROCESS_BASELINE + MEDIA_LIBRARIES_BYTES + v.weights + held
+    );
     let l = plan::service_bytes(&c, &dims, &kind, s.as_ref(), Service::Lm, &opts).unwrap();
     assert_eq!(l.held_buffers, 0);
     // The LM's process also holds its structured-output compiler.
@@ -289,6 +292,7 @@ fn the_plan_is_what_the_loaded_backends_hold() {
         assert_eq!(
             v.resident() + l.resident(),
             2 * CPU_PROCESS_BASELINE
+                + MEDIA_LIBRARIES_BYTES
                 + structured_output_bytes(tiny.vocab)
                 + memory.weight_bytes
                 + held

@@ -40,7 +40,8 @@
 //! * **process baseline** ([`CPU_PROCESS_BASELINE`]): the binary's code pages, the tokio
 //!   runtime, tonic/health/reflection, the metrics registry, tracing, thread stacks and the
 //!   allocator's arenas; the LM adds its structured-output compiler
-//!   ([`structured_output_bytes`]). Not in the device placement (it is the same few MiB whatever the
+//!   ([`structured_output_bytes`]), the vision service FFmpeg's libraries
+//!   ([`MEDIA_LIBRARIES_BYTES`]). Not in the device placement (it is the same few MiB whatever the
 //!   config), so [`PartBytes::total`] leaves it out.
 //! * **held from start**: the weights (in the compute dtype: a bf16 checkpoint served in f32
 //!   is widened at load), the buffers allocated at load and kept for the life of the process —
@@ -130,6 +131,13 @@ impl PartBytes {
 /// both. It does not grow with the model: with the 2B checkpoint
 /// it is noise next to gigabytes of weights (cli/benches/plan_rss.rs prints the difference).
 pub const CPU_PROCESS_BASELINE: u64 = 15 * super::device::MIB;
+
+/// What FFmpeg's shared libraries (libavformat, libavcodec, libswscale, libavutil and the codec
+/// libraries they load) hold once mapped and relocated, in the service that decodes images
+/// with them: the vision service (AVIF).
+/// Measured 2026-12-07, Debian 12's FFmpeg 5.1: the vision-service's VmRSS after start-up rose
+/// by 22.3-22.4 MB (`plan_rss`, both of its cases) when it began to link them.
+pub const MEDIA_LIBRARIES_BYTES: u64 = 21 * super::device::MIB;
 
 /// What the LM's structured-output compiler holds (llguidance's token trie and token-class
 /// slices over the model's vocabulary, built at start): a fixed part and bytes per token.
@@ -299,8 +307,9 @@ pub fn visual_bytes(
         kv_cache: 0,
         total: weights + buffers,
         held_buffers,
+        // Host memory: the process and the media libraries it decodes AVIF with.
         process_baseline: if kind.shared_pool {
-            sizing.process_baseline()
+            sizing.process_baseline() + MEDIA_LIBRARIES_BYTES
         } else {
             0
         },

@@ -45,7 +45,7 @@ pub use inputs::{Part, PlanOptions};
 pub use memory::{
     cpu_service_bytes, kv_pool_bytes, plan_only, resolve_kv_blocks, resolve_kv_blocks_with,
     service_bytes, structured_output_bytes, visual_bytes, DevicePlan, Item, KvPlan, PartBytes,
-    Plan, Service, Suggestion, CPU_PROCESS_BASELINE,
+    Plan, Service, Suggestion, CPU_PROCESS_BASELINE, MEDIA_LIBRARIES_BYTES,
 };
 pub use sizing::{
     graph_lm_elems, graph_vit_elems, BucketBytes, Dtypes, PoolUse, RblnSizing, Sizing,
