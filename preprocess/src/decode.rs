@@ -14,7 +14,7 @@
 //!
 //! Decompression bombs are refused from the header, before any pixel is decoded.
 use crate::error::{PreprocessError, Result};
-use crate::video_file::{decode_video, read_video_info, DecodeLimits};
+use crate::video_file::{decode_video, read_video_info, DecodeLimits, VideoError};
 use image::metadata::Orientation;
 use image::{DynamicImage, ImageDecoder, ImageError, ImageFormat, ImageReader, Limits, RgbImage};
 use std::io::Cursor;
@@ -120,13 +120,20 @@ pub fn read_image_size(bytes: &[u8]) -> Result<(u32, u32)> {
 /// from the header) are refused before decoding.
 pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
     if is_avif(bytes) {
-        let (width, height) = avif_size(bytes)?;
-        check_pixels(width, height, max_decode_pixels)?;
-        // libavcodec refuses larger pictures itself (`max_pixels`), and the demuxing is bounded
-        // by the video path's packet and time budget.
+        // One open: the video path checks the header's size against the limit before decoding
+        // (libavcodec's `max_pixels` then holds every picture), and bounds the demuxing by its
+        // packet and time budget.
         let limits = DecodeLimits::new(max_decode_pixels);
         let mut frames = decode_video(bytes, &[0], &limits)
-            .map_err(|e| PreprocessError::invalid(format!("corrupt Avif image: {e}")))?
+            .map_err(|e| match e {
+                VideoError::TooManyPixels {
+                    width,
+                    height,
+                    pixels,
+                    limit,
+                } => over_limit(width, height, pixels, limit),
+                e => PreprocessError::invalid(format!("corrupt Avif image: {e}")),
+            })?
             .frames;
         return frames
             .pop()
@@ -165,13 +172,17 @@ pub fn decode_image(bytes: &[u8], max_decode_pixels: u64) -> Result<RgbImage> {
     Ok(to_rgb_on_white(image))
 }
 
+fn over_limit(width: u32, height: u32, pixels: u64, limit: u64) -> PreprocessError {
+    PreprocessError::invalid(format!(
+        "image is {width}x{height} = {pixels} pixels, over the decode limit of {limit} pixels"
+    ))
+}
+
 /// width * height, refused over `max_decode_pixels` or at zero.
 fn check_pixels(width: u32, height: u32, max_decode_pixels: u64) -> Result<u64> {
     let pixels = width as u64 * height as u64;
     if pixels > max_decode_pixels {
-        return Err(PreprocessError::invalid(format!(
-            "image is {width}x{height} = {pixels} pixels, over the decode limit of {max_decode_pixels} pixels"
-        )));
+        return Err(over_limit(width, height, pixels, max_decode_pixels));
     }
     if pixels == 0 {
         return Err(PreprocessError::invalid(format!(

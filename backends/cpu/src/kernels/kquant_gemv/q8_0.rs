@@ -3,8 +3,8 @@
 //! (`repack_x86::kernels::q8_0_tile2`), so decode and prefill products share the scheme and
 //! each block's integer sum equals theirs. Per block and activation row: the weights, xor 0x80,
 //! are unsigned for `vpdpbusd` (`(w + 128) · a`), whose accumulator starts at the block's
-//! `-128 · sum(a)` so the sum comes out as `w · a`; then one int32 -> f32 convert and one FMA
-//! by `d_w · d_a`. The activation sums per block come from Q8_K's sums of 16.
+//! `-128 · sum(a)` (in one lane) so the lanes sum to `w · a`; then one int32 -> f32 convert and
+//! one FMA by `d_w · d_a`. The activation sums per block come from Q8_K's sums of 16.
 use super::{Q8KBlock, Q8KRows, QK_K};
 
 /// Bytes of a Q8_0 block: d (f16), then 32 int8 values.
@@ -20,27 +20,13 @@ const QK: usize = 32;
 /// `out` is ours to write at `r * ldo + j`.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn gemv(w: *const u8, rows: usize, act: &Q8KRows, out: *mut f32, ldo: usize) {
-    // -128 * (the sum of each 32 activations), a block at a time, per row.
-    let corr: Vec<Vec<i32>> = (0..act.m)
-        .map(|r| {
-            act.row(r)
-                .iter()
-                .flat_map(|b| {
-                    b.bsums
-                        .chunks_exact(2)
-                        .map(|p| -128 * (p[0] as i32 + p[1] as i32))
-                })
-                .collect()
-        })
-        .collect();
     let a: [&[Q8KBlock]; 4] = std::array::from_fn(|r| act.row(r.min(act.m - 1)));
-    let c: [&[i32]; 4] = std::array::from_fn(|r| corr[r.min(act.m - 1)].as_slice());
     let kb = act.k / QK_K;
     match act.m {
-        1 => x86::q8_0::<1>(w, rows, kb, &a, &c, out, ldo),
-        2 => x86::q8_0::<2>(w, rows, kb, &a, &c, out, ldo),
-        3 => x86::q8_0::<3>(w, rows, kb, &a, &c, out, ldo),
-        _ => x86::q8_0::<4>(w, rows, kb, &a, &c, out, ldo),
+        1 => x86::q8_0::<1>(w, rows, kb, &a, out, ldo),
+        2 => x86::q8_0::<2>(w, rows, kb, &a, out, ldo),
+        3 => x86::q8_0::<3>(w, rows, kb, &a, out, ldo),
+        _ => x86::q8_0::<4>(w, rows, kb, &a, out, ldo),
     }
 }
 
@@ -64,7 +50,6 @@ mod x86 {
         rows: usize,
         kb: usize,
         a: &[&[Q8KBlock]; 4],
-        corr: &[&[i32]; 4],
         out: *mut f32,
         ldo: usize,
     ) {
@@ -83,6 +68,13 @@ mod x86 {
                 // do not wait on each other.
                 let mut acc = [[_mm256_setzero_ps(); 2]; G];
                 for s in s0..s1 {
+                    // The 8 blocks' corrections, -128 * (their sums of 32), from Q8_K's sums
+                    // of 16: one `vpmaddwd` a superblock and activation row.
+                    let corr: [__m256i; G] = std::array::from_fn(|g| {
+                        let bs =
+                            _mm256_load_si256(a[g].get_unchecked(s).bsums.as_ptr() as *const _);
+                        _mm256_madd_epi16(bs, _mm256_set1_epi16(-128))
+                    });
                     for pair in 0..4 {
                         for h in 0..2 {
                             let b = 2 * pair + h;
@@ -96,9 +88,8 @@ mod x86 {
                             );
                             for g in 0..G {
                                 let x = a[g].get_unchecked(s);
-                                let c0 = _mm256_zextsi128_si256(_mm_cvtsi32_si128(
-                                    *corr[g].get_unchecked(8 * s + b),
-                                ));
+                                // Block b's correction alone, in lane b.
+                                let c0 = _mm256_maskz_mov_epi32(1u8 << b, corr[g]);
                                 let xq =
                                     _mm256_load_si256(x.qs.as_ptr().add(QK * b) as *const __m256i);
                                 let sumi = _mm256_dpbusd_epi32(c0, wu, xq);
