@@ -51,7 +51,6 @@ pub(super) fn decode(
         indices.iter().map(|&i| (i, None)).collect();
     let mut to_rgb = ToRgb::new(sel.rotation);
     let mut frame = Frame::empty();
-    let mut packet = Packet::empty();
     let (mut next, mut read) = (0u32, 0u64);
     let mut last_frame: Option<(RgbImage, f64)> = None;
     let mut first_pts: Option<i64> = None;
@@ -102,6 +101,9 @@ pub(super) fn decode(
 
     let mut done = false;
     while !done {
+        // A new packet each time: `av_read_frame` does not unref the one it is given, so
+        // reusing it leaked each packet's buffers (found by cargo fuzz, LeakSanitizer).
+        let mut packet = Packet::empty();
         match packet.read(input.input_mut()) {
             Ok(()) => {}
             Err(Error::Eof) => break,
