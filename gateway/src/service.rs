@@ -64,7 +64,7 @@ fn video_input(v: pb::VideoPart, param: &str) -> Result<crate::video::VideoInput
         (true, true) => {
             return Err(GatewayError::param(
                 &format!("{param}.fps"),
-                format!("{param}: fps and num_frames are exclusive; set one"),
+                format!("{param}.fps and {param}.num_frames are exclusive; set one"),
             ))
         }
         (true, false) => Sampling::Fps(fps),

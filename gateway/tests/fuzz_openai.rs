@@ -27,6 +27,7 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 use strategies::*;
 use vlm_gateway::fetch::{FetchOptions, ImageFetcher};
+use vlm_gateway::openai::state::parse_json_body;
 use vlm_gateway::openai::{parse_chat_request, ChatCompletionRequest};
 use vlm_gateway::validation::{ValidRequest, Validator};
 use vlm_gateway::GatewayError;
@@ -102,17 +103,10 @@ impl From<GatewayError> for Refusal {
 /// The chat route's checks, called directly: body -> request -> parsed -> validated.
 fn judge(body: &Value) -> Result<ValidRequest, Refusal> {
     let e = env();
-    let len = serde_json::to_vec(body).unwrap().len();
-    // As the HTTP edge does: a mistyped known field is named, else serde's message.
-    let req: ChatCompletionRequest = serde_json::from_value(body.clone()).map_err(|err| {
-        match vlm_gateway::openai::sampling::mistyped_field(body) {
-            Some(e) => Refusal::from(e),
-            None => Refusal {
-                message: format!("not a valid chat completion request: {err}"),
-                param: None,
-            },
-        }
-    })?;
+    let bytes = serde_json::to_vec(body).unwrap();
+    // As the HTTP edge reads it: a mistyped known field is named, else serde's message.
+    let req: ChatCompletionRequest = parse_json_body(&bytes, "chat completion request")?;
+    let len = bytes.len();
     let parsed = parse_chat_request(req, len, &e.fetcher)?;
     assert_no_remote(&parsed.remote);
     Ok(e.validator.validate(parsed.chat)?)
@@ -381,6 +375,21 @@ fn regression_wrongly_typed_sampling_values_name_the_param() {
         assert_eq!(status, 400);
         assert_eq!(answer["error"]["param"], json!(k), "{answer}");
     }
+}
+
+/// Found by `cargo fuzz` (`fuzz/fuzz_targets/openai_chat.rs`), since fixed: `fps` and
+/// `num_frames` both in `mm_processor_kwargs` were refused with `param`
+/// `mm_processor_kwargs.fps` and a message that did not name it.
+#[test]
+fn regression_exclusive_video_sampling_names_the_param() {
+    let body = json!({"messages": [{"role": "user", "content": "hi"}],
+                      "mm_processor_kwargs": {"fps": 2, "num_frames": 4}});
+    let r = judge(&body).unwrap_err();
+    check_refusal(&r).unwrap();
+    assert_eq!(r.param.as_deref(), Some("mm_processor_kwargs.fps"), "{r:?}");
+    let (status, answer) = http("/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 400);
+    check_answer("/v1/chat/completions", status, &answer).unwrap();
 }
 
 /// The tokenizer bug `regression_special_text_split_across_parts_stays_text`

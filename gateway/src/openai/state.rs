@@ -44,16 +44,24 @@ pub(crate) async fn read_json<T: serde::de::DeserializeOwned>(
                 "request body is over the limit of {limit} bytes (--max-body-bytes)"
             )),
         })?;
-    let parsed = serde_json::from_slice(&body).map_err(|e| {
-        // A value of the wrong type: name its field (serde's message cannot, past a flatten).
+    let parsed = parse_json_body(&body, what)?;
+    Ok((parsed, body.len()))
+}
+
+/// A request body's JSON as the handlers read it: a value of the wrong type names its field
+/// (serde's message cannot, past a flatten), anything else says which request it is not.
+pub fn parse_json_body<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+    what: &str,
+) -> Result<T, GatewayError> {
+    serde_json::from_slice(body).map_err(|e| {
         let named = e
             .is_data()
-            .then(|| serde_json::from_slice::<Value>(&body).ok())
+            .then(|| serde_json::from_slice::<Value>(body).ok())
             .flatten()
             .and_then(|v| super::sampling::mistyped_field(&v));
         named.unwrap_or_else(|| {
             GatewayError::validation(format!("request body is not a valid {what}: {e}"))
         })
-    })?;
-    Ok((parsed, body.len()))
+    })
 }

@@ -44,7 +44,7 @@ pub fn take_video_kwargs(rest: &mut Map<String, Value>) -> Result<Sampling, Gate
     match (fps, frames) {
         (Some(_), Some(_)) => Err(GatewayError::param(
             "mm_processor_kwargs.fps",
-            "mm_processor_kwargs: fps and num_frames are exclusive; give one",
+            "mm_processor_kwargs.fps and mm_processor_kwargs.num_frames are exclusive; give one",
         )),
         (Some(f), None) => Ok(Sampling::Fps(f)),
         (None, Some(n)) => Ok(Sampling::NumFrames(n)),
