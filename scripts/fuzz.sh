@@ -47,9 +47,12 @@ run() {
   local t=$1
   seed "$t"
   echo "== $t: ${seconds}s, $jobs job(s), corpus $(ls corpus/"$t" | wc -l) files"
+  local parallel=()
+  # Jobs past one log to fuzz/fuzz-N.log (libFuzzer's way); one job logs here.
+  [ "$jobs" -gt 1 ] && parallel=(-jobs="$jobs" -workers="$jobs")
   cargo +nightly fuzz run -O "$t" corpus/"$t" -- \
     -max_total_time="$seconds" -timeout=30 -rss_limit_mb=4096 -max_len=1048576 \
-    -jobs="$jobs" -workers="$jobs" -print_final_stats=1
+    "${parallel[@]}" -print_final_stats=1
 }
 
 if [ "$target" = all ]; then
