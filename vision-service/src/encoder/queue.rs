@@ -73,7 +73,15 @@ impl Admission {
 
     /// Puts `n` images in the wait line at once, or none: `Overloaded` when the line has no
     /// room for them.
+    /// A request with more images than the line ever holds is invalid, not a reason to retry.
     pub fn enter(self: &Arc<Self>, n: usize) -> Result<Waiting, VisionError> {
+        if n > self.max_waiting {
+            return Err(VisionError::invalid_request(format!(
+                "the request has {n} images (a video counts one per temporal group), more than \
+                 the {} the vision queue lets wait (--max-waiting-images)",
+                self.max_waiting
+            )));
+        }
         let mut current = self.waiting.load(Ordering::Acquire);
         loop {
             if current + n > self.max_waiting {
@@ -261,6 +269,15 @@ mod tests {
         assert_eq!(a.waiting(), 2, "a refused request takes nothing");
         drop(a.enter(2).unwrap());
         assert_eq!(a.waiting(), 2, "leaving the line gives its places back");
+        // More than the line ever holds can never wait: refused as invalid, not busy.
+        let err = a.enter(5).unwrap_err();
+        assert!(
+            matches!(&err, VisionError::Validation { .. })
+                && err
+                    .to_string()
+                    .contains("more than the 4 the vision queue lets wait"),
+            "{err}"
+        );
         drop(two);
         assert_eq!(waiter.await.unwrap(), (2, 2));
         assert_eq!(a.waiting(), 0);
