@@ -258,25 +258,6 @@ mod tests {
         assert_eq!(got, [127, 132, 227, 254, 250, 4, 100]);
     }
 
-    /// `jpeg` with an EXIF block (APP1, big-endian TIFF, one IFD entry) giving `orientation`.
-    fn with_exif_orientation(jpeg: &[u8], orientation: u16) -> Vec<u8> {
-        let mut tiff = b"MM\0\x2a\0\0\0\x08".to_vec();
-        tiff.extend_from_slice(&1u16.to_be_bytes()); // one entry
-        tiff.extend_from_slice(&0x0112u16.to_be_bytes()); // Orientation
-        tiff.extend_from_slice(&3u16.to_be_bytes()); // SHORT
-        tiff.extend_from_slice(&1u32.to_be_bytes());
-        tiff.extend_from_slice(&orientation.to_be_bytes());
-        tiff.extend_from_slice(&[0, 0, 0, 0, 0, 0]); // value padding, no next IFD
-        let mut app1 = b"Exif\0\0".to_vec();
-        app1.extend_from_slice(&tiff);
-        let mut out = jpeg[..2].to_vec(); // SOI
-        out.extend_from_slice(&[0xff, 0xe1]);
-        out.extend_from_slice(&(app1.len() as u16 + 2).to_be_bytes());
-        out.extend_from_slice(&app1);
-        out.extend_from_slice(&jpeg[2..]);
-        out
-    }
-
     #[test]
     fn exif_orientation_turns_the_image_upright() {
         // 40x20: left half red, right half blue.
@@ -293,24 +274,28 @@ mod tests {
         let red = |p: &image::Rgb<u8>| p[0] > 150 && p[2] < 100;
         let blue = |p: &image::Rgb<u8>| p[2] > 150 && p[0] < 100;
         // Orientation 1 (as stored) changes nothing.
-        let one = with_exif_orientation(&plain, 1);
+        let one = vlm_test_support::exif::with_exif_orientation(&plain, 1);
         assert_eq!(read_image_size(&one).unwrap(), (40, 20));
         let d = decode_image(&one, 1 << 20).unwrap();
         assert!(red(d.get_pixel(5, 10)) && blue(d.get_pixel(35, 10)));
         // 6: stored turned left, shown turned 90 degrees clockwise: 20x40, red on top.
-        let six = with_exif_orientation(&plain, 6);
+        let six = vlm_test_support::exif::with_exif_orientation(&plain, 6);
         assert_eq!(read_image_size(&six).unwrap(), (20, 40));
         let d = decode_image(&six, 1 << 20).unwrap();
         assert_eq!(d.dimensions(), (20, 40));
         assert!(red(d.get_pixel(10, 5)), "{:?}", d.get_pixel(10, 5));
         assert!(blue(d.get_pixel(10, 35)), "{:?}", d.get_pixel(10, 35));
         // 8: turned the other way: blue on top.
-        let eight = with_exif_orientation(&plain, 8);
+        let eight = vlm_test_support::exif::with_exif_orientation(&plain, 8);
         let d = decode_image(&eight, 1 << 20).unwrap();
         assert_eq!(d.dimensions(), (20, 40));
         assert!(blue(d.get_pixel(10, 5)) && red(d.get_pixel(10, 35)));
         // 3: upside down: blue on the left.
-        let d = decode_image(&with_exif_orientation(&plain, 3), 1 << 20).unwrap();
+        let d = decode_image(
+            &vlm_test_support::exif::with_exif_orientation(&plain, 3),
+            1 << 20,
+        )
+        .unwrap();
         assert!(blue(d.get_pixel(5, 10)) && red(d.get_pixel(35, 10)));
     }
 

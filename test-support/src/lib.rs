@@ -11,6 +11,7 @@
 //! README.md) and the tiny checkpoint among them.
 //!
 //! [`ffmpeg`]: video fixtures made with the ffmpeg CLI.
+pub mod exif;
 pub mod ffmpeg;
 pub mod png;
 

@@ -1,0 +1,418 @@
+//! Video and image files as people send them (issue 39), made by the ffmpeg CLI and sent
+//! through `/v1/chat/completions` to the three real binaries on the tiny checkpoint: every
+//! container and codec of the issue's table is answered with the prompt the same frames make;
+//! a clip rotated by its display matrix answers as the clip turned before encoding; a
+//! 10-minute clip is answered at the default sampling; several videos at once past the vision
+//! queue get a 429 with `Retry-After` naming the vision queue, never a 503.
+#![allow(clippy::await_holding_lock)]
+mod support;
+
+use base64::Engine;
+use serde_json::{json, Value};
+use support::*;
+use vlm_config::video::{Sampling, VideoGeometry, VideoProcessorConfig};
+use vlm_test_support::ffmpeg;
+use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer, VisionTokens};
+
+const PROMPT: &str = "What happens in the video?";
+/// The gateway's default frame ceiling (`--max-video-frames`).
+const MAX_FRAMES: u32 = 128;
+
+fn data_url(mime: &str, bytes: &[u8]) -> String {
+    format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+fn video_chat(mime: &str, file: &[u8], extra: Value) -> Value {
+    let mut body = json!({
+        "messages": [{"role": "user", "content": [
+            {"type": "video_url", "video_url": {"url": data_url(mime, file)}},
+            {"type": "text", "text": PROMPT}]}],
+        "max_tokens": 6, "temperature": 0
+    });
+    if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+        b.extend(e.clone());
+    }
+    body
+}
+
+/// (status, parsed body) of one chat completion.
+fn ask(c: &Cluster, body: &Value) -> (u16, Value) {
+    let (status, text) = post_json(&c.http(), body);
+    let v = serde_json::from_str(&text).unwrap_or(Value::Null);
+    (status, v)
+}
+
+/// The prompt length a video of these frames makes, as the processor lays it out.
+fn prompt_tokens(tok: &ChatTokenizer, w: u32, h: u32, frames: u32, fps: f64, s: Sampling) -> u64 {
+    let cfg = VideoProcessorConfig {
+        max_frames: VideoProcessorConfig::default().max_frames.min(MAX_FRAMES),
+        ..VideoProcessorConfig::default()
+    };
+    let geo = VideoGeometry::plan(w, h, frames, Some(fps), s, &cfg).unwrap();
+    let msg = ChatMessage::user(vec![ChatPart::Video, ChatPart::Text(PROMPT.into())]);
+    let vision = [VisionTokens::Video {
+        tokens_per_group: geo.group_tokens() as usize,
+        timestamps: geo.timestamps.clone(),
+    }];
+    tok.encode_prompt_vision(&[msg], &[], &vision, usize::MAX)
+        .unwrap()
+        .len() as u64
+}
+
+fn rgb_clip(w: u32, h: u32, n: u32) -> Vec<u8> {
+    (0..n)
+        .flat_map(|t| ffmpeg::gradient_frame(w, h, t as i64))
+        .collect()
+}
+
+/// Each file of the issue's table, its MIME type as clients send it, and the encoder
+/// arguments after the raw RGB input (`-i -`).
+fn table() -> Vec<(&'static str, &'static str, &'static str, Vec<&'static str>)> {
+    let x264 = |extra: &[&'static str]| {
+        let mut a = vec!["-c:v", "libx264", "-pix_fmt", "yuv420p"];
+        a.extend_from_slice(extra);
+        a
+    };
+    let x265 = vec![
+        "-c:v",
+        "libx265",
+        "-x265-params",
+        "log-level=none",
+        "-pix_fmt",
+        "yuv420p",
+        "-tag:v",
+        "hvc1",
+    ];
+    let mut with_audio = vec!["-f", "lavfi", "-i", "sine=duration=1", "-shortest"];
+    with_audio.extend(x264(&[
+        "-bf",
+        "2",
+        "-c:a",
+        "aac",
+        "-movflags",
+        "+faststart",
+    ]));
+    let mut opus = vec!["-f", "lavfi", "-i", "sine=duration=1", "-shortest"];
+    opus.extend([
+        "-c:v",
+        "libvpx-vp9",
+        "-deadline",
+        "realtime",
+        "-pix_fmt",
+        "yuv420p",
+        "-c:a",
+        "libopus",
+    ]);
+    vec![
+        (
+            "H.264 Baseline, moov at the end",
+            "video/mp4",
+            "mp4",
+            x264(&["-profile:v", "baseline"]),
+        ),
+        (
+            "H.264 High, B-frames, faststart, AAC",
+            "video/mp4",
+            "mp4",
+            with_audio,
+        ),
+        (
+            "H.264 High 10",
+            "video/mp4",
+            "mp4",
+            vec!["-c:v", "libx264", "-pix_fmt", "yuv420p10le"],
+        ),
+        (
+            "H.264 High 4:4:4",
+            "video/mp4",
+            "mp4",
+            vec!["-c:v", "libx264", "-pix_fmt", "yuv444p"],
+        ),
+        ("HEVC hvc1 in MP4", "video/mp4", "mp4", x265.clone()),
+        ("HEVC in MOV", "video/quicktime", "mov", x265),
+        (
+            "VP8 in WebM",
+            "video/webm",
+            "webm",
+            vec!["-c:v", "libvpx", "-deadline", "realtime"],
+        ),
+        ("VP9 in WebM with Opus", "video/webm", "webm", opus),
+        (
+            "AV1 in MP4",
+            "video/mp4",
+            "mp4",
+            vec![
+                "-c:v",
+                "libaom-av1",
+                "-cpu-used",
+                "8",
+                "-usage",
+                "realtime",
+                "-pix_fmt",
+                "yuv420p",
+            ],
+        ),
+        ("H.264 in MKV", "video/x-matroska", "mkv", x264(&[])),
+        (
+            "MPEG-4 Part 2",
+            "video/mp4",
+            "mp4",
+            vec!["-c:v", "mpeg4", "-q:v", "3"],
+        ),
+        (
+            "fragmented MP4",
+            "video/mp4",
+            "mp4",
+            x264(&["-movflags", "frag_keyframe+empty_moov"]),
+        ),
+        ("H.264 as video/x-m4v", "video/x-m4v", "mp4", x264(&[])),
+        (
+            "H.264 as application/octet-stream",
+            "application/octet-stream",
+            "mp4",
+            x264(&[]),
+        ),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_people_send_are_answered() {
+    let _g = serial();
+    if !ffmpeg::available() {
+        vlm_test_support::skip!(
+            "no ffmpeg CLI to make the files (deploy/ci-install.sh installs it)"
+        );
+        return;
+    }
+    let (tok, _) = tiny_oracle();
+    let c = Cluster::start(1, &[]).await;
+    let (w, h, n, fps) = (96, 64, 8u32, 8u32);
+    let rgb = rgb_clip(w, h, n);
+    // 8 frames at 8 fps sampled at 4 fps: 4 frames, 2 temporal groups, whatever the file.
+    let want = prompt_tokens(&tok, w, h, n, fps as f64, Sampling::Fps(4.0));
+    for (name, mime, ext, args) in table() {
+        let file = ffmpeg::encode_rgb(&rgb, w, h, fps, &args, ext).expect("ffmpeg");
+        let (status, v) = ask(
+            &c,
+            &video_chat(mime, &file, json!({"mm_processor_kwargs": {"fps": 4}})),
+        );
+        assert_eq!(status, 200, "{name}: {v}");
+        assert_eq!(v["usage"]["prompt_tokens"], want, "{name}: {v}");
+    }
+
+    // Images: EXIF-rotated JPEG, BMP, TIFF and AVIF, as `image_url` parts.
+    let img = image::RgbImage::from_fn(48, 32, |x, y| {
+        image::Rgb([(x * 5) as u8, (y * 7) as u8, 90])
+    });
+    let encoded = |f: image::ImageFormat| {
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, f).unwrap();
+        out.into_inner()
+    };
+    let jpeg = encoded(image::ImageFormat::Jpeg);
+    let avif = std::fs::read(
+        vlm_test_support::workspace_dir().join("preprocess/tests/data/lossy420.avif"),
+    )
+    .unwrap();
+    let images = [
+        (
+            "JPEG, EXIF orientation 6",
+            "image/jpeg",
+            vlm_test_support::exif::with_exif_orientation(&jpeg, 6),
+        ),
+        ("BMP", "image/bmp", encoded(image::ImageFormat::Bmp)),
+        ("TIFF", "image/tiff", encoded(image::ImageFormat::Tiff)),
+        ("AVIF", "image/avif", avif),
+    ];
+    for (name, mime, bytes) in images {
+        let body = json!({
+            "messages": [{"role": "user", "content": [
+                {"type": "image_url", "image_url": {"url": data_url(mime, &bytes)}},
+                {"type": "text", "text": "What is this?"}]}],
+            "max_tokens": 4, "temperature": 0
+        });
+        let (status, v) = ask(&c, &body);
+        assert_eq!(status, 200, "{name}: {v}");
+        assert!(
+            v["usage"]["prompt_tokens"].as_u64().unwrap() > 10,
+            "{name}: {v}"
+        );
+    }
+
+    // A portrait phone clip: the display matrix turns it; lossless 4:4:4, so the frames the
+    // model sees are exactly those of the clip turned before encoding, and so is the answer.
+    let lossless = ["-c:v", "libx264", "-qp", "0", "-pix_fmt", "yuv444p"];
+    let upright_src = ffmpeg::encode_rgb(&rgb, w, h, fps, &lossless, "mp4").expect("ffmpeg");
+    // FFmpeg 5.1 sets the matrix from a `rotate` tag on a stream copy only; `rotate=90` asks
+    // for a quarter turn counterclockwise (the decoder's rotation reads 270 clockwise).
+    let rotated = ffmpeg::make_with_input(
+        &[
+            "-i",
+            "-",
+            "-c",
+            "copy",
+            "-metadata:s:v:0",
+            "rotate=90",
+            "-f",
+            "mp4",
+        ],
+        "mp4",
+        Some(&upright_src),
+    )
+    .expect("ffmpeg");
+    let turned: Vec<u8> = (0..n)
+        .flat_map(|t| {
+            let f =
+                image::RgbImage::from_raw(w, h, ffmpeg::gradient_frame(w, h, t as i64)).unwrap();
+            image::imageops::rotate270(&f).into_raw()
+        })
+        .collect();
+    let pre_turned = ffmpeg::encode_rgb(&turned, h, w, fps, &lossless, "mp4").expect("ffmpeg");
+    let answers: Vec<Value> = [&rotated, &pre_turned]
+        .iter()
+        .map(|file| {
+            let (status, v) = ask(
+                &c,
+                &video_chat(
+                    "video/mp4",
+                    file,
+                    json!({"max_tokens": 12, "logprobs": true, "top_logprobs": 3}),
+                ),
+            );
+            assert_eq!(status, 200, "{v}");
+            v
+        })
+        .collect();
+    assert_eq!(
+        answers[0]["usage"], answers[1]["usage"],
+        "the rotated clip is laid out as a {h}x{w} one"
+    );
+    let logprobs = |v: &Value| v["choices"][0]["logprobs"].clone();
+    assert!(
+        logprobs(&answers[0])["content"].is_array(),
+        "{}",
+        answers[0]
+    );
+    assert_eq!(
+        logprobs(&answers[0]),
+        logprobs(&answers[1]),
+        "the rotated clip answers as the clip turned before encoding"
+    );
+    let flat = ffmpeg::encode_rgb(&rgb, w, h, fps, &lossless, "mp4").expect("ffmpeg");
+    let (_, sideways) = ask(
+        &c,
+        &video_chat(
+            "video/mp4",
+            &flat,
+            json!({"max_tokens": 12, "logprobs": true, "top_logprobs": 3}),
+        ),
+    );
+    assert_ne!(
+        logprobs(&sideways),
+        logprobs(&answers[0]),
+        "the clip not turned answers otherwise (else the check above is empty)"
+    );
+
+    // Ten minutes at 2 fps, sampled at the default 2 fps: 1200 frames, clamped to the
+    // 128-frame ceiling (64 temporal groups), answered.
+    let (lw, lh) = (64, 48);
+    let long = ffmpeg::make(
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=64x48:rate=2:duration=600",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ],
+        "mp4",
+    )
+    .expect("ffmpeg");
+    let (status, v) = ask(&c, &video_chat("video/mp4", &long, json!({})));
+    assert_eq!(status, 200, "{v}");
+    let want = prompt_tokens(&tok, lw, lh, 1200, 2.0, Sampling::Default);
+    assert_eq!(v["usage"]["prompt_tokens"], want, "{v}");
+    assert!(v["choices"][0]["finish_reason"].is_string(), "{v}");
+}
+
+/// A vision service with one queue slot and a line of 4 images: videos of 4 temporal groups
+/// sent 6 at a time. Those that find the line full get a 429 with `Retry-After` that names the
+/// vision queue; the rest are served; nothing is a 503. A video over the line's whole length
+/// is a 400 (waiting would never help).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_videos_past_the_vision_queue_get_429_naming_it() {
+    let _g = serial();
+    if !ffmpeg::available() {
+        vlm_test_support::skip!(
+            "no ffmpeg CLI to make the clips (deploy/ci-install.sh installs it)"
+        );
+        return;
+    }
+    let env = [
+        ("VLM_VISION_QUEUE_CAPACITY".to_string(), "1".to_string()),
+        ("VLM_VISION_MAX_WAITING_IMAGES".to_string(), "4".to_string()),
+    ];
+    let c = Cluster::start_env(1, &[], &env).await;
+    let (w, h, fps) = (160, 128, 8u32);
+    let x264 = ["-c:v", "libx264", "-pix_fmt", "yuv420p"];
+    let clip = ffmpeg::encode_rgb(&rgb_clip(w, h, 8), w, h, fps, &x264, "mp4").expect("ffmpeg");
+    // 8 frames, all used: 4 temporal groups, the whole line.
+    let body = video_chat(
+        "video/mp4",
+        &clip,
+        json!({"mm_processor_kwargs": {"num_frames": 8}}),
+    );
+    let addr = c.http();
+    let mut refused = 0;
+    for burst in 0..10 {
+        let bytes = body.to_string().into_bytes();
+        let answers: Vec<(u16, String, String)> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..6)
+                .map(|_| s.spawn(|| http_full(&addr, "POST", "/v1/chat/completions", &bytes, "")))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (status, head, text) in &answers {
+            match status {
+                200 => {}
+                429 => {
+                    refused += 1;
+                    let head = head.to_ascii_lowercase();
+                    assert!(head.contains("retry-after:"), "no Retry-After: {head}");
+                    assert!(text.contains("vision queue is full"), "{text}");
+                }
+                other => panic!("burst {burst}: {other}: {text}"),
+            }
+        }
+        if refused > 0 {
+            break;
+        }
+    }
+    assert!(
+        refused > 0,
+        "10 bursts of 6 four-group videos never filled a line of 4"
+    );
+    // 16 frames all used: 8 groups, over the line of 4 on its own.
+    let clip16 = ffmpeg::encode_rgb(&rgb_clip(w, h, 16), w, h, fps, &x264, "mp4").expect("ffmpeg");
+    let (status, v) = ask(
+        &c,
+        &video_chat(
+            "video/mp4",
+            &clip16,
+            json!({"mm_processor_kwargs": {"num_frames": 16}}),
+        ),
+    );
+    assert_eq!(status, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("8 images") && msg.contains("--max-waiting-images"),
+        "{v}"
+    );
+}
