@@ -204,6 +204,45 @@ fn pyav_golden_fixture() {
     assert!(max <= 2, "up to {max} levels off PyAV's decode");
 }
 
+/// `fixtures/video_codecs/`: H.264 High with B-frames, HEVC, VP9 and AV1 clips made by the
+/// ffmpeg CLI, with PyAV's rgb24 decode of each (`fixtures/gen_video_codecs.py`). Ours (Debian's
+/// FFmpeg 5.1, our conversion) is within 1 level on average of PyAV's (its FFmpeg 8.1).
+#[test]
+fn pyav_goldens_of_each_codec() {
+    let dir = vlm_test_support::fixtures_dir().join("video_codecs");
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
+    let clips = meta["clips"].as_array().unwrap();
+    assert_eq!(clips.len(), 4);
+    for c in clips {
+        let name = c["name"].as_str().unwrap();
+        let file = std::fs::read(dir.join(c["file"].as_str().unwrap())).unwrap();
+        let want = std::fs::read(dir.join(format!("{name}.rgb"))).unwrap();
+        let (n, w, h) = (
+            c["frames"].as_u64().unwrap() as u32,
+            c["width"].as_u64().unwrap() as u32,
+            c["height"].as_u64().unwrap() as u32,
+        );
+        let info = read_video_info(&file).unwrap();
+        assert_eq!((info.frames, info.width, info.height), (n, w, h), "{name}");
+        let frames = decode_video_frames(&file, &all_indices(n), LIMIT).unwrap();
+        let got: Vec<u8> = frames.iter().flat_map(|f| f.as_raw().clone()).collect();
+        assert_eq!(got.len(), want.len(), "{name}");
+        let max = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
+        let mean = vlm_test_support::ffmpeg::mean_abs_diff(&got, &want);
+        eprintln!("{name}: mean {mean:.3}, max {max} levels off PyAV's decode");
+        assert!(
+            mean <= 1.0,
+            "{name}: {mean:.3} levels off PyAV's decode on average"
+        );
+    }
+}
+
 #[test]
 fn the_pixel_limit_is_enforced_before_decoding() {
     let mut mp4 = unhex(X264_B_FRAMES);
