@@ -226,8 +226,7 @@ impl Core {
         metrics::counter!(m::VISION_TOKENS_TOTAL, "kind" => "video")
             .increment(valid.video_tokens as u64);
         // Videos are decoded once admitted (their cost was bounded from the header).
-        let videos = match decode_videos(&valid, i.validator.limits().video.max_frame_pixels).await
-        {
+        let videos = match decode_videos(&valid, &i.validator.limits().video).await {
             Ok(v) => v,
             Err(e) => return Err(tally.refuse(e)),
         };
@@ -377,17 +376,17 @@ impl Core {
 /// Every video of the request decoded into its temporal groups, on the blocking pool.
 async fn decode_videos(
     valid: &ValidRequest,
-    max_frame_pixels: u64,
+    limits: &crate::video::VideoLimits,
 ) -> Result<Vec<Vec<crate::video::Group>>, GatewayError> {
     if valid.videos.is_empty() {
         return Ok(Vec::new());
     }
-    let videos = valid.videos.clone();
+    let (videos, limits) = (valid.videos.clone(), limits.clone());
     tokio::task::spawn_blocking(move || {
         videos
             .iter()
             .enumerate()
-            .map(|(k, v)| crate::video::decode_groups(k, v, max_frame_pixels))
+            .map(|(k, v)| crate::video::decode_groups(k, v, &limits))
             .collect()
     })
     .await

@@ -55,6 +55,7 @@ pub struct GatewayConfig {
     pub max_videos: usize,
     pub max_video_frames: u32,
     pub max_video_source_frames: u32,
+    pub video_decode_threads: usize,
     /// Special tokens written in message content are control tokens (injectable); off: text.
     pub control_tokens_in_content: bool,
     /// Where the OpenAI API's sampling defaults come from (`--generation-config`).
@@ -119,6 +120,7 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_videos = cfg.max_videos,
         max_video_frames = cfg.max_video_frames,
         max_video_source_frames = cfg.max_video_source_frames,
+        video_decode_threads = cfg.video_decode_threads,
         internal_tls = ?cfg.internal_tls.as_ref().map(|t| t.files()),
         internal_token = cfg.internal_token.is_some(),
         http_header_read_timeout_ms = cfg.http.header_read_timeout.as_millis() as u64,
@@ -142,6 +144,7 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_videos: cfg.max_videos,
         max_frames: cfg.max_video_frames,
         max_source_frames: cfg.max_video_source_frames,
+        decode_threads: cfg.video_decode_threads,
         ..video::VideoLimits::from_processor(&video_processor)
     };
     let sampling_defaults =

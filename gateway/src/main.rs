@@ -66,6 +66,9 @@ struct Args {
         default_value_t = video::DEFAULT_MAX_VIDEO_SOURCE_FRAMES
     )]
     max_video_source_frames: u32,
+    /// Decoder threads of one video file (0: FFmpeg takes one per core).
+    #[arg(long, env = "VLM_GATEWAY_VIDEO_DECODE_THREADS", default_value_t = video::DEFAULT_VIDEO_DECODE_THREADS)]
+    video_decode_threads: usize,
     /// Bytes of one request body.
     #[arg(long, env = "VLM_GATEWAY_MAX_BODY_BYTES", default_value_t = 32 << 20)]
     max_body_bytes: usize,
@@ -205,6 +208,7 @@ fn main() -> anyhow::Result<()> {
         max_videos: a.max_videos,
         max_video_frames: a.max_video_frames,
         max_video_source_frames: a.max_video_source_frames,
+        video_decode_threads: a.video_decode_threads,
         control_tokens_in_content: a.control_tokens_in_content,
         generation_config: a.generation_config,
         internal_token: a

@@ -63,6 +63,8 @@ pub struct DecodeLimits {
     pub max_packets: u64,
     /// Wall time of one call.
     pub max_time: Duration,
+    /// Decoder threads (FFmpeg's frame and slice threads); 0 lets FFmpeg take one per core.
+    pub threads: usize,
 }
 
 impl DecodeLimits {
@@ -71,6 +73,7 @@ impl DecodeLimits {
             max_frame_pixels,
             max_packets: 1_000_000,
             max_time: Duration::from_secs(120),
+            threads: 1,
         }
     }
 }
@@ -162,7 +165,33 @@ pub fn decode_video(
     limits: &DecodeLimits,
 ) -> Result<DecodedVideo, VideoError> {
     let budget = Budget::new(limits);
-    let (mut input, sel) = open_selected(bytes, &budget)?;
+    let (mut input, sel) = open_checked(bytes, indices, limits, &budget)?;
+    frames::decode(&mut input, &sel, indices, limits, None, &budget)
+}
+
+/// [`decode_video`] with each frame resized to `size` (width, height; [`crate::resize_bicubic`],
+/// the processor's resize) as soon as it is converted: the source-size frames are held one at
+/// a time. Each is still checked against the header's size first.
+pub fn decode_video_resized(
+    bytes: &[u8],
+    indices: &[u32],
+    limits: &DecodeLimits,
+    size: (u32, u32),
+) -> Result<DecodedVideo, VideoError> {
+    let budget = Budget::new(limits);
+    let (mut input, sel) = open_checked(bytes, indices, limits, &budget)?;
+    frames::decode(&mut input, &sel, indices, limits, Some(size), &budget)
+}
+
+/// Opens the stream and refuses from its header what decoding would refuse: a frame over the
+/// pixel limit, an index beyond the stream's frames.
+fn open_checked<'a>(
+    bytes: &'a [u8],
+    indices: &[u32],
+    limits: &DecodeLimits,
+    budget: &Budget,
+) -> Result<(avio::MemoryInput<'a>, stream::Selected), VideoError> {
+    let (input, sel) = open_selected(bytes, budget)?;
     let (w, h) = (sel.info.width, sel.info.height);
     let pixels = w as u64 * h as u64;
     if pixels > limits.max_frame_pixels {
@@ -181,5 +210,5 @@ pub fn decode_video(
             });
         }
     }
-    frames::decode(&mut input, &sel, indices, limits.max_frame_pixels, &budget)
+    Ok((input, sel))
 }

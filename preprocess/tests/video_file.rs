@@ -243,6 +243,23 @@ fn pyav_goldens_of_each_codec() {
     }
 }
 
+/// Frames resized as they are decoded equal the full decode resized afterwards (the gateway's
+/// path, which holds one source-size frame at a time).
+#[test]
+fn resizing_while_decoding_equals_resizing_after() {
+    let file =
+        std::fs::read(vlm_test_support::fixtures_dir().join("video_codecs/hevc.mp4")).unwrap();
+    let limits = vlm_preprocess::DecodeLimits::new(LIMIT);
+    let idx = [0, 3, 3, 7];
+    let full = vlm_preprocess::decode_video(&file, &idx, &limits).unwrap();
+    let small = vlm_preprocess::decode_video_resized(&file, &idx, &limits, (32, 32)).unwrap();
+    assert_eq!(small.times_s, full.times_s);
+    assert_eq!(small.frames.len(), 4);
+    for (s, f) in small.frames.iter().zip(&full.frames) {
+        assert_eq!(s, &vlm_preprocess::resize_bicubic(f, 32, 32).unwrap());
+    }
+}
+
 #[test]
 fn the_pixel_limit_is_enforced_before_decoding() {
     let mut mp4 = unhex(X264_B_FRAMES);

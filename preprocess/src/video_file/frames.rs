@@ -4,7 +4,7 @@ use super::avio::MemoryInput;
 use super::error::VideoError;
 use super::rgb::ToRgb;
 use super::stream::Selected;
-use super::{Budget, DecodedVideo};
+use super::{Budget, DecodeLimits, DecodedVideo};
 use ffmpeg_next::codec::context::Context;
 use ffmpeg_next::codec::decoder::Video as Decoder;
 use ffmpeg_next::util::frame::Video as Frame;
@@ -16,6 +16,7 @@ fn open_decoder(
     input: &MemoryInput<'_>,
     sel: &Selected,
     max_pixels: u64,
+    threads: usize,
 ) -> Result<Decoder, VideoError> {
     let stream = input.input().stream(sel.index).expect("selected index");
     let mut ctx = Context::from_parameters(stream.parameters())
@@ -26,8 +27,8 @@ fn open_decoder(
         // libavcodec refuses pictures over this before allocating them (in-band size changes).
         (*c).max_pixels = i64::try_from(max_pixels).unwrap_or(i64::MAX);
         (*c).pkt_timebase = sel.time_base.into();
-        // One thread: the caller runs several decodes at once, each bounded.
-        (*c).thread_count = 1;
+        // The caller's choice: several decodes may run at once, each bounded.
+        (*c).thread_count = i32::try_from(threads).unwrap_or(1);
     }
     ctx.decoder()
         .open_as(sel.decoder)
@@ -35,24 +36,27 @@ fn open_decoder(
         .map_err(|e| VideoError::corrupt(format!("opening the {} decoder", sel.info.codec), e))
 }
 
-/// Decodes up to the last of `indices` (presentation order) and returns the wanted frames.
+/// Decodes up to the last of `indices` (presentation order) and returns the wanted frames,
+/// each resized to `resize` (width, height) when given, as soon as it is converted.
 pub(super) fn decode(
     input: &mut MemoryInput<'_>,
     sel: &Selected,
     indices: &[u32],
-    max_pixels: u64,
+    limits: &DecodeLimits,
+    resize: Option<(u32, u32)>,
     budget: &Budget,
 ) -> Result<DecodedVideo, VideoError> {
     let Some(&last) = indices.iter().max() else {
         return Ok(DecodedVideo::default());
     };
-    let mut decoder = open_decoder(input, sel, max_pixels)?;
+    let mut decoder = open_decoder(input, sel, limits.max_frame_pixels, limits.threads)?;
     let mut wanted: BTreeMap<u32, Option<(RgbImage, f64)>> =
         indices.iter().map(|&i| (i, None)).collect();
     let mut to_rgb = ToRgb::new(sel.rotation);
     let mut frame = Frame::empty();
     let (mut next, mut read) = (0u32, 0u64);
-    let mut last_frame: Option<(RgbImage, f64)> = None;
+    // Every converted frame is a wanted one: the last converted stands in past the end.
+    let mut last_converted: Option<u32> = None;
     let mut first_pts: Option<i64> = None;
     let (w, h) = (sel.info.width, sel.info.height);
 
@@ -72,8 +76,7 @@ pub(super) fn decode(
             if k == 0 {
                 first_pts = frame.timestamp();
             }
-            let slot = wanted.get_mut(&k);
-            if slot.is_none() && k < last {
+            if !wanted.contains_key(&k) && k < last {
                 continue; // decoded, never converted
             }
             let rgb = to_rgb.convert(&frame)?;
@@ -84,15 +87,18 @@ pub(super) fn decode(
                     rgb.height()
                 )));
             }
+            let rgb = match resize {
+                Some((rw, rh)) => crate::resize_bicubic(&rgb, rw, rh)
+                    .map_err(|e| VideoError::Corrupt(format!("resizing frame {k}: {e}")))?,
+                None => rgb,
+            };
             // Times from the first frame's timestamp (a fragmented MP4 has no edit list to
             // take the B-frame delay off; the header's start time is often unset).
             let pts = frame.timestamp().unwrap_or(0);
             let origin = *first_pts.get_or_insert(pts);
             let t = pts.saturating_sub(origin) as f64 * f64::from(sel.time_base);
-            if let Some(slot) = slot {
-                *slot = Some((rgb.clone(), t));
-            }
-            last_frame = Some((rgb, t));
+            wanted.insert(k, Some((rgb, t)));
+            last_converted = Some(k);
             if k >= last {
                 return Ok(true);
             }
@@ -140,11 +146,22 @@ pub(super) fn decode(
             )));
         }
     }
+    // Frames move out of `wanted` (one copy of each at the peak); a frame asked for again
+    // later, or standing in past the end, is copied.
+    let stand_in = last_converted.expect("decoded > 0");
+    let keys: Vec<u32> = indices
+        .iter()
+        .map(|i| match wanted.get(i) {
+            Some(Some(_)) => *i,
+            _ => stand_in,
+        })
+        .collect();
     let mut out = DecodedVideo::default();
-    for i in indices {
-        let (img, t) = match wanted.get(i) {
-            Some(Some(f)) => f.clone(),
-            _ => last_frame.clone().expect("decoded > 0"),
+    for (pos, key) in keys.iter().enumerate() {
+        let (img, t) = if keys[pos + 1..].contains(key) {
+            wanted[key].clone().expect("converted")
+        } else {
+            wanted.remove(key).flatten().expect("converted")
         };
         out.frames.push(img);
         out.times_s.push(t);
