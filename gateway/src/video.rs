@@ -8,6 +8,7 @@
 //! as two resized frames (`ResizedPixels.second_frame`), so the vision service's buckets, queue
 //! and streaming and the LM's embedding cache treat it as one image-sized unit.
 use crate::error::GatewayError;
+use crate::video_worker::{VideoDecoding, WorkerError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use vlm_config::video::{Sampling, VideoGeometry, VideoProcessorConfig};
@@ -75,6 +76,8 @@ pub struct VideoLimits {
     pub max_frame_pixels: u64,
     /// Decoder threads of one video (`--video-decode-threads`).
     pub decode_threads: usize,
+    /// Where video files are probed and decoded (`--video-decoding`).
+    pub decoding: VideoDecoding,
 }
 
 /// The ceilings' defaults (the gateway's flags use them too).
@@ -95,6 +98,7 @@ impl VideoLimits {
             max_pixels: cfg.max_pixels,
             max_frame_pixels: 4096 * 4096,
             decode_threads: DEFAULT_VIDEO_DECODE_THREADS,
+            decoding: VideoDecoding::InProcess,
         }
     }
 }
@@ -127,6 +131,15 @@ fn refuse(index: usize, msg: impl std::fmt::Display) -> GatewayError {
     GatewayError::validation(format!("video {index}: {msg}"))
 }
 
+/// The file's fault (refused, crashed the decoder, over the time) is the caller's 400; a
+/// worker that could not run is ours.
+fn worker_error(index: usize, e: WorkerError) -> GatewayError {
+    match e {
+        WorkerError::Worker(_) => GatewayError::Internal(format!("video {index}: {e}")),
+        _ => refuse(index, e),
+    }
+}
+
 fn strip(e: &vlm_preprocess::PreprocessError) -> String {
     let s = e.to_string();
     s.strip_prefix("invalid input: ").unwrap_or(&s).to_string()
@@ -143,7 +156,8 @@ pub fn plan_video(
 ) -> Result<ValidVideo, GatewayError> {
     let (width, height, total, fps) = match &v.source {
         VideoSource::File(data) => {
-            let info = vlm_preprocess::read_video_info(data).map_err(|e| refuse(index, e))?;
+            let info = crate::video_worker::probe(&limits.decoding, data)
+                .map_err(|e| worker_error(index, e))?;
             if v.frames_fps.is_some() {
                 return Err(refuse(
                     index,
@@ -318,8 +332,8 @@ pub fn decode_groups(
                 ..vlm_preprocess::DecodeLimits::new(max_frame_pixels)
             };
             // It checks each frame against the header's size before resizing it.
-            vlm_preprocess::decode_video_resized(data, &g.indices, &decode, (rw, rh))
-                .map_err(|e| refuse(index, e))?
+            crate::video_worker::decode(&limits.decoding, data, &g.indices, &decode, (rw, rh))
+                .map_err(|e| worker_error(index, e))?
                 .frames
         }
         VideoSource::Frames(files) => {

@@ -416,3 +416,107 @@ async fn several_videos_past_the_vision_queue_get_429_naming_it() {
         "{v}"
     );
 }
+
+/// The gateway's children started to decode a video (`gateway --video-worker decode`).
+fn decode_workers(gateway: u32) -> Vec<i32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // pid (comm) state ppid ...: the fields after the last ')'.
+        let ppid = stat
+            .rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if ppid == Some(gateway) && cmdline.ends_with(b"--video-worker\0decode\0") {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// FFmpeg runs in a child per video: one that dies on a file (here killed with SIGSEGV, as a
+/// fault in a parser would) ends that request with a 400 naming it; the gateway keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decoder_crash_ends_only_its_request() {
+    let _g = serial();
+    if !ffmpeg::available() {
+        vlm_test_support::skip!(
+            "no ffmpeg CLI to make the clip (deploy/ci-install.sh installs it)"
+        );
+        return;
+    }
+    let c = Cluster::start(1, &[]).await;
+    // Long enough to decode that the test finds the worker at work: 7200 frames of 320x240.
+    let clip = ffmpeg::make(
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=320x240:rate=30:duration=240",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "veryfast",
+            "-crf",
+            "35",
+            "-pix_fmt",
+            "yuv420p",
+        ],
+        "mp4",
+    )
+    .expect("ffmpeg");
+    let addr = c.http();
+    // Four frames sampled, the last at the end: every frame is decoded to reach it.
+    let body = video_chat(
+        "video/mp4",
+        &clip,
+        json!({"mm_processor_kwargs": {"num_frames": 4}}),
+    )
+    .to_string();
+    let asked = std::thread::spawn(move || {
+        http_full(&addr, "POST", "/v1/chat/completions", body.as_bytes(), "")
+    });
+    let gateway = c.gateway.pid();
+    let started = std::time::Instant::now();
+    let worker = loop {
+        if let Some(&pid) = decode_workers(gateway).first() {
+            break pid;
+        }
+        if asked.is_finished() {
+            panic!(
+                "answered before a decode worker was seen: {:?}",
+                asked.join().unwrap()
+            );
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "no decode worker seen"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    // SAFETY: kill(2) of the worker found above.
+    assert_eq!(unsafe { libc::kill(worker, libc::SIGSEGV) }, 0);
+    let (status, _, text) = asked.join().unwrap();
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        text.contains("video 0")
+            && text.contains("the video decoder stopped on this file (signal 11)"),
+        "{text}"
+    );
+    // The gateway is the same process and answers the next request.
+    let (status, text) = post_json(
+        &c.http(),
+        &json!({"messages": [{"role": "user", "content": "still there?"}], "max_tokens": 3}),
+    );
+    assert_eq!(status, 200, "{text}");
+    assert!(std::path::Path::new(&format!("/proc/{gateway}")).exists());
+    assert!(
+        decode_workers(gateway).is_empty(),
+        "a worker was left behind"
+    );
+}
