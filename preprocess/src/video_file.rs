@@ -121,11 +121,18 @@ impl Budget {
 
 /// FFmpeg's global state, once: its log off (its messages would go to stderr; errors come
 /// back as values here).
+/// The largest single allocation FFmpeg may make: a 4096x4096 frame's planes are 25-50 MB.
+pub const MAX_FFMPEG_ALLOC: usize = 256 << 20;
+
 fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         let _ = ffmpeg_next::init();
         ffmpeg_next::util::log::set_level(ffmpeg_next::util::log::Level::Quiet);
+        // No single allocation of FFmpeg's over MAX_FFMPEG_ALLOC. A 1 KB MP4 declaring 194
+        // days of samples made the MOV demuxer index them: 4.3 GB and 13 s (cargo fuzz).
+        // SAFETY: sets a global bound read by av_malloc; called once, before any FFmpeg use.
+        unsafe { ffmpeg_next::ffi::av_max_alloc(MAX_FFMPEG_ALLOC) };
     });
 }
 

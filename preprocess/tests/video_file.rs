@@ -473,3 +473,28 @@ fn vui_colour_signalling_is_followed_like_pyav() {
         assert_eq!(fnv1a(f.as_raw()), X264_BT709_PYAV_FNV[i], "frame {i}");
     }
 }
+
+/// Found by cargo fuzz (`fuzz/fuzz_targets/video_decode.rs`): 1,002 bytes of MP4 whose header
+/// declares 194 days of samples. The MOV demuxer indexed them all: 4.3 GB and 13 s before
+/// FFmpeg's single allocations were bounded (`MAX_FFMPEG_ALLOC`); now a clear refusal at once.
+#[test]
+fn a_header_declaring_days_of_samples_is_refused_without_the_memory() {
+    let file =
+        std::fs::read(vlm_test_support::fixtures_dir().join("video_codecs/hostile/index-bomb.mp4"))
+            .unwrap();
+    assert_eq!(file.len(), 1002);
+    let peak = || {
+        let s = std::fs::read_to_string("/proc/self/status").unwrap();
+        let kb: u64 = s
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kb << 10
+    };
+    let before = peak();
+    let e = read_video_info(&file).unwrap_err().to_string();
+    assert!(e.contains("more than FFmpeg may allocate at once (256 MiB)"), "{e}");
+    let grown = peak().saturating_sub(before);
+    assert!(grown < 1 << 30, "the process peaked {grown} bytes higher");
+}

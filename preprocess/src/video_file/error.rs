@@ -44,6 +44,15 @@ pub(crate) const SUPPORTED_CODECS: &str =
 
 impl VideoError {
     pub(crate) fn corrupt(what: impl std::fmt::Display, e: impl std::fmt::Display) -> Self {
+        let e = e.to_string();
+        // FFmpeg's ENOMEM here is its allocation bound (`MAX_FFMPEG_ALLOC`) refusing what a
+        // header declared, not the machine running out.
+        if e == "Cannot allocate memory" {
+            return VideoError::Corrupt(format!(
+                "{what}: it declares more than FFmpeg may allocate at once ({} MiB)",
+                super::MAX_FFMPEG_ALLOC >> 20
+            ));
+        }
         VideoError::Corrupt(format!("{what}: {e}"))
     }
 }
