@@ -59,6 +59,11 @@ pub enum WorkerError {
 /// The child's deadline past the decode's own wall-time bound: time to start and to send.
 const GRACE: Duration = Duration::from_secs(10);
 
+/// The child's address space (RLIMIT_AS): a 4096x4096 frame, its decoder's reference
+/// pictures and the resized output fit many times over; a file that makes FFmpeg allocate
+/// past it fails its own request instead of pressing on the gateway's pod.
+pub const WORKER_ADDRESS_SPACE: u64 = 4 << 30;
+
 /// Reads the header of a video file.
 pub fn probe(how: &VideoDecoding, bytes: &[u8]) -> Result<VideoInfo, WorkerError> {
     match how {
@@ -108,7 +113,22 @@ pub fn decode(
 /// then reading cannot deadlock.
 fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<u8>, WorkerError> {
     let op = if head[0] == 0 { "probe" } else { "decode" };
-    let mut child = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    // SAFETY: setrlimit(2) only, which is async-signal-safe, between fork and exec.
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit {
+                rlim_cur: WORKER_ADDRESS_SPACE,
+                rlim_max: WORKER_ADDRESS_SPACE,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd
         .args([WORKER_FLAG, op])
         .env_clear()
         .stdin(Stdio::piped())
