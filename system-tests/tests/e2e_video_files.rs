@@ -520,3 +520,107 @@ async fn a_decoder_crash_ends_only_its_request() {
         "a worker was left behind"
     );
 }
+
+/// Hostile and broken files through the API: each a 400 naming the problem, the gateway's
+/// memory back near where it was (FFmpeg runs in its children), and the gateway serving after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_files_are_clear_400s_and_the_gateway_keeps_its_memory() {
+    let _g = serial();
+    if !ffmpeg::available() {
+        vlm_test_support::skip!(
+            "no ffmpeg CLI to make the files (deploy/ci-install.sh installs it)"
+        );
+        return;
+    }
+    let c = Cluster::start(1, &[]).await;
+    let x264 = ["-c:v", "libx264", "-pix_fmt", "yuv420p"];
+    let good = ffmpeg::encode_rgb(&rgb_clip(64, 48, 8), 64, 48, 8, &x264, "mp4").expect("ffmpeg");
+    // A VP8 frame and its WebM track declaring 16383x16383 (VP8's largest), from a 256x256 one.
+    let mut huge = ffmpeg::make(
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc2=size=256x256:rate=4:duration=0.25",
+            "-frames:v",
+            "1",
+            "-c:v",
+            "libvpx",
+            "-deadline",
+            "realtime",
+        ],
+        "webm",
+    )
+    .expect("ffmpeg");
+    for (from, to) in [
+        (&b"\xb0\x82\x01\x00"[..], &b"\xb0\x82\x3f\xff"[..]),
+        (b"\xba\x82\x01\x00", b"\xba\x82\x3f\xff"),
+        (
+            b"\x9d\x01\x2a\x00\x01\x00\x01",
+            b"\x9d\x01\x2a\xff\x3f\xff\x3f",
+        ),
+    ] {
+        let at = huge
+            .windows(from.len())
+            .position(|w| w == from)
+            .expect("the field");
+        huge[at..at + to.len()].copy_from_slice(to);
+    }
+    // Ten hours at 1 fps: 36,000 frames, the sampled ones reaching past the decode budget.
+    let ten_hours = ffmpeg::make(
+        &[
+            "-f",
+            "lavfi",
+            "-i",
+            "color=gray:size=16x16:rate=1:duration=36000",
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-pix_fmt",
+            "yuv420p",
+        ],
+        "mp4",
+    )
+    .expect("ffmpeg");
+    let bomb =
+        std::fs::read(vlm_test_support::fixtures_dir().join("video_codecs/hostile/index-bomb.mp4"))
+            .unwrap();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let noise: Vec<u8> = (0..200_000)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("zero-length", Vec::new(), "empty"),
+        ("truncated", good[..good.len() / 3].to_vec(), "video 0"),
+        ("random bytes", noise, "video 0"),
+        ("16383x16383", huge, "over the limit"),
+        ("ten hours", ten_hours, "--max-video-source-frames"),
+        ("index bomb", bomb, "more than FFmpeg may allocate at once"),
+    ];
+    let gateway = c.gateway.pid();
+    // One good request first, so the baseline holds what serving a video costs.
+    let (status, v) = ask(&c, &video_chat("video/mp4", &good, json!({})));
+    assert_eq!(status, 200, "{v}");
+    let before = vm_rss(gateway);
+    for round in 0..3 {
+        for (name, file, needle) in &cases {
+            let (status, v) = ask(&c, &video_chat("video/mp4", file, json!({})));
+            let msg = v["error"]["message"].as_str().unwrap_or("");
+            assert_eq!(status, 400, "{name}: {v}");
+            assert!(msg.contains(needle), "{name}: {needle:?} not in {msg:?}");
+            if round == 0 {
+                eprintln!("{name}: {msg}");
+            }
+        }
+    }
+    let grown = vm_rss(gateway).saturating_sub(before);
+    assert!(grown < 64 << 20, "the gateway grew by {grown} bytes");
+    let (status, v) = ask(&c, &video_chat("video/mp4", &good, json!({})));
+    assert_eq!(status, 200, "{v}");
+}
