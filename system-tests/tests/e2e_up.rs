@@ -232,9 +232,9 @@ fn a_part_that_dies_while_loading_is_named_at_once() {
     );
 }
 
-/// A GGUF pair written by `vlm quantize` (Q8_0 LM, f16 mmproj) is served by `vlm up --model
-/// LM.gguf --mmproj V.gguf`: a text and an image request are answered; without --mmproj the
-/// start is refused, naming the flag.
+/// A GGUF pair written by `vlm quantize` (Q8_0 LM, f16 mmproj) is planned by `vlm plan` at
+/// its stored size and served by `vlm up --model LM.gguf --mmproj V.gguf`: a text and an
+/// image request are answered; without --mmproj the start is refused, naming the flag.
 #[test]
 fn a_gguf_pair_serves_text_and_images() {
     use base64::Engine;
@@ -259,6 +259,43 @@ fn a_gguf_pair_serves_text_and_images() {
         lm.to_str().unwrap(),
     ]);
     assert!(mmproj.is_file());
+
+    // `vlm plan` sizes the pair by what its files store: the LM's bytes as the derived config
+    // states them (a tied model: no table added), not the checkpoint's f32.
+    let plan = |model: &[&str]| {
+        let out = Command::new(&vlm)
+            .args(["plan", "--device-kind", "cpu", "--json", "--config"])
+            .arg(support::config_file())
+            .args(model)
+            .output()
+            .unwrap();
+        assert_succeeded(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v, String::from_utf8_lossy(&out.stderr).to_string())
+    };
+    let (f32_plan, _) = plan(&["--model", ckpt.to_str().unwrap()]);
+    let (gguf_plan, said) = plan(&[
+        "--model",
+        lm.to_str().unwrap(),
+        "--mmproj",
+        mmproj.to_str().unwrap(),
+    ]);
+    let derived = said
+        .split("derived checkpoint files in ")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .unwrap_or_else(|| panic!("no derived directory in {said}"));
+    let config: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(std::path::Path::new(derived).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let stored = &config["quantization_config"]["lm_weight_bytes"];
+    assert_eq!(gguf_plan["lm"]["weights"], *stored, "{gguf_plan}");
+    assert!(
+        stored.as_u64().unwrap() < f32_plan["lm"]["weights"].as_u64().unwrap(),
+        "{stored} vs {}",
+        f32_plan["lm"]["weights"]
+    );
 
     let refused = vlm_up(&vlm, dir.path())
         .args(["--model", lm.to_str().unwrap()])

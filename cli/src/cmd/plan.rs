@@ -28,9 +28,12 @@ pub enum PlanCommand {
 // Where the model's dimensions come from (no doc comment: clap would take it as `about`).
 #[derive(Args, Debug)]
 pub struct ModelSource {
-    /// A checkpoint directory (its config.json is read).
+    /// A checkpoint directory (its config.json is read), or a GGUF LM file with --mmproj.
     #[arg(long, value_name = "DIR", conflicts_with = "preset")]
     pub model: Option<PathBuf>,
+    /// The GGUF vision file of a GGUF --model (llama.cpp's flag name).
+    #[arg(long, value_name = "FILE", requires = "model")]
+    pub mmproj: Option<PathBuf>,
     /// A known model: qwen3-vl-2b.
     #[arg(long, value_name = "NAME")]
     pub preset: Option<String>,
@@ -118,6 +121,15 @@ fn load_config(path: Option<&Path>) -> anyhow::Result<DeployConfig> {
 
 fn model_dims(src: &ModelSource, default_preset: Option<&str>) -> anyhow::Result<ModelDims> {
     match (&src.model, src.preset.as_deref().or(default_preset)) {
+        // A GGUF pair is sized by what its files store (the derived config's byte count).
+        (Some(file), _) if super::gguf::is_gguf(file) => Ok(ModelDims::from_dir(
+            &super::gguf::gguf_checkpoint(file, src.mmproj.as_deref())?,
+        )?),
+        (Some(_), _) if src.mmproj.is_some() => {
+            bail!(
+                "--mmproj goes with a GGUF --model; a checkpoint directory holds its vision tower"
+            )
+        }
         (Some(dir), _) => Ok(ModelDims::from_dir(dir)?),
         (None, Some(name)) => Ok(ModelDims::preset(name)?),
         (None, None) => {

@@ -7,7 +7,9 @@
 //! `$XDG_CACHE_HOME/vlm/tiny-s0` (or `~/.cache/vlm/tiny-s0`). Without `--config` it runs the
 //! embedded `config/examples/local.yaml` on [`default_layout`]'s cores (shared by vision and LM
 //! on a small machine, disjoint halves from four cores on), and says which at start.
+use super::cache::cache_dir;
 use super::child::{spawn_service, stop_child, Service};
+use super::gguf::{gguf_checkpoint, is_gguf};
 use super::supervise::Supervised;
 use super::up_context;
 use anyhow::{bail, Context};
@@ -60,17 +62,6 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     rt.block_on(up(args))
 }
 
-/// Where `vlm up` caches the tiny checkpoint.
-pub fn cache_dir() -> PathBuf {
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(x).join("vlm");
-    }
-    match std::env::var_os("HOME") {
-        Some(h) => PathBuf::from(h).join(".cache").join("vlm"),
-        None => std::env::temp_dir().join("vlm-cache"),
-    }
-}
-
 /// The tiny random checkpoint (seed 0) in `dir`, made the first time.
 pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
     let has_weights = dir.join("config.json").is_file()
@@ -91,44 +82,6 @@ pub fn ensure_tiny_checkpoint(dir: &Path) -> anyhow::Result<()> {
     vlm_make_model::make_model(dir, &opts)
         .with_context(|| format!("making the tiny checkpoint in {}", dir.display()))?;
     Ok(())
-}
-
-fn is_gguf(path: &Path) -> bool {
-    path.is_file()
-        && path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
-}
-
-/// The checkpoint directory of a GGUF pair: the Hugging Face files derived from its metadata
-/// and a manifest naming the two files (`vlm_model::gguf::materialize`), under the cache dir,
-/// one per pair of paths. The services load the weights from the GGUF files themselves.
-fn gguf_checkpoint(model: &Path, mmproj: Option<&Path>) -> anyhow::Result<PathBuf> {
-    use std::hash::{Hash, Hasher};
-    let Some(mmproj) = mmproj else {
-        bail!(
-            "{} is a GGUF LM: give its vision file with --mmproj (llama.cpp's \
-             `convert_hf_to_gguf.py --mmproj` writes it)",
-            model.display()
-        );
-    };
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (std::path::absolute(model)?, std::path::absolute(mmproj)?).hash(&mut h);
-    let stem = model.file_stem().unwrap_or_default().to_string_lossy();
-    // The directory's name is the served model id: the file's, as llama.cpp's server has it.
-    let dir = cache_dir()
-        .join("gguf")
-        .join(format!("{:016x}", h.finish()))
-        .join(stem.as_ref());
-    vlm_model::gguf::materialize(model, mmproj, &dir)
-        .with_context(|| format!("loading GGUF {} + {}", model.display(), mmproj.display()))?;
-    eprintln!(
-        "GGUF: {} + {} (derived checkpoint files in {})",
-        model.display(),
-        mmproj.display(),
-        dir.display()
-    );
-    Ok(dir)
 }
 
 /// Below this many cores, the default layout shares every core between vision and LM.
