@@ -29,7 +29,7 @@ enum Command {
     /// decode graph of an active batch.
     Bucket(cmd::bucket::BucketArgs),
     /// Will a layout fit? Memory per device before loading, and bucket advice from traffic.
-    Plan(cmd::plan::PlanArgs),
+    Plan(Box<cmd::plan::PlanArgs>),
     /// Write a checkpoint in the real Hugging Face layout with random weights.
     MakeModel(cmd::make_model::MakeModelArgs),
     /// Write a checkpoint as the GGUF pair llama.cpp loads (LM quantized: q8_0, q4_k_m, f16,
@@ -50,7 +50,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Config(c) => cmd::config::run(c),
         Command::Bucket(a) => cmd::bucket::run(a),
-        Command::Plan(a) => cmd::plan::run(a),
+        Command::Plan(a) => cmd::plan::run(*a),
         Command::MakeModel(a) => cmd::make_model::run(a).map(|()| ExitCode::SUCCESS),
         Command::Quantize(a) => cmd::quantize::run(a),
         Command::Inspect(a) => cmd::inspect::run(a).map(|()| ExitCode::SUCCESS),
