@@ -31,9 +31,13 @@ struct Args {
     /// LM replicas: host:port,... or dns:///name:port.
     #[arg(long, env = "VLM_LM_ADDRS")]
     lm: String,
-    /// Checkpoint directory (tokenizer.json and the chat template).
+    /// Checkpoint directory (tokenizer.json and the chat template), or a GGUF LM file with
+    /// --mmproj (the tokenizer and template from its metadata).
     #[arg(long, env = "VLM_MODEL")]
     model: PathBuf,
+    /// The GGUF vision file when --model is a GGUF LM file (llama.cpp's flag name).
+    #[arg(long, env = "VLM_MMPROJ")]
+    mmproj: Option<PathBuf>,
     /// Deployment config (JSON, YAML or TOML); the defaults when absent.
     #[arg(long, env = "VLM_CONFIG")]
     config: Option<PathBuf>,
@@ -194,7 +198,13 @@ fn main() -> anyhow::Result<()> {
         None => Vec::new(),
     };
     let cors = CorsOrigins::parse(&a.cors_allow_origin)?;
-    let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref(), &a.model)
+    // A GGUF pair is read through the checkpoint files derived from it, in $TMPDIR/vlm-gguf.
+    let model = vlm_model::gguf::resolve_model(
+        &a.model,
+        a.mmproj.as_deref(),
+        &std::env::temp_dir().join("vlm-gguf"),
+    )?;
+    let deploy = vlm_service_kit::config::load_deploy_config(a.config.as_deref(), &model)
         .map_err(anyhow::Error::msg)?;
     let api_keys = ApiKeys::load(a.api_key_file.as_deref(), std::env::var("VLM_API_KEY").ok())
         .with_context(|| format!("reading --api-key-file {:?}", a.api_key_file))?;
@@ -203,7 +213,7 @@ fn main() -> anyhow::Result<()> {
         http_listen: a.http_listen,
         lm: ReplicaSource::parse(&a.lm).map_err(|e| anyhow::anyhow!("--lm: {e}"))?,
         vision: ReplicaSource::parse(&a.vision).map_err(|e| anyhow::anyhow!("--vision: {e}"))?,
-        model_dir: a.model,
+        model_dir: model,
         deploy,
         api_keys,
         admission: AdmissionLimits {

@@ -14,9 +14,12 @@ use vlm_lm_service::{
     about = "Qwen3-VL LM replica: decoder graphs, paged KV cache, continuous batching"
 )]
 struct Args {
-    /// Checkpoint directory (config.json, *.safetensors).
+    /// Checkpoint directory (config.json, *.safetensors), or a GGUF LM file with --mmproj.
     #[arg(long, env = "VLM_MODEL")]
     model: PathBuf,
+    /// The GGUF vision file when --model is a GGUF LM file (llama.cpp's flag name).
+    #[arg(long, env = "VLM_MMPROJ")]
+    mmproj: Option<PathBuf>,
     /// Deployment config (JSON, YAML or TOML); defaults apply when absent.
     #[arg(long, env = "VLM_CONFIG")]
     config: Option<PathBuf>,
@@ -66,16 +69,21 @@ fn main() -> anyhow::Result<()> {
     }
     let args = Args::parse();
     let _telemetry = vlm_service_kit::telemetry::init("lm-service");
-    let mut deploy =
-        vlm_service_kit::config::load_deploy_config(args.config.as_deref(), &args.model)
-            .map_err(anyhow::Error::msg)?;
+    // A GGUF pair is read through the checkpoint files derived from it, in $TMPDIR/vlm-gguf.
+    let model = vlm_model::gguf::resolve_model(
+        &args.model,
+        args.mmproj.as_deref(),
+        &std::env::temp_dir().join("vlm-gguf"),
+    )?;
+    let mut deploy = vlm_service_kit::config::load_deploy_config(args.config.as_deref(), &model)
+        .map_err(anyhow::Error::msg)?;
     if let Some(device) = args.device {
         anyhow::ensure!(!device.is_empty(), "--device needs at least one core id");
         deploy.num_devices = device.len() as u32;
         deploy.device = device;
     }
     let cfg = ServeConfig {
-        model_dir: args.model,
+        model_dir: model,
         deploy,
         listen: args.listen,
         metrics_listen: args.metrics_listen,

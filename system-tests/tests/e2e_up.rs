@@ -333,3 +333,108 @@ fn a_gguf_pair_serves_text_and_images() {
     }
     drain(up, &grpc);
 }
+
+/// The services take a GGUF pair themselves, as a Kubernetes deployment gives them the files
+/// people download: vision, LM and gateway each started with `--model LM.gguf --mmproj
+/// V.gguf` serve a text and an image request, under the LM file's name as the model id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_services_take_a_gguf_pair() {
+    use base64::Engine;
+    let _g = support::serial();
+    let vlm = vlm_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    let lm = dir.path().join("tiny-q4_k_m.gguf");
+    let mmproj = dir.path().join("mmproj-tiny-q4_k_m.gguf");
+    for args in [
+        vec![
+            "make-model",
+            "--preset",
+            "tiny",
+            "--out",
+            ckpt.to_str().unwrap(),
+        ],
+        vec![
+            "quantize",
+            "--scheme",
+            "q4_k_m",
+            ckpt.to_str().unwrap(),
+            lm.to_str().unwrap(),
+        ],
+    ] {
+        assert_succeeded(&Command::new(&vlm).args(&args).output().unwrap());
+    }
+    let args = |extra: &[&str]| {
+        let mut a: Vec<String> = vec![
+            "--model".into(),
+            lm.display().to_string(),
+            "--mmproj".into(),
+            mmproj.display().to_string(),
+            "--config".into(),
+            support::config_file().display().to_string(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let vision = support::Proc::spawn(
+        "vision",
+        &support::bin("vision-service"),
+        &args(&["--metrics-listen", "127.0.0.1:0"]),
+    );
+    support::wait_serving(&vision.addr("grpc")).await;
+    let lm_proc = support::Proc::spawn(
+        "lm0",
+        &support::bin("lm-service"),
+        &args(&[
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--vision",
+            &vision.addr("grpc"),
+        ]),
+    );
+    support::wait_serving(&lm_proc.addr("grpc")).await;
+    let gateway = support::Proc::spawn(
+        "gateway",
+        &support::bin("gateway"),
+        &args(&[
+            "--http-listen",
+            "127.0.0.1:0",
+            "--vision",
+            &vision.addr("grpc"),
+            "--lm",
+            &lm_proc.addr("grpc"),
+        ]),
+    );
+    support::wait_serving(&gateway.addr("grpc")).await;
+    let http = gateway.addr("http");
+    let (status, models) = support::http(&http, "GET", "/v1/models", b"");
+    assert_eq!(status, 200, "{models}");
+    assert!(models.contains("\"id\":\"tiny-q4_k_m\""), "{models}");
+    let b64 = base64::engine::general_purpose::STANDARD.encode(support::png(64, 64, 1));
+    for content in [
+        serde_json::json!("Hello there"),
+        serde_json::json!([
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": "Describe it."}]),
+    ] {
+        let body = serde_json::json!({
+            "model": "tiny-q4_k_m",
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, body) = support::post_json(&http, &body);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
+    }
+    // A GGUF LM without its vision file is refused at start, naming the flag.
+    let out = Command::new(support::bin("lm-service"))
+        .args(["--model", lm.to_str().unwrap(), "--listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("give its vision file with --mmproj"), "{err}");
+}

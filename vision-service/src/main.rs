@@ -13,9 +13,12 @@ use vlm_vision_service::Options;
     about = "Qwen3-VL ViT behind gRPC (vlm.v1.Vision)"
 )]
 struct Args {
-    /// Checkpoint directory (config.json + *.safetensors).
+    /// Checkpoint directory (config.json + *.safetensors), or a GGUF LM file with --mmproj.
     #[arg(long, env = "VLM_MODEL")]
     model: PathBuf,
+    /// The GGUF vision file when --model is a GGUF LM file (llama.cpp's flag name).
+    #[arg(long, env = "VLM_MMPROJ")]
+    mmproj: Option<PathBuf>,
     /// Deployment config (JSON, YAML or TOML); without it, vlm-config's defaults.
     #[arg(long, env = "VLM_CONFIG")]
     config: Option<PathBuf>,
@@ -75,7 +78,13 @@ struct Args {
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
-    let cfg = vlm_service_kit::config::load_deploy_config(args.config.as_deref(), &args.model)
+    // A GGUF pair is read through the checkpoint files derived from it, in $TMPDIR/vlm-gguf.
+    let model = vlm_model::gguf::resolve_model(
+        &args.model,
+        args.mmproj.as_deref(),
+        &std::env::temp_dir().join("vlm-gguf"),
+    )?;
+    let cfg = vlm_service_kit::config::load_deploy_config(args.config.as_deref(), &model)
         .map_err(anyhow::Error::msg)?;
     let mut visual = cfg.visual;
     if let Some(device) = args.device {
@@ -84,7 +93,7 @@ fn options(args: Args) -> anyhow::Result<Options> {
         visual.device = device;
     }
     let opts = Options {
-        model_dir: args.model,
+        model_dir: model,
         visual,
         listen: args.listen,
         metrics_listen: args.metrics_listen,

@@ -22,6 +22,49 @@ use crate::error::{ModelError, Result};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// A file named `*.gguf` (a directory is a checkpoint).
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+}
+
+/// The checkpoint directory a service reads for `--model` (and `--mmproj`): a directory as
+/// given, or for a GGUF LM file and its vision file the directory [`materialize`] writes
+/// under `root`, one per pair of paths (`root/<hash>/<LM file stem>`: the stem is the served
+/// model id, as llama.cpp's server has it). Every part of the system resolves the same pair to
+/// the same files.
+pub fn resolve_model(model: &Path, mmproj: Option<&Path>, root: &Path) -> Result<PathBuf> {
+    use std::hash::{Hash, Hasher};
+    if !is_gguf(model) {
+        if mmproj.is_some() {
+            return Err(ModelError::invalid(format!(
+                "--mmproj goes with a GGUF --model; {} is a checkpoint directory, which holds \
+                 its vision tower",
+                model.display()
+            )));
+        }
+        return Ok(model.to_path_buf());
+    }
+    let Some(mmproj) = mmproj else {
+        return Err(ModelError::invalid(format!(
+            "{} is a GGUF LM: give its vision file with --mmproj (llama.cpp's \
+             `convert_hf_to_gguf.py --mmproj` writes it)",
+            model.display()
+        )));
+    };
+    let abs = |p: &Path| std::path::absolute(p).map_err(|e| ModelError::io(p, e));
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (abs(model)?, abs(mmproj)?).hash(&mut h);
+    let stem = model.file_stem().unwrap_or_default().to_string_lossy();
+    let dir = root
+        .join(format!("{:016x}", h.finish()))
+        .join(stem.as_ref());
+    materialize(model, mmproj, &dir)?;
+    Ok(dir)
+}
+
 /// The manifest file of a directory [`materialize`] wrote.
 pub const MANIFEST: &str = "gguf.json";
 
@@ -102,7 +145,11 @@ pub fn materialize(model: &Path, mmproj: &Path, out: &Path) -> Result<()> {
         let path = out.join(name);
         let text = serde_json::to_string_pretty(&value)
             .map_err(|e| ModelError::config(&path, e.to_string()))?;
-        std::fs::write(&path, text).map_err(|e| ModelError::io(&path, e))?;
+        // Written beside and renamed into place: services started at once on one host derive
+        // the same files, and none reads a half-written one.
+        let tmp = out.join(format!(".{name}.{}", std::process::id()));
+        std::fs::write(&tmp, text).map_err(|e| ModelError::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| ModelError::io(&path, e))?;
     }
     Ok(())
 }
