@@ -32,10 +32,13 @@ fuzz_target!(|bytes: &[u8]| {
     round_trip::<pb::LmGenerateRequest>(bytes);
     round_trip::<pb::EncodeRequest>(bytes);
     if let Some(req) = round_trip::<pb::GenerateRequest>(bytes) {
-        let checked = vlm_gateway::service::chat_request(req)
-            .and_then(|chat| validator().validate(chat));
+        let checked =
+            vlm_gateway::service::chat_request(req).and_then(|chat| validator().validate(chat));
         if let Err(e) = checked {
-            assert!(!e.to_string().is_empty(), "a refusal without a message: {e:?}");
+            assert!(
+                !e.to_string().is_empty(),
+                "a refusal without a message: {e:?}"
+            );
         }
     }
 });

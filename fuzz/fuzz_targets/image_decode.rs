@@ -12,7 +12,14 @@ fuzz_target!(|bytes: &[u8]| {
     let size = vlm_preprocess::read_image_size(bytes);
     if let Ok(img) = vlm_preprocess::decode_image(bytes, MAX_PIXELS) {
         let (w, h) = img.dimensions();
-        assert!(w as u64 * h as u64 <= MAX_PIXELS, "{w}x{h} decoded over the limit");
-        assert_eq!(size.ok(), Some((w, h)), "the header check and the decode disagree");
+        assert!(
+            w as u64 * h as u64 <= MAX_PIXELS,
+            "{w}x{h} decoded over the limit"
+        );
+        assert_eq!(
+            size.ok(),
+            Some((w, h)),
+            "the header check and the decode disagree"
+        );
     }
 });

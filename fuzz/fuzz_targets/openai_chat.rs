@@ -39,7 +39,10 @@ fn judge(body: &[u8]) -> Result<usize, GatewayError> {
     let mut req: ChatCompletionRequest = parse_json_body(body, "chat completion request")?;
     req.sampling.fill_defaults(e.validator.sampling_defaults());
     let parsed = parse_chat_request(req, body.len(), &e.fetcher)?;
-    assert!(parsed.remote.is_empty(), "deny_all let a remote image through");
+    assert!(
+        parsed.remote.is_empty(),
+        "deny_all let a remote image through"
+    );
     Ok(e.validator.validate(parsed.chat)?.input_ids.len())
 }
 
@@ -47,7 +50,10 @@ fuzz_target!(|body: &[u8]| {
     match judge(body) {
         Ok(prompt) => {
             let max = env().validator.limits().max_seq_len as usize;
-            assert!(prompt < max, "a {prompt}-token prompt passed a {max}-token context");
+            assert!(
+                prompt < max,
+                "a {prompt}-token prompt passed a {max}-token context"
+            );
         }
         Err(e) => {
             let message = e.to_string();

@@ -494,7 +494,10 @@ fn a_header_declaring_days_of_samples_is_refused_without_the_memory() {
     };
     let before = peak();
     let e = read_video_info(&file).unwrap_err().to_string();
-    assert!(e.contains("more than FFmpeg may allocate at once (256 MiB)"), "{e}");
+    assert!(
+        e.contains("more than FFmpeg may allocate at once (256 MiB)"),
+        "{e}"
+    );
     let grown = peak().saturating_sub(before);
     assert!(grown < 1 << 30, "the process peaked {grown} bytes higher");
 }
