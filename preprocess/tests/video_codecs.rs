@@ -330,20 +330,8 @@ fn rotation_is_applied() {
 #[test]
 fn a_17_second_clip() {
     need_ffmpeg!();
-    let file = ffmpeg::make(
-        &[
-            "-f",
-            "lavfi",
-            "-i",
-            "testsrc2=size=64x48:rate=4:duration=17",
-            "-c:v",
-            "libx264",
-            "-pix_fmt",
-            "yuv420p",
-        ],
-        "mp4",
-    )
-    .expect("ffmpeg");
+    let file =
+        ffmpeg::lavfi_h264("testsrc2=size=64x48:rate=4:duration=17", &[], "mp4").expect("ffmpeg");
     let info = read_video_info(&file).unwrap();
     assert_eq!(info.frames, 68, "{info:?}");
     assert!((info.duration_s - 17.0).abs() < 0.01, "{info:?}");
@@ -527,19 +515,9 @@ fn rss() -> u64 {
 #[test]
 fn repeated_decodes_give_their_memory_back() {
     need_ffmpeg!();
-    let noise = ffmpeg::make(
-        &[
-            "-f",
-            "lavfi",
-            "-i",
-            "nullsrc=s=256x192:d=4:r=20,geq=lum='random(1)*255':cb=128:cr=128",
-            "-c:v",
-            "libx264",
-            "-qp",
-            "0",
-            "-pix_fmt",
-            "yuv420p",
-        ],
+    let noise = ffmpeg::lavfi_h264(
+        "nullsrc=s=256x192:d=4:r=20,geq=lum='random(1)*255':cb=128:cr=128",
+        &["-qp", "0"],
         "mkv",
     )
     .expect("ffmpeg");
@@ -570,19 +548,9 @@ fn repeated_decodes_give_their_memory_back() {
 #[ignore = "a measurement, not a check"]
 fn timing_1080p() {
     need_ffmpeg!();
-    let file = ffmpeg::make(
-        &[
-            "-f",
-            "lavfi",
-            "-i",
-            "testsrc2=size=1920x1080:rate=30:duration=10",
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-pix_fmt",
-            "yuv420p",
-        ],
+    let file = ffmpeg::lavfi_h264(
+        "testsrc2=size=1920x1080:rate=30:duration=10",
+        &["-preset", "ultrafast"],
         "mp4",
     )
     .expect("ffmpeg");

@@ -338,6 +338,7 @@ fn a_gguf_pair_serves_text_and_images() {
 /// people download: vision, LM and gateway each started with `--model LM.gguf --mmproj
 /// V.gguf` serve a text and an image request, under the LM file's name as the model id.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(clippy::await_holding_lock)] // the guard serializes the tests' processes
 async fn the_services_take_a_gguf_pair() {
     use base64::Engine;
     let _g = support::serial();

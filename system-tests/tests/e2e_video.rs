@@ -51,13 +51,6 @@ fn video_request(part: pb::VideoPart, text: &str, max_tokens: u32) -> pb::Genera
     }
 }
 
-fn data_url(mime: &str, bytes: &[u8]) -> String {
-    format!(
-        "data:{mime};base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
-}
-
 fn chat(content: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
     let mut body = serde_json::json!({
         "messages": [{"role": "user", "content": content}],

@@ -7,7 +7,6 @@
 #![allow(clippy::await_holding_lock)]
 mod support;
 
-use base64::Engine;
 use serde_json::{json, Value};
 use support::*;
 use vlm_config::video::{Sampling, VideoGeometry, VideoProcessorConfig};
@@ -17,13 +16,6 @@ use vlm_tokenizer::{ChatMessage, ChatPart, ChatTokenizer, VisionTokens};
 const PROMPT: &str = "What happens in the video?";
 /// The gateway's default frame ceiling (`--max-video-frames`).
 const MAX_FRAMES: u32 = 128;
-
-fn data_url(mime: &str, bytes: &[u8]) -> String {
-    format!(
-        "data:{mime};base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
-}
 
 fn video_chat(mime: &str, file: &[u8], extra: Value) -> Value {
     let mut body = json!({
@@ -319,19 +311,9 @@ async fn the_files_people_send_are_answered() {
     // Ten minutes at 2 fps, sampled at the default 2 fps: 1200 frames, clamped to the
     // 128-frame ceiling (64 temporal groups), answered.
     let (lw, lh) = (64, 48);
-    let long = ffmpeg::make(
-        &[
-            "-f",
-            "lavfi",
-            "-i",
-            "testsrc2=size=64x48:rate=2:duration=600",
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-pix_fmt",
-            "yuv420p",
-        ],
+    let long = ffmpeg::lavfi_h264(
+        "testsrc2=size=64x48:rate=2:duration=600",
+        &["-preset", "ultrafast"],
         "mp4",
     )
     .expect("ffmpeg");
@@ -452,21 +434,9 @@ async fn a_decoder_crash_ends_only_its_request() {
     }
     let c = Cluster::start(1, &[]).await;
     // Long enough to decode that the test finds the worker at work: 7200 frames of 320x240.
-    let clip = ffmpeg::make(
-        &[
-            "-f",
-            "lavfi",
-            "-i",
-            "testsrc2=size=320x240:rate=30:duration=240",
-            "-c:v",
-            "libx264",
-            "-preset",
-            "veryfast",
-            "-crf",
-            "35",
-            "-pix_fmt",
-            "yuv420p",
-        ],
+    let clip = ffmpeg::lavfi_h264(
+        "testsrc2=size=320x240:rate=30:duration=240",
+        &["-preset", "veryfast", "-crf", "35"],
         "mp4",
     )
     .expect("ffmpeg");
@@ -567,19 +537,9 @@ async fn hostile_files_are_clear_400s_and_the_gateway_keeps_its_memory() {
         huge[at..at + to.len()].copy_from_slice(to);
     }
     // Ten hours at 1 fps: 36,000 frames, the sampled ones reaching past the decode budget.
-    let ten_hours = ffmpeg::make(
-        &[
-            "-f",
-            "lavfi",
-            "-i",
-            "color=gray:size=16x16:rate=1:duration=36000",
-            "-c:v",
-            "libx264",
-            "-preset",
-            "ultrafast",
-            "-pix_fmt",
-            "yuv420p",
-        ],
+    let ten_hours = ffmpeg::lavfi_h264(
+        "color=gray:size=16x16:rate=1:duration=36000",
+        &["-preset", "ultrafast"],
         "mp4",
     )
     .expect("ffmpeg");

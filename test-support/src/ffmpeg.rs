@@ -62,6 +62,17 @@ pub fn make_with_input(args: &[&str], ext: &str, input: Option<&[u8]>) -> Option
     Some(bytes)
 }
 
+/// An H.264 (yuv420p) clip of the lavfi source `source` (e.g.
+/// `testsrc2=size=64x48:rate=2:duration=600`), with `args` (a preset, a rate factor) before
+/// the output, in a file of type `ext`.
+pub fn lavfi_h264(source: &str, args: &[&str], ext: &str) -> Option<Vec<u8>> {
+    let mut all = vec![
+        "-f", "lavfi", "-i", source, "-c:v", "libx264", "-pix_fmt", "yuv420p",
+    ];
+    all.extend_from_slice(args);
+    make(&all, ext)
+}
+
 /// Encodes raw RGB24 frames (`width` x `height`, concatenated) at `fps` with `codec_args`
 /// (e.g. `["-c:v", "libx264", "-pix_fmt", "yuv420p"]`) into a file of type `ext`.
 pub fn encode_rgb(

@@ -93,6 +93,15 @@ pub async fn channel(addr: &str) -> tonic::transport::Channel {
 }
 
 /// A user message's content: each image as a `data:` URL, then the text.
+/// `bytes` as a `data:` URL of type `mime`.
+pub fn data_url(mime: &str, bytes: &[u8]) -> String {
+    use base64::Engine;
+    format!(
+        "data:{mime};base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
 pub fn user_parts(images: &[Vec<u8>], text: &str) -> Vec<serde_json::Value> {
     use base64::Engine;
     let mut parts: Vec<serde_json::Value> = images
