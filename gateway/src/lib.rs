@@ -23,7 +23,6 @@ pub mod stream;
 pub mod tool_calls;
 pub mod validation;
 pub mod video;
-pub mod video_worker;
 
 pub use error::{GatewayError, ServeError};
 
@@ -57,7 +56,7 @@ pub struct GatewayConfig {
     pub max_video_frames: u32,
     pub max_video_source_frames: u32,
     pub video_decode_threads: usize,
-    pub video_decoding: video_worker::VideoDecoding,
+    pub media_decoding: vlm_preprocess::worker::MediaDecoding,
     /// Special tokens written in message content are control tokens (injectable); off: text.
     pub control_tokens_in_content: bool,
     /// Where the OpenAI API's sampling defaults come from (`--generation-config`).
@@ -123,7 +122,7 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_video_frames = cfg.max_video_frames,
         max_video_source_frames = cfg.max_video_source_frames,
         video_decode_threads = cfg.video_decode_threads,
-        video_decoding = %cfg.video_decoding.describe(),
+        media_decoding = %cfg.media_decoding.describe(),
         internal_tls = ?cfg.internal_tls.as_ref().map(|t| t.files()),
         internal_token = cfg.internal_token.is_some(),
         http_header_read_timeout_ms = cfg.http.header_read_timeout.as_millis() as u64,
@@ -148,7 +147,7 @@ pub async fn bind(cfg: GatewayConfig) -> Result<Bound, ServeError> {
         max_frames: cfg.max_video_frames,
         max_source_frames: cfg.max_video_source_frames,
         decode_threads: cfg.video_decode_threads,
-        decoding: cfg.video_decoding.clone(),
+        decoding: cfg.media_decoding.clone(),
         ..video::VideoLimits::from_processor(&video_processor)
     };
     let sampling_defaults =

@@ -70,10 +70,10 @@ struct Args {
         default_value_t = video::DEFAULT_MAX_VIDEO_SOURCE_FRAMES
     )]
     max_video_source_frames: u32,
-    /// Video files are parsed by FFmpeg in a child process per call (a fault ends that
-    /// request only); `in-process` parses them in the gateway itself.
-    #[arg(long, env = "VLM_GATEWAY_VIDEO_DECODING", default_value = "isolated", value_parser = ["isolated", "in-process"])]
-    video_decoding: String,
+    /// Video files and AVIF images are parsed by FFmpeg in a child process per call (a fault
+    /// ends that request only); `in-process` parses them in the gateway itself.
+    #[arg(long, env = "VLM_GATEWAY_MEDIA_DECODING", default_value = "isolated", value_parser = ["isolated", "in-process"])]
+    media_decoding: String,
     /// Decoder threads of one video file (0: FFmpeg takes one per core).
     #[arg(long, env = "VLM_GATEWAY_VIDEO_DECODE_THREADS", default_value_t = video::DEFAULT_VIDEO_DECODE_THREADS)]
     video_decode_threads: usize,
@@ -171,9 +171,9 @@ struct Args {
 }
 
 fn main() -> anyhow::Result<()> {
-    // A child started to probe or decode one video file (`video_worker`).
-    if std::env::args().nth(1).as_deref() == Some(vlm_gateway::video_worker::WORKER_FLAG) {
-        std::process::exit(vlm_gateway::video_worker::serve_stdio());
+    // A child started to parse one file with FFmpeg (`vlm_preprocess::worker`).
+    if std::env::args().nth(1).as_deref() == Some(vlm_preprocess::worker::WORKER_FLAG) {
+        std::process::exit(vlm_preprocess::worker::serve_stdio());
     }
     let _telemetry = vlm_service_kit::telemetry::init("gateway");
     let a = Args::parse();
@@ -227,9 +227,9 @@ fn main() -> anyhow::Result<()> {
         max_video_frames: a.max_video_frames,
         max_video_source_frames: a.max_video_source_frames,
         video_decode_threads: a.video_decode_threads,
-        video_decoding: match a.video_decoding.as_str() {
-            "in-process" => vlm_gateway::video_worker::VideoDecoding::InProcess,
-            _ => vlm_gateway::video_worker::VideoDecoding::Isolated {
+        media_decoding: match a.media_decoding.as_str() {
+            "in-process" => vlm_preprocess::worker::MediaDecoding::InProcess,
+            _ => vlm_preprocess::worker::MediaDecoding::Isolated {
                 exe: std::env::current_exe().context("locating the gateway executable")?,
             },
         },

@@ -565,12 +565,13 @@ impl Validator {
                 l.max_image_bytes
             )));
         }
-        let (width, height) = vlm_preprocess::read_image_size(&data).map_err(|e| {
-            GatewayError::validation(format!(
-                "image {index} (in messages[{message}]): {}",
-                strip_prefix(&e.to_string())
-            ))
-        })?;
+        let (width, height) = vlm_preprocess::worker::read_image_size(&l.video.decoding, &data)
+            .map_err(|e| {
+                GatewayError::validation(format!(
+                    "image {index} (in messages[{message}]): {}",
+                    strip_prefix(&e.to_string())
+                ))
+            })?;
         let planned = self
             .visual
             .plan_image_within(width, height, budget)

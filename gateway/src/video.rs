@@ -8,11 +8,11 @@
 //! as two resized frames (`ResizedPixels.second_frame`), so the vision service's buckets, queue
 //! and streaming and the LM's embedding cache treat it as one image-sized unit.
 use crate::error::GatewayError;
-use crate::video_worker::{VideoDecoding, WorkerError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use vlm_config::video::{Sampling, VideoGeometry, VideoProcessorConfig};
 use vlm_config::VisualConfig;
+use vlm_preprocess::worker::{MediaDecoding, WorkerError};
 pub use vlm_preprocess::RgbImage;
 
 /// MIME types a video file may come with. The decoder identifies the container by its bytes;
@@ -76,8 +76,8 @@ pub struct VideoLimits {
     pub max_frame_pixels: u64,
     /// Decoder threads of one video (`--video-decode-threads`).
     pub decode_threads: usize,
-    /// Where video files are probed and decoded (`--video-decoding`).
-    pub decoding: VideoDecoding,
+    /// Where FFmpeg parses video files and AVIF images (`--media-decoding`).
+    pub decoding: MediaDecoding,
 }
 
 /// The ceilings' defaults (the gateway's flags use them too).
@@ -98,7 +98,7 @@ impl VideoLimits {
             max_pixels: cfg.max_pixels,
             max_frame_pixels: 4096 * 4096,
             decode_threads: DEFAULT_VIDEO_DECODE_THREADS,
-            decoding: VideoDecoding::InProcess,
+            decoding: MediaDecoding::InProcess,
         }
     }
 }
@@ -134,6 +134,9 @@ fn refuse(index: usize, msg: impl std::fmt::Display) -> GatewayError {
 /// The file's fault (refused, crashed the decoder, over the time) is the caller's 400; a
 /// worker that could not run is ours.
 fn worker_error(index: usize, e: WorkerError) -> GatewayError {
+    if let WorkerError::Crashed(how) = &e {
+        tracing::warn!(video = index, how = %how, "the media worker died on a request's video");
+    }
     match e {
         WorkerError::Worker(_) => GatewayError::Internal(format!("video {index}: {e}")),
         _ => refuse(index, e),
@@ -156,7 +159,7 @@ pub fn plan_video(
 ) -> Result<ValidVideo, GatewayError> {
     let (width, height, total, fps) = match &v.source {
         VideoSource::File(data) => {
-            let info = crate::video_worker::probe(&limits.decoding, data)
+            let info = vlm_preprocess::worker::probe(&limits.decoding, data)
                 .map_err(|e| worker_error(index, e))?;
             if v.frames_fps.is_some() {
                 return Err(refuse(
@@ -332,7 +335,7 @@ pub fn decode_groups(
                 ..vlm_preprocess::DecodeLimits::new(max_frame_pixels)
             };
             // It checks each frame against the header's size before resizing it.
-            crate::video_worker::decode(&limits.decoding, data, &g.indices, &decode, (rw, rh))
+            vlm_preprocess::worker::decode(&limits.decoding, data, &g.indices, &decode, (rw, rh))
                 .map_err(|e| worker_error(index, e))?
                 .frames
         }

@@ -60,7 +60,7 @@ async fn a_message_over_the_limit_is_resource_exhausted() {
         max_video_frames: video::DEFAULT_MAX_VIDEO_FRAMES,
         max_video_source_frames: video::DEFAULT_MAX_VIDEO_SOURCE_FRAMES,
         video_decode_threads: video::DEFAULT_VIDEO_DECODE_THREADS,
-        video_decoding: vlm_gateway::video_worker::VideoDecoding::InProcess,
+        media_decoding: vlm_preprocess::worker::MediaDecoding::InProcess,
         control_tokens_in_content: false,
         generation_config: Default::default(),
         internal_token: None,

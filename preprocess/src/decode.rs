@@ -32,7 +32,7 @@ const SUPPORTED_NAMES: &str = "PNG, JPEG, WebP, GIF, BMP, TIFF, AVIF";
 
 /// Whether `bytes` start as an AVIF file: an ISOBMFF `ftyp` box whose major or compatible
 /// brands include `avif` (a still) or `avis` (a sequence: its first frame is taken).
-fn is_avif(bytes: &[u8]) -> bool {
+pub(crate) fn is_avif(bytes: &[u8]) -> bool {
     let Some(size) = bytes
         .get(..4)
         .map(|b| u32::from_be_bytes(b.try_into().unwrap()) as usize)

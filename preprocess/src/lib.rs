@@ -11,6 +11,7 @@ mod jpeg_complete;
 mod patchify;
 mod resize;
 mod video_file;
+pub mod worker;
 
 pub use decode::{decode_image, over_white, read_image_size, to_rgb_on_white};
 pub use error::{PreprocessError, Result};

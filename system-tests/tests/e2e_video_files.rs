@@ -399,7 +399,7 @@ async fn several_videos_past_the_vision_queue_get_429_naming_it() {
     );
 }
 
-/// The gateway's children started to decode a video (`gateway --video-worker decode`).
+/// The gateway's children started to decode a video (`gateway --media-worker decode`).
 fn decode_workers(gateway: u32) -> Vec<i32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
@@ -414,7 +414,7 @@ fn decode_workers(gateway: u32) -> Vec<i32> {
             .and_then(|rest| rest.split_whitespace().nth(1))
             .and_then(|p| p.parse::<u32>().ok());
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        if ppid == Some(gateway) && cmdline.ends_with(b"--video-worker\0decode\0") {
+        if ppid == Some(gateway) && cmdline.ends_with(b"--media-worker\0decode\0") {
             out.push(pid);
         }
     }
@@ -475,7 +475,7 @@ async fn a_decoder_crash_ends_only_its_request() {
     assert_eq!(status, 400, "{text}");
     assert!(
         text.contains("video 0")
-            && text.contains("the video decoder stopped on this file (signal 11)"),
+            && text.contains("the media decoder stopped on this file (signal 11)"),
         "{text}"
     );
     // The gateway is the same process and answers the next request.

@@ -55,6 +55,9 @@ pub struct Options {
     pub max_queue_wait: std::time::Duration,
     /// Header width * height above which an image is refused before decoding.
     pub max_decode_pixels: u64,
+    /// Where FFmpeg parses AVIF images (`--media-decoding`): a child process per image, or
+    /// this process.
+    pub media_decoding: vlm_preprocess::worker::MediaDecoding,
     /// Most raw bytes per streamed chunk (at most 1 MiB).
     pub max_chunk_bytes: usize,
     /// Largest Encode request accepted, in bytes.
@@ -88,6 +91,7 @@ impl Options {
             max_waiting_images: DEFAULT_MAX_WAITING_IMAGES,
             max_queue_wait: DEFAULT_MAX_QUEUE_WAIT,
             max_decode_pixels: vlm_preprocess::DEFAULT_MAX_DECODE_PIXELS,
+            media_decoding: vlm_preprocess::worker::MediaDecoding::InProcess,
             max_chunk_bytes: encoder::chunk::MAX_CHUNK_BYTES,
             max_request_bytes: 64 << 20,
             drain_delay: std::time::Duration::ZERO,
@@ -220,6 +224,7 @@ impl Bound {
             let cfg = EncoderConfig {
                 visual: opts.visual.clone(),
                 max_decode_pixels: opts.max_decode_pixels,
+                media_decoding: opts.media_decoding.clone(),
                 queue_capacity: opts.queue_capacity,
                 max_waiting_images: opts.max_waiting_images,
                 max_queue_wait: opts.max_queue_wait,
@@ -240,6 +245,7 @@ impl Bound {
                 max_waiting_images = opts.max_waiting_images,
                 max_queue_wait_ms = opts.max_queue_wait.as_millis() as u64,
                 embed_cache_bytes = opts.embed_cache_bytes,
+                media_decoding = %opts.media_decoding.describe(),
                 devices = ?opts.visual.device,
                 "ViT ready: every bucket prepared, compute threads started"
             );

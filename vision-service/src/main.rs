@@ -75,6 +75,11 @@ struct Args {
     internal_tls: vlm_service_kit::internal_tls::args::InternalTlsArgs,
     #[command(flatten)]
     grpc_conn: vlm_service_kit::conn::GrpcConnArgs,
+    /// AVIF images are parsed by FFmpeg in a child process per image (a fault ends that
+    /// request only); `in-process` parses them in the service itself. Other formats decode in
+    /// process with the image crate.
+    #[arg(long, env = "VLM_VISION_MEDIA_DECODING", default_value = "isolated", value_parser = ["isolated", "in-process"])]
+    media_decoding: String,
 }
 
 fn options(args: Args) -> anyhow::Result<Options> {
@@ -101,6 +106,12 @@ fn options(args: Args) -> anyhow::Result<Options> {
         max_waiting_images: args.max_waiting_images,
         max_queue_wait: std::time::Duration::from_millis(args.max_queue_wait_ms),
         max_decode_pixels: args.max_decode_pixels,
+        media_decoding: match args.media_decoding.as_str() {
+            "in-process" => vlm_preprocess::worker::MediaDecoding::InProcess,
+            _ => vlm_preprocess::worker::MediaDecoding::Isolated {
+                exe: std::env::current_exe().context("locating the vision-service executable")?,
+            },
+        },
         max_chunk_bytes: args.max_chunk_bytes,
         max_request_bytes: args.max_request_bytes,
         drain_delay: std::time::Duration::from_millis(args.drain_delay_ms),
@@ -119,6 +130,10 @@ fn options(args: Args) -> anyhow::Result<Options> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // A child started to parse one file with FFmpeg (`vlm_preprocess::worker`).
+    if std::env::args().nth(1).as_deref() == Some(vlm_preprocess::worker::WORKER_FLAG) {
+        std::process::exit(vlm_preprocess::worker::serve_stdio());
+    }
     let args = Args::parse();
     let _telemetry = vlm_service_kit::telemetry::init("vision-service");
     let opts = options(args)?;

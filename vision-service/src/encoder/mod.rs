@@ -51,6 +51,8 @@ pub struct DeviceSlot {
 pub struct EncoderConfig {
     pub visual: VisualConfig,
     pub max_decode_pixels: u64,
+    /// Where FFmpeg parses AVIF images.
+    pub media_decoding: vlm_preprocess::worker::MediaDecoding,
     /// Images admitted and unfinished at most.
     pub queue_capacity: usize,
     /// Images waiting for a queue slot at most (past that a request is refused at once).
@@ -132,7 +134,10 @@ impl Encoder {
             .map(|d| d.backend.info().device.clone())
             .collect::<Vec<_>>()
             .join(", ");
-        let limits = Limits::new(cfg.visual.clone(), cfg.max_decode_pixels);
+        let limits = Limits {
+            decoding: cfg.media_decoding.clone(),
+            ..Limits::new(cfg.visual.clone(), cfg.max_decode_pixels)
+        };
         let mut info = StaticInfo {
             model_id,
             buckets: cfg.visual.max_seq_len.clone(),

@@ -8,6 +8,7 @@ use crate::error::VisionError;
 use image::RgbImage;
 use std::sync::Arc;
 use vlm_config::VisualConfig;
+use vlm_preprocess::worker::MediaDecoding;
 use vlm_preprocess::{self as preprocess, PixelValues, PreprocessConfig, PreprocessError};
 
 /// Declared types that say nothing of the format: like an empty one, the format is detected
@@ -34,6 +35,8 @@ pub struct Limits {
     /// Header width * height above which an image is refused before decoding.
     pub max_decode_pixels: u64,
     pub preprocess: PreprocessConfig,
+    /// Where FFmpeg parses AVIF images (`--media-decoding`); other formats decode in process.
+    pub decoding: MediaDecoding,
 }
 
 impl Limits {
@@ -48,6 +51,7 @@ impl Limits {
             visual,
             max_decode_pixels,
             preprocess,
+            decoding: MediaDecoding::InProcess,
         }
     }
 }
@@ -97,7 +101,7 @@ pub fn plan(index: usize, input: ImageInput, limits: &Limits) -> Result<PlannedI
                     ),
                 ));
             }
-            let (width, height) = preprocess::read_image_size(&data)
+            let (width, height) = preprocess::worker::read_image_size(&limits.decoding, &data)
                 .map_err(|e| VisionError::invalid(index, input_message(e)))?;
             let pixels = width as u64 * height as u64;
             if pixels > limits.max_decode_pixels {
@@ -243,8 +247,12 @@ impl PlannedImage {
         let invalid = |e: PreprocessError| VisionError::invalid(self.index, input_message(e));
         match &self.pixels {
             Pixels::Encoded { data, target } => {
-                let img =
-                    preprocess::decode_image(data, limits.max_decode_pixels).map_err(invalid)?;
+                let img = preprocess::worker::decode_image(
+                    &limits.decoding,
+                    data,
+                    limits.max_decode_pixels,
+                )
+                .map_err(invalid)?;
                 let resized =
                     preprocess::resize_bicubic(&img, target.0, target.1).map_err(invalid)?;
                 preprocess::preprocess_resized(&resized, &limits.preprocess).map_err(invalid)

@@ -1,43 +1,46 @@
-//! Video files are probed and decoded by FFmpeg in a child process, one per call, so a fault
-//! in FFmpeg's parsers (which read attacker-supplied bytes) ends that request only, never the
-//! gateway and its other requests; a child that hangs is killed at a deadline, and its memory
-//! goes back to the system when it exits.
+//! What FFmpeg parses (video files, AVIF images) is parsed in a child process, one per call,
+//! so a fault in FFmpeg's parsers (which read attacker-supplied bytes) ends that request only,
+//! never the service and its other requests; a child that hangs is killed at a deadline, its
+//! address space is bounded, and its memory goes back to the system when it exits. Images the
+//! `image` crate decodes (memory-safe Rust) stay in process.
 //!
-//! The child is this same executable started with [`WORKER_FLAG`] (the gateway's `main` hands
-//! it to [`serve_stdio`] before parsing flags). One request on stdin, one answer on stdout, in
-//! a small binary framing of our own (both ends are this file):
+//! The child is the calling executable started with [`WORKER_FLAG`] (the gateway's and the
+//! vision service's `main` hand it to [`serve_stdio`] before parsing flags). One request on
+//! stdin, one answer on stdout, in a small binary framing of our own (both ends are this
+//! file):
 //!
-//! - request: `op` (1 byte: 0 probe, 1 decode); for decode: max frame pixels (u64), decoder
-//!   threads (u32), resized width and height (u32, u32), the frame count and the indices
-//!   (u32 each); then the file's bytes to the end of the stream;
+//! - request: `op` (1 byte: 0 probe a video, 1 decode a video, 2 an image's size, 3 decode an
+//!   image); for a video decode: max frame pixels (u64), decoder threads (u32), resized width
+//!   and height (u32, u32), the frame count and the indices (u32 each); for an image decode:
+//!   max pixels (u64); then the file's bytes to the end of the stream;
 //! - answer: 0 and the result, or 1 and the error's text. A probe's result is the header
-//!   ([`VideoInfo`]); a decode's, the frame count, then each frame's width, height, time
-//!   (f64) and RGB bytes. Integers are little-endian; strings are a u32 length and UTF-8.
+//!   ([`VideoInfo`]); a video decode's, the frame count, then each frame's width, height, time
+//!   (f64) and RGB bytes; an image's size, width and height; an image decode's, one frame as a
+//!   video's. Integers are little-endian; strings are a u32 length and UTF-8.
+use crate::{DecodeLimits, DecodedVideo, PreprocessError, RgbImage, VideoInfo};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-use vlm_preprocess::{DecodeLimits, DecodedVideo, RgbImage, VideoInfo};
 
-/// The first argument that makes the gateway executable a video worker.
-pub const WORKER_FLAG: &str = "--video-worker";
+/// The first argument that makes a service executable a media worker.
+pub const WORKER_FLAG: &str = "--media-worker";
 
-/// Where video files are parsed.
+/// Where FFmpeg parses files.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VideoDecoding {
-    /// In a child process of this executable, one per probe or decode (the gateway binary's
-    /// default).
+pub enum MediaDecoding {
+    /// In a child process of this executable, one per call (the service binaries' default).
     Isolated { exe: PathBuf },
-    /// In the calling process (libraries and tests that embed the gateway).
+    /// In the calling process (libraries and tests that embed a service).
     InProcess,
 }
 
-impl VideoDecoding {
+impl MediaDecoding {
     pub fn describe(&self) -> String {
         match self {
-            VideoDecoding::Isolated { exe } => format!("isolated (a child of {})", exe.display()),
-            VideoDecoding::InProcess => "in process".into(),
+            MediaDecoding::Isolated { exe } => format!("isolated (a child of {})", exe.display()),
+            MediaDecoding::InProcess => "in process".into(),
         }
     }
 }
@@ -47,12 +50,12 @@ pub enum WorkerError {
     /// FFmpeg (or our checks) refused the file: the message as the decoder gave it.
     #[error("{0}")]
     Refused(String),
-    #[error("the video decoder stopped on this file ({0}); the file is likely malformed")]
+    #[error("the media decoder stopped on this file ({0}); the file is likely malformed")]
     Crashed(String),
     #[error("decoding took longer than {0:?}, the limit")]
     TimedOut(Duration),
     /// Starting or talking to the child failed: the server's fault, not the file's.
-    #[error("the video worker failed: {0}")]
+    #[error("the media worker failed: {0}")]
     Worker(String),
 }
 
@@ -65,12 +68,12 @@ const GRACE: Duration = Duration::from_secs(10);
 pub const WORKER_ADDRESS_SPACE: u64 = 4 << 30;
 
 /// Reads the header of a video file.
-pub fn probe(how: &VideoDecoding, bytes: &[u8]) -> Result<VideoInfo, WorkerError> {
+pub fn probe(how: &MediaDecoding, bytes: &[u8]) -> Result<VideoInfo, WorkerError> {
     match how {
-        VideoDecoding::InProcess => {
-            vlm_preprocess::read_video_info(bytes).map_err(|e| WorkerError::Refused(e.to_string()))
+        MediaDecoding::InProcess => {
+            crate::read_video_info(bytes).map_err(|e| WorkerError::Refused(e.to_string()))
         }
-        VideoDecoding::Isolated { exe } => {
+        MediaDecoding::Isolated { exe } => {
             let deadline = DecodeLimits::new(0).max_time + GRACE;
             let out = run(exe, &[0], bytes, deadline)?;
             read_info(&mut out.as_slice()).map_err(WorkerError::Worker)
@@ -79,20 +82,18 @@ pub fn probe(how: &VideoDecoding, bytes: &[u8]) -> Result<VideoInfo, WorkerError
 }
 
 /// Decodes the frames at `indices`, each resized to `size` as it comes out
-/// ([`vlm_preprocess::decode_video_resized`]).
+/// ([`crate::decode_video_resized`]).
 pub fn decode(
-    how: &VideoDecoding,
+    how: &MediaDecoding,
     bytes: &[u8],
     indices: &[u32],
     limits: &DecodeLimits,
     size: (u32, u32),
 ) -> Result<DecodedVideo, WorkerError> {
     match how {
-        VideoDecoding::InProcess => {
-            vlm_preprocess::decode_video_resized(bytes, indices, limits, size)
-                .map_err(|e| WorkerError::Refused(e.to_string()))
-        }
-        VideoDecoding::Isolated { exe } => {
+        MediaDecoding::InProcess => crate::decode_video_resized(bytes, indices, limits, size)
+            .map_err(|e| WorkerError::Refused(e.to_string())),
+        MediaDecoding::Isolated { exe } => {
             let mut head = vec![1u8];
             head.extend(limits.max_frame_pixels.to_le_bytes());
             head.extend(u32::try_from(limits.threads).unwrap_or(1).to_le_bytes());
@@ -108,11 +109,62 @@ pub fn decode(
     }
 }
 
+/// An image's displayed size from its header ([`crate::read_image_size`]): AVIF (FFmpeg's
+/// demuxer) per `how`, every other format in process.
+pub fn read_image_size(how: &MediaDecoding, bytes: &[u8]) -> Result<(u32, u32), PreprocessError> {
+    match how {
+        MediaDecoding::Isolated { exe } if crate::decode::is_avif(bytes) => {
+            let out = run(exe, &[2], bytes, DecodeLimits::new(0).max_time + GRACE)
+                .map_err(image_error)?;
+            let r = &mut out.as_slice();
+            let w = take(r).map(u32::from_le_bytes);
+            let h = take(r).map(u32::from_le_bytes);
+            w.and_then(|w| Ok((w, h?)))
+                .map_err(|e| image_error(WorkerError::Worker(e)))
+        }
+        _ => crate::read_image_size(bytes),
+    }
+}
+
+/// An image decoded to RGB ([`crate::decode_image`]): AVIF (FFmpeg's decoders) per `how`,
+/// every other format in process.
+pub fn decode_image(
+    how: &MediaDecoding,
+    bytes: &[u8],
+    max_decode_pixels: u64,
+) -> Result<RgbImage, PreprocessError> {
+    match how {
+        MediaDecoding::Isolated { exe } if crate::decode::is_avif(bytes) => {
+            let mut head = vec![3u8];
+            head.extend(max_decode_pixels.to_le_bytes());
+            let out = run(exe, &head, bytes, DecodeLimits::new(0).max_time + GRACE)
+                .map_err(image_error)?;
+            let mut v = read_frames(&mut out.as_slice())
+                .map_err(|e| image_error(WorkerError::Worker(e)))?;
+            v.frames
+                .pop()
+                .ok_or_else(|| image_error(WorkerError::Worker("no image in the answer".into())))
+        }
+        _ => crate::decode_image(bytes, max_decode_pixels),
+    }
+}
+
+/// The image paths report the caller's input errors as such; a worker that could not run says
+/// so in the message.
+fn image_error(e: WorkerError) -> PreprocessError {
+    match e {
+        WorkerError::Refused(m) => {
+            PreprocessError(m.strip_prefix("invalid input: ").unwrap_or(&m).to_string())
+        }
+        e => PreprocessError::invalid(e.to_string()),
+    }
+}
+
 /// Starts the child, sends `head` and `bytes`, and returns its result's bytes (after the
 /// status byte). The child reads all its input before it writes, so writing everything and
 /// then reading cannot deadlock.
 fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<u8>, WorkerError> {
-    let op = if head[0] == 0 { "probe" } else { "decode" };
+    let op = ["probe", "decode", "image-size", "image"][head[0] as usize];
     let mut cmd = Command::new(exe);
     // SAFETY: setrlimit(2) only, which is async-signal-safe, between fork and exec.
     unsafe {
@@ -163,14 +215,7 @@ fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<
     if !status.success() {
         use std::os::unix::process::ExitStatusExt;
         return Err(match status.signal() {
-            Some(sig) => {
-                tracing::warn!(
-                    signal = sig,
-                    op,
-                    "the video worker died on a request's file"
-                );
-                WorkerError::Crashed(format!("signal {sig}"))
-            }
+            Some(sig) => WorkerError::Crashed(format!("signal {sig}")),
             None => WorkerError::Worker(format!("the worker exited with {status}")),
         });
     }
@@ -204,7 +249,7 @@ fn answer(input: &[u8]) -> Result<Vec<u8>, String> {
     let (op, mut rest) = input.split_first().ok_or("an empty request")?;
     match op {
         0 => {
-            let info = vlm_preprocess::read_video_info(rest).map_err(|e| e.to_string())?;
+            let info = crate::read_video_info(rest).map_err(|e| e.to_string())?;
             Ok(write_info(&info))
         }
         1 => {
@@ -222,9 +267,21 @@ fn answer(input: &[u8]) -> Result<Vec<u8>, String> {
                 threads,
                 ..DecodeLimits::new(max_frame_pixels)
             };
-            let video = vlm_preprocess::decode_video_resized(rest, &indices, &limits, size)
+            let video = crate::decode_video_resized(rest, &indices, &limits, size)
                 .map_err(|e| e.to_string())?;
             Ok(write_frames(&video))
+        }
+        2 => {
+            let (w, h) = crate::read_image_size(rest).map_err(|e| e.to_string())?;
+            Ok([w.to_le_bytes(), h.to_le_bytes()].concat())
+        }
+        3 => {
+            let max_pixels = u64::from_le_bytes(take(&mut rest)?);
+            let img = crate::decode_image(rest, max_pixels).map_err(|e| e.to_string())?;
+            Ok(write_frames(&DecodedVideo {
+                frames: vec![img],
+                times_s: vec![0.0],
+            }))
         }
         _ => Err(format!("unknown operation {op}")),
     }
@@ -346,5 +403,30 @@ mod tests {
         let bytes = write_frames(&v);
         assert_eq!(read_frames(&mut bytes.as_slice()).unwrap(), v);
         assert!(read_frames(&mut &bytes[..bytes.len() - 1]).is_err());
+    }
+
+    /// The child's side of the image operations answers what the in-process calls give.
+    #[test]
+    fn the_image_operations_answer_as_in_process() {
+        let avif = std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/lossy420.avif"),
+        )
+        .unwrap();
+        let size = answer(&[&[2u8][..], &avif].concat()).unwrap();
+        let (w, h) = crate::read_image_size(&avif).unwrap();
+        assert_eq!(size, [w.to_le_bytes(), h.to_le_bytes()].concat());
+        let mut head = vec![3u8];
+        head.extend((1u64 << 24).to_le_bytes());
+        let frames = answer(&[&head[..], &avif].concat()).unwrap();
+        let got = read_frames(&mut frames.as_slice()).unwrap();
+        assert_eq!(
+            got.frames,
+            vec![crate::decode_image(&avif, 1 << 24).unwrap()]
+        );
+        // Refusals come back as text, as the in-process error says them.
+        let mut tiny = vec![3u8];
+        tiny.extend(16u64.to_le_bytes());
+        let e = answer(&[&tiny[..], &avif].concat()).unwrap_err();
+        assert!(e.contains("over the decode limit of 16 pixels"), "{e}");
     }
 }
