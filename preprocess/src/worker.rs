@@ -182,7 +182,6 @@ fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<
     }
     let mut child = cmd
         .args([WORKER_FLAG, op])
-        .env_clear()
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -193,7 +192,8 @@ fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<
     let (done, watch) = mpsc::channel::<()>();
     let watchdog = std::thread::spawn(move || {
         if let Err(mpsc::RecvTimeoutError::Timeout) = watch.recv_timeout(deadline) {
-            // SAFETY: kill(2) on our own child's pid, not yet reaped (we wait for it below).
+            // SAFETY: kill(2) on our own child's pid, not yet reaped: nothing waits for it until
+            // this thread is joined.
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             return true;
         }
@@ -204,11 +204,12 @@ fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<
     let _ = stdin.write_all(head).and_then(|()| stdin.write_all(bytes));
     drop(stdin);
     let mut out = Vec::new();
+    // Ends when the child closes its output: it answered and is exiting, or it was killed.
     let _ = child.stdout.take().expect("piped").read_to_end(&mut out);
-    let status = child.wait();
     let _ = done.send(());
     let killed = watchdog.join().unwrap_or(false);
-    let status = status.map_err(|e| WorkerError::Worker(format!("waiting for the worker: {e}")))?;
+    let status = reap(&mut child)
+        .map_err(|e| WorkerError::Worker(format!("waiting for the worker: {e}")))?;
     if killed {
         return Err(WorkerError::TimedOut(deadline));
     }
@@ -219,12 +220,30 @@ fn run(exe: &Path, head: &[u8], bytes: &[u8], deadline: Duration) -> Result<Vec<
             None => WorkerError::Worker(format!("the worker exited with {status}")),
         });
     }
-    match out.split_first() {
-        Some((0, rest)) => Ok(rest.to_vec()),
-        Some((1, rest)) => Err(WorkerError::Refused(
-            String::from_utf8_lossy(rest).into_owned(),
+    match out.first() {
+        Some(0) => {
+            out.drain(..1); // the status byte; the frames are not copied
+            Ok(out)
+        }
+        Some(1) => Err(WorkerError::Refused(
+            String::from_utf8_lossy(&out[1..]).into_owned(),
         )),
         _ => Err(WorkerError::Worker("the worker's answer is empty".into())),
+    }
+}
+
+/// Waits for a child that closed its output; one still there a second later is killed.
+fn reap(child: &mut std::process::Child) -> std::io::Result<std::process::ExitStatus> {
+    let until = std::time::Instant::now() + Duration::from_secs(1);
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if std::time::Instant::now() >= until {
+            let _ = child.kill();
+            return child.wait();
+        }
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
