@@ -174,7 +174,7 @@ pub fn plan_video(
                 return Err(refuse(index, "the video has no frames"));
             };
             let size = |k: usize, f: &Bytes| {
-                vlm_preprocess::read_image_size(f)
+                vlm_preprocess::worker::read_image_size(&limits.decoding, f)
                     .map_err(|e| refuse(index, format!("frame {k}: {}", strip(&e))))
             };
             let (w, h) = size(0, first)?;
@@ -348,8 +348,12 @@ pub fn decode_groups(
                     out.push(prev);
                     continue;
                 }
-                let img = vlm_preprocess::decode_image(&files[i as usize], max_frame_pixels)
-                    .map_err(|e| refuse(index, format!("frame {i}: {}", strip(&e))))?;
+                let img = vlm_preprocess::worker::decode_image(
+                    &limits.decoding,
+                    &files[i as usize],
+                    max_frame_pixels,
+                )
+                .map_err(|e| refuse(index, format!("frame {i}: {}", strip(&e))))?;
                 if img.dimensions() != (g.width, g.height) {
                     return Err(refuse(
                         index,
