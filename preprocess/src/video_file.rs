@@ -119,11 +119,11 @@ impl Budget {
     }
 }
 
-/// FFmpeg's global state, once: its log off (its messages would go to stderr; errors come
-/// back as values here).
 /// The largest single allocation FFmpeg may make: a 4096x4096 frame's planes are 25-50 MB.
 pub const MAX_FFMPEG_ALLOC: usize = 256 << 20;
 
+/// FFmpeg's global state, once: its log off (its messages would go to stderr; errors come
+/// back as values here), its allocations bounded.
 fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {

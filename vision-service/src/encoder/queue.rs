@@ -72,8 +72,8 @@ impl Admission {
     }
 
     /// Puts `n` images in the wait line at once, or none: `Overloaded` when the line has no
-    /// room for them.
-    /// A request with more images than the line ever holds is invalid, not a reason to retry.
+    /// room for them. A request with more images than the line ever holds is invalid
+    /// (`Validation`), not a reason to retry.
     pub fn enter(self: &Arc<Self>, n: usize) -> Result<Waiting, VisionError> {
         if n > self.max_waiting {
             return Err(VisionError::invalid_request(format!(
