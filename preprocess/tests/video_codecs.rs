@@ -369,15 +369,7 @@ fn hostile_input_is_refused() {
     need_ffmpeg!();
     let e = read_video_info(&[]).unwrap_err().to_string();
     assert!(e.contains("empty"), "{e}");
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..100_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = vlm_test_support::noise(100_000);
     assert!(read_video_info(&noise).is_err());
     assert!(decode_video_frames(&noise, &[0], LIMIT).is_err());
     let src = source(W, H, N);

@@ -546,15 +546,7 @@ async fn hostile_files_are_clear_400s_and_the_gateway_keeps_its_memory() {
     let bomb =
         std::fs::read(vlm_test_support::fixtures_dir().join("video_codecs/hostile/index-bomb.mp4"))
             .unwrap();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let noise: Vec<u8> = (0..200_000)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let noise = vlm_test_support::noise(200_000);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         ("zero-length", Vec::new(), "empty"),
         ("truncated", good[..good.len() / 3].to_vec(), "video 0"),

@@ -62,6 +62,20 @@ pub fn record(krate: &str, reason: &str) {
     }
 }
 
+/// `len` pseudo-random bytes (xorshift64, a fixed seed): the same "random bytes" input every
+/// run.
+pub fn noise(len: usize) -> Vec<u8> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
 /// Raises this process's open-file limit to its hard limit (a test that holds thousands of
 /// connections, and the services it starts, which inherit it); returns the soft limit now in
 /// force.
