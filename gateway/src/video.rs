@@ -85,8 +85,9 @@ pub const DEFAULT_MAX_VIDEOS: usize = 2;
 pub const DEFAULT_MAX_VIDEO_FRAMES: u32 = 128;
 /// 10 minutes at 30 fps.
 pub const DEFAULT_MAX_VIDEO_SOURCE_FRAMES: u32 = 18_000;
-/// Two: one 1080p minute decodes in ~5 s instead of ~8 on two cores (as vLLM's OpenCV loader
-/// threads), while several requests' decodes at once still share the cores.
+/// Two: a 1080p minute sampled at 2 fps decoded in 3.7 s instead of 7.7-9.7 on two Zen 5 cores
+/// (`scripts/bench-video-loader.py`; vLLM's OpenCV loader threads too), while several
+/// requests' decodes at once still share the cores.
 pub const DEFAULT_VIDEO_DECODE_THREADS: usize = 2;
 
 impl VideoLimits {
