@@ -324,12 +324,14 @@ async fn the_files_people_send_are_answered() {
     assert!(v["choices"][0]["finish_reason"].is_string(), "{v}");
 }
 
-/// A vision service with one queue slot and a line of 4 images: videos of 4 temporal groups
-/// sent 6 at a time. Those that find the line full get a 429 with `Retry-After` that names the
-/// vision queue; the rest are served; nothing is a 503. A video over the line's whole length
-/// is a 400 (waiting would never help).
+/// A vision service with one queue slot and a line of 4 images. The test holds the slot (an
+/// image whose embedding stream it does not read), a video of 4 temporal groups takes the whole
+/// line, and the next video gets a 429 with `Retry-After` that names the vision queue. Once
+/// the slot is let go the waiting video is served. A video over the line's whole length is a
+/// 400 (waiting would never help).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn several_videos_past_the_vision_queue_get_429_naming_it() {
+    use vlm_proto::v1 as pb;
     let _g = serial();
     if !ffmpeg::available() {
         vlm_test_support::skip!(
@@ -338,10 +340,58 @@ async fn several_videos_past_the_vision_queue_get_429_naming_it() {
         return;
     }
     let env = [
-        ("VLM_VISION_QUEUE_CAPACITY".to_string(), "1".to_string()),
-        ("VLM_VISION_MAX_WAITING_IMAGES".to_string(), "4".to_string()),
-    ];
+        ("VLM_VISION_QUEUE_CAPACITY", "1"),
+        ("VLM_VISION_MAX_WAITING_IMAGES", "4"),
+        // Small chunks: an unread stream fills the transport window and keeps its slot.
+        ("VLM_VISION_MAX_CHUNK_BYTES", "4096"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
     let c = Cluster::start_env(1, &[], &env).await;
+    let vision = pb::vision_client::VisionClient::new(channel(&c.vision.addr("grpc")).await);
+    let info = |mut v: pb::vision_client::VisionClient<tonic::transport::Channel>| async move {
+        v.info(pb::VisionInfoRequest {}).await.unwrap().into_inner()
+    };
+    let wait_for = |what: &'static str, ok: fn(&pb::VisionInfo) -> bool| {
+        let v = vision.clone();
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            loop {
+                let now = info(v.clone()).await;
+                if ok(&now) {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "{what}: {now:?}");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let big = pb::ImageInput {
+        source: Some(pb::image_input::Source::Encoded(pb::EncodedImage {
+            data: png(1024, 1024, 9),
+            mime_type: String::new(),
+        })),
+        ..Default::default()
+    };
+    // Its own connection with 64 KiB windows, which the image's ~800 KB of embeddings overrun.
+    let small_window =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", c.vision.addr("grpc")))
+            .unwrap()
+            .initial_stream_window_size(65_535)
+            .initial_connection_window_size(65_535)
+            .connect()
+            .await
+            .unwrap();
+    let held = pb::vision_client::VisionClient::new(small_window)
+        .encode(pb::EncodeRequest {
+            request_id: "held".into(),
+            images: vec![big],
+            dtype: 0,
+        })
+        .await
+        .expect("encode")
+        .into_inner();
+    wait_for("the held image takes the slot", |i| i.queue_depth == 1).await;
+
     let (w, h, fps) = (160, 128, 8u32);
     let x264 = ["-c:v", "libx264", "-pix_fmt", "yuv420p"];
     let clip = ffmpeg::encode_rgb(&rgb_clip(w, h, 8), w, h, fps, &x264, "mp4").expect("ffmpeg");
@@ -352,35 +402,27 @@ async fn several_videos_past_the_vision_queue_get_429_naming_it() {
         json!({"mm_processor_kwargs": {"num_frames": 8}}),
     );
     let addr = c.http();
-    let mut refused = 0;
-    for burst in 0..10 {
-        let bytes = body.to_string().into_bytes();
-        let answers: Vec<(u16, String, String)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..6)
-                .map(|_| s.spawn(|| http_full(&addr, "POST", "/v1/chat/completions", &bytes, "")))
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        for (status, head, text) in &answers {
-            match status {
-                200 => {}
-                429 => {
-                    refused += 1;
-                    let head = head.to_ascii_lowercase();
-                    assert!(head.contains("retry-after:"), "no Retry-After: {head}");
-                    assert!(text.contains("vision queue is full"), "{text}");
-                }
-                other => panic!("burst {burst}: {other}: {text}"),
-            }
-        }
-        if refused > 0 {
-            break;
-        }
-    }
+    let bytes = body.to_string().into_bytes();
+    let waiting = {
+        let (addr, bytes) = (addr.clone(), bytes.clone());
+        std::thread::spawn(move || http_full(&addr, "POST", "/v1/chat/completions", &bytes, ""))
+    };
+    wait_for("the video's 4 groups wait", |i| i.images_waiting == 4).await;
+    let (status, head, text) = http_full(&addr, "POST", "/v1/chat/completions", &bytes, "");
+    assert_eq!(status, 429, "{text}");
     assert!(
-        refused > 0,
-        "10 bursts of 6 four-group videos never filled a line of 4"
+        head.to_ascii_lowercase().contains("retry-after:"),
+        "no Retry-After: {head}"
     );
+    assert!(text.contains("vision queue is full"), "{text}");
+
+    drop(held);
+    let (status, _, text) = waiting.join().unwrap();
+    assert_eq!(
+        status, 200,
+        "the waiting video is served once the slot is free: {text}"
+    );
+
     // 16 frames all used: 8 groups, over the line of 4 on its own.
     let clip16 = ffmpeg::encode_rgb(&rgb_clip(w, h, 16), w, h, fps, &x264, "mp4").expect("ffmpeg");
     let (status, v) = ask(
