@@ -33,6 +33,17 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
             w.dtype()
         )))
     }
+    /// Takes an int8 (out, in) weight with per-output-channel scales (a W8A8 checkpoint's),
+    /// whose products quantize each activation row to int8 with a scale of its own. Backends
+    /// that cannot refuse it, naming themselves.
+    fn int8_weight(&self, w: crate::w8a8::Int8Linear) -> Result<Self::Weight> {
+        Err(crate::ModelError::weights(format!(
+            "the {} backend does not run W8A8 int8 weights ({}x{}); use the cpu backend",
+            self.name(),
+            w.n,
+            w.k
+        )))
+    }
     /// (out, in) of a weight.
     fn weight_dims(&self, w: &Self::Weight) -> (usize, usize);
     /// One weight computing all of `parts` (same input) at once, their outputs side by side in

@@ -15,6 +15,7 @@ pub mod resident;
 pub mod sizing;
 pub mod text;
 pub mod vision;
+pub mod w8a8;
 pub mod weights;
 
 pub use error::{ModelError, Result};

@@ -3,6 +3,7 @@
 //! LM) touches only that part's pages: a vision replica never holds LM weights.
 use crate::error::{ModelError, Result};
 use crate::gguf::GgufWeights;
+use crate::w8a8::{Int8Linear, Int8Source};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device};
 use candle_nn::VarBuilder;
@@ -82,27 +83,38 @@ pub fn var_builder(dir: &Path, dtype: DType, device: &Device) -> Result<VarBuild
 pub struct Weights {
     vb: VarBuilder<'static>,
     gguf: Option<Arc<GgufWeights>>,
+    int8: Option<Arc<Int8Source>>,
 }
 
 impl Weights {
     pub fn new(vb: VarBuilder<'static>, gguf: Option<Arc<GgufWeights>>) -> Self {
-        Weights { vb, gguf }
+        Weights {
+            vb,
+            gguf,
+            int8: None,
+        }
     }
 
-    /// The checkpoint in `dir` (safetensors or a GGUF directory), floats as `dtype`.
+    /// The checkpoint in `dir` (safetensors, W8A8 safetensors, or a GGUF directory), floats as
+    /// `dtype`.
     pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
         let gguf = crate::gguf::open_dir(dir)?.map(Arc::new);
         let vb = match &gguf {
             Some(g) => VarBuilder::from_backend(Box::new((**g).clone()), dtype, device.clone()),
             None => var_builder(dir, dtype, device)?,
         };
-        Ok(Weights { vb, gguf })
+        let int8 = match &gguf {
+            Some(_) => None,
+            None => crate::w8a8::open_dir(dir)?.map(Arc::new),
+        };
+        Ok(Weights { vb, gguf, int8 })
     }
 
     pub fn pp(&self, s: impl ToString) -> Self {
         Weights {
             vb: self.vb.pp(s),
             gguf: self.gguf.clone(),
+            int8: self.int8.clone(),
         }
     }
 
@@ -114,6 +126,15 @@ impl Weights {
     pub fn quantized(&self, name: &str) -> Result<Option<Arc<QTensor>>> {
         match &self.gguf {
             Some(g) => g.quantized(&format!("{}.{name}", self.vb.prefix())),
+            None => Ok(None),
+        }
+    }
+
+    /// `{prefix}.weight` and its `{prefix}.weight_scale` when the checkpoint stores the
+    /// linear weight at this prefix int8 (W8A8).
+    pub fn int8_linear(&self) -> Result<Option<Int8Linear>> {
+        match &self.int8 {
+            Some(s) => s.linear(&self.vb.prefix()),
             None => Ok(None),
         }
     }

@@ -10,6 +10,8 @@
 //! * a block-quantized (GGUF) weight stays in its blocks ([`QuantizedWeight`]): decode rows of
 //!   Q4_K / Q6_K on our VNNI gemv where the CPU has it, the rest on candle's products; q/k/v
 //!   and gate/up fused into one weight of the parts' row slices;
+//! * an int8 weight of a W8A8 checkpoint stays int8 ([`Int8Weight`]): each product quantizes
+//!   its activation rows to int8 (one scale per row) and sums on VNNI where the CPU has it;
 //! * attention: decode rows on the cache's memory ([`crate::kernels::decode_attention`]); a
 //!   prefill chunk of a bf16 model on the bf16 kernel ([`crate::kernels::chunk_attention`]),
 //!   of an f32 model in candle's ops (exact f32, `vlm_model::text::paged_attention`).
@@ -17,6 +19,7 @@ use crate::kernels::candle_op::{SmallRowsMatmul, WideningMatmul};
 use crate::kernels::chunk_attention::chunk_attention;
 use crate::kernels::cpu_view::CpuF32;
 use crate::kernels::decode_attention::decode_attention;
+use crate::kernels::int8_gemm::Int8Weight;
 use crate::kernels::quantized::QuantizedWeight;
 use crate::kernels::{matmul_packed, PackedB};
 use crate::kv_raw::{with_layer, write_chunk_rows, write_decode_rows, KvLayer};
@@ -64,6 +67,9 @@ pub enum CpuWeight {
     /// Block-quantized (GGUF Q8_0, Q4_K, Q6_K, ...), never expanded to floats
     /// ([`QuantizedWeight`]).
     Quantized(Arc<QuantizedWeight>),
+    /// int8 with per-output-row scales (a W8A8 checkpoint's), activations quantized per row
+    /// in each product ([`Int8Weight`]).
+    Int8(Arc<Int8Weight>),
 }
 
 impl CpuWeight {
@@ -108,9 +114,17 @@ impl Kernels for CpuKernels {
         )))
     }
 
+    fn int8_weight(&self, w: vlm_model::w8a8::Int8Linear) -> Result<CpuWeight> {
+        let simd = self.opts.gemv != crate::kernels::gemv::Isa::Scalar;
+        Ok(CpuWeight::Int8(Arc::new(
+            Int8Weight::new(w.n, w.k, &w.values, &w.scales).with_simd(simd),
+        )))
+    }
+
     fn weight_dims(&self, w: &CpuWeight) -> (usize, usize) {
         match w {
             CpuWeight::Packed(p) => (p.n(), p.k()),
+            CpuWeight::Int8(q) => q.dims(),
             CpuWeight::Quantized(q) => q.dims(),
             CpuWeight::Dense(t) => {
                 let d = t.dims();
@@ -131,6 +145,16 @@ impl Kernels for CpuKernels {
             .collect();
         if let Some(q) = quantized {
             return QuantizedWeight::concat(&q).map(|q| CpuWeight::Quantized(Arc::new(q)));
+        }
+        let int8: Option<Vec<&Int8Weight>> = parts
+            .iter()
+            .map(|w| match w {
+                CpuWeight::Int8(q) => Some(q.as_ref()),
+                _ => None,
+            })
+            .collect();
+        if let Some(q) = int8 {
+            return Int8Weight::concat(&q).map(|q| CpuWeight::Int8(Arc::new(q)));
         }
         let packed: Vec<&PackedB> = parts
             .iter()
@@ -176,6 +200,17 @@ impl Kernels for CpuKernels {
             }
             CpuWeight::Dense(w) => x.matmul(&w.t()?)?,
             CpuWeight::Quantized(q) => q.matmul(x)?,
+            CpuWeight::Int8(q) => {
+                let (n, k) = q.dims();
+                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                if xs.len() != rows * k {
+                    return Err(vlm_model::ModelError::invalid(format!(
+                        "int8 matmul: x has shape {:?}, the weight {n}x{k}",
+                        x.dims()
+                    )));
+                }
+                Tensor::from_vec(q.matmul(&xs, rows), (rows, n), &self.device)?
+            }
         })
     }
 
@@ -183,7 +218,7 @@ impl Kernels for CpuKernels {
     /// (`a_row_alone_equals_the_same_row_in_a_batch`); the dense paths switch kernels by the
     /// row count.
     fn row_independent(&self, w: &CpuWeight) -> bool {
-        matches!(w, CpuWeight::Packed(_))
+        matches!(w, CpuWeight::Packed(_) | CpuWeight::Int8(_))
     }
 
     fn rows_of(&self, w: &CpuWeight, ids: &[u32]) -> Result<Tensor> {
@@ -201,6 +236,14 @@ impl Kernels for CpuKernels {
                 Ok(t.index_select(&idx, 0)?.to_dtype(DType::F32)?)
             }
             CpuWeight::Quantized(q) => Ok(q.rows(ids)?),
+            CpuWeight::Int8(q) => {
+                let k = q.dims().1;
+                let mut out = vec![0f32; ids.len() * k];
+                for (row, &id) in out.chunks_exact_mut(k).zip(ids) {
+                    q.row_f32(id as usize, row);
+                }
+                Ok(Tensor::from_vec(out, (ids.len(), k), &self.device)?)
+            }
         }
     }
 

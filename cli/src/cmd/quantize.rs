@@ -1,24 +1,56 @@
 //! `vlm quantize`: a Hugging Face Qwen3-VL checkpoint -> the GGUF pair llama.cpp loads
 //! (`vlm_model::gguf::quantize_checkpoint`), which `vlm up --model LM.gguf --mmproj V.gguf`
-//! serves.
+//! serves; or -> a compressed-tensors W8A8 directory (`vlm_model::w8a8`), which `vlm up
+//! --model DIR` and vLLM serve.
 use anyhow::Context;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use vlm_model::gguf::{quantize_checkpoint, Scheme};
 
+/// A GGUF scheme, or the W8A8 directory layout.
+#[derive(Debug, Clone, Copy)]
+pub enum QuantScheme {
+    Gguf(Scheme),
+    W8A8,
+}
+
+impl std::str::FromStr for QuantScheme {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.eq_ignore_ascii_case("w8a8") {
+            return Ok(QuantScheme::W8A8);
+        }
+        s.parse::<Scheme>()
+            .map(QuantScheme::Gguf)
+            .map_err(|_| format!("scheme {s} is not written (f16, bf16, q8_0, q4_k_m, w8a8)"))
+    }
+}
+
 #[derive(clap::Args, Debug)]
 pub struct QuantizeArgs {
-    /// What the LM's linear weights become: q8_0, q4_k_m (llama.cpp's mix), f16 or bf16.
-    /// Round-to-nearest; the vision file is f16.
+    /// What the LM's linear weights become: q8_0, q4_k_m (llama.cpp's mix), f16 or bf16 (a
+    /// GGUF pair; the vision file is f16), or w8a8 (a compressed-tensors `int-quantized`
+    /// directory: int8 per output channel, activations int8 per token at run time; the head
+    /// and the vision tower stay as they are). Round-to-nearest.
     #[arg(long)]
-    pub scheme: Scheme,
+    pub scheme: QuantScheme,
     /// The checkpoint directory (safetensors).
     pub src: PathBuf,
-    /// The LM GGUF file to write; the vision file goes beside it as `mmproj-<name>`.
+    /// The LM GGUF file to write, the vision file going beside it as `mmproj-<name>`; for
+    /// w8a8 the directory to write.
     pub dst: PathBuf,
 }
 
 pub fn run(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
+    let scheme = match args.scheme {
+        QuantScheme::Gguf(s) => s,
+        QuantScheme::W8A8 => {
+            vlm_model::w8a8::quantize_checkpoint_w8a8(&args.src, &args.dst)
+                .with_context(|| format!("quantizing {}", args.src.display()))?;
+            println!("wrote {}", args.dst.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let name = args
         .dst
         .file_name()
@@ -26,7 +58,7 @@ pub fn run(args: QuantizeArgs) -> anyhow::Result<ExitCode> {
         .to_string_lossy()
         .into_owned();
     let mmproj = args.dst.with_file_name(format!("mmproj-{name}"));
-    quantize_checkpoint(&args.src, args.scheme, &args.dst, &mmproj)
+    quantize_checkpoint(&args.src, scheme, &args.dst, &mmproj)
         .with_context(|| format!("quantizing {}", args.src.display()))?;
     println!("wrote {} and {}", args.dst.display(), mmproj.display());
     Ok(ExitCode::SUCCESS)

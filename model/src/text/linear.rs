@@ -36,9 +36,25 @@ impl<K: Kernels> Linear<K> {
         })
     }
 
-    /// Loads `{prefix}.weight` of shape (out_dim, in_dim): kept block-quantized when the
-    /// checkpoint stores it so (GGUF), else in the builder's dtype.
+    /// Loads `{prefix}.weight` of shape (out_dim, in_dim): kept int8 (W8A8) or block-quantized
+    /// (GGUF) when the checkpoint stores it so, else in the builder's dtype.
     pub fn load(k: &K, w: &Weights, in_dim: usize, out_dim: usize) -> Result<Self> {
+        if let Some(q) = w.int8_linear()? {
+            if (q.n, q.k) != (out_dim, in_dim) {
+                return Err(ModelError::weights(format!(
+                    "{}.weight has shape [{}, {}], the model expects [{out_dim}, {in_dim}]",
+                    w.vb().prefix(),
+                    q.n,
+                    q.k
+                )));
+            }
+            return Ok(Linear {
+                weight: k.int8_weight(q)?,
+                k: k.clone(),
+                in_dim,
+                out_dim,
+            });
+        }
         if let Some(q) = w.quantized("weight")? {
             let dims = q.shape().dims().to_vec();
             if dims != [out_dim, in_dim] {

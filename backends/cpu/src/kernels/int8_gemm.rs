@@ -1,0 +1,423 @@
+//! W8A8 products: int8 weights with one scale per output row (a compressed-tensors
+//! `int-quantized` checkpoint's), times activation rows quantized here to int8 with one scale
+//! per row (dynamic, symmetric: `scale = max|x| / 127`, `q = round_half_even(x * 127 /
+//! max|x|)`, as vLLM's `dynamic_scaled_int8_quant`). The integer sums are exact, so every
+//! row's result is the same whatever the row count, split or instruction set.
+//!
+//! On AVX512-VNNI the sums run on `vpdpbusd` (u8 x s8, four products per 32-bit lane): the
+//! activations are stored offset by +128 as u8, and `128 * sum(w row)` is taken off after. The
+//! weight is packed once at load in panels of 16 output rows, 4 input columns per 64-byte
+//! group (the instruction's layout), so a tile of up to [`MR`] activation rows and 32 output
+//! columns keeps its 16 accumulators in registers and reads each weight byte once per tile.
+//! Without VNNI the same sums run in scalar code (other CPUs; exact, slow).
+use super::ptr::SendPtr;
+use rayon::prelude::*;
+
+/// Output rows per panel (one zmm of i32 sums).
+const NR: usize = 16;
+/// Panels per tile: 32 output columns.
+const PANELS: usize = 2;
+/// Activation rows per register tile.
+const MR: usize = 8;
+/// Output columns per parallel task.
+const STRIP: usize = NR * PANELS;
+
+/// An int8 (n, k) weight packed for [`Int8Weight::matmul`].
+#[derive(Debug)]
+pub struct Int8Weight {
+    n: usize,
+    k: usize,
+    /// `k` rounded up to 4 (zero columns).
+    kp: usize,
+    /// Panels of [`NR`] rows (`n` rounded up to [`STRIP`] with zero rows): for each group of 4
+    /// input columns, 16 rows x 4 bytes.
+    panels: Vec<i8>,
+    /// Per output row: the channel scale and the sum of the row's values.
+    scales: Vec<f32>,
+    sums: Vec<i32>,
+    vnni: bool,
+}
+
+/// Whether this CPU runs the `vpdpbusd` path.
+pub fn vnni_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vnni")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+impl Int8Weight {
+    /// Packs row-major (n, k) `values` with per-row `scales`.
+    pub fn new(n: usize, k: usize, values: &[i8], scales: &[f32]) -> Int8Weight {
+        assert_eq!(values.len(), n * k, "int8 weight values");
+        assert_eq!(scales.len(), n, "int8 weight scales");
+        let kp = k.next_multiple_of(4);
+        let kq = kp / 4;
+        let np = n.next_multiple_of(STRIP);
+        let mut panels = vec![0i8; np * kp];
+        for r in 0..n {
+            let (p, lane) = (r / NR, r % NR);
+            for (c, &v) in values[r * k..(r + 1) * k].iter().enumerate() {
+                panels[(p * kq + c / 4) * 64 + lane * 4 + c % 4] = v;
+            }
+        }
+        let sums = (0..n)
+            .map(|r| values[r * k..(r + 1) * k].iter().map(|&v| v as i32).sum())
+            .collect();
+        Int8Weight {
+            n,
+            k,
+            kp,
+            panels,
+            scales: scales.to_vec(),
+            sums,
+            vnni: vnni_available(),
+        }
+    }
+
+    /// `false`: the scalar sums even where VNNI is (the backend's `kernels.simd: off`, tests).
+    pub fn with_simd(mut self, on: bool) -> Self {
+        self.vnni = on && vnni_available();
+        self
+    }
+
+    /// (n, k).
+    pub fn dims(&self) -> (usize, usize) {
+        (self.n, self.k)
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.panels.len() + 8 * self.n
+    }
+
+    /// `parts` (same k, each n a multiple of 32) as one weight, their rows stacked in order;
+    /// `None` otherwise.
+    pub fn concat(parts: &[&Int8Weight]) -> Option<Int8Weight> {
+        let first = parts.first()?;
+        if parts
+            .iter()
+            .any(|p| p.k != first.k || !p.n.is_multiple_of(STRIP) || p.vnni != first.vnni)
+        {
+            return None;
+        }
+        Some(Int8Weight {
+            n: parts.iter().map(|p| p.n).sum(),
+            k: first.k,
+            kp: first.kp,
+            panels: parts
+                .iter()
+                .flat_map(|p| p.panels.iter().copied())
+                .collect(),
+            scales: parts
+                .iter()
+                .flat_map(|p| p.scales.iter().copied())
+                .collect(),
+            sums: parts.iter().flat_map(|p| p.sums.iter().copied()).collect(),
+            vnni: first.vnni,
+        })
+    }
+
+    /// Value (r, c).
+    fn value(&self, r: usize, c: usize) -> i8 {
+        self.panels[((r / NR) * (self.kp / 4) + c / 4) * 64 + (r % NR) * 4 + c % 4]
+    }
+
+    /// Row `r` in floats (`value * scale`).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        for (c, o) in out.iter_mut().enumerate().take(self.k) {
+            *o = self.value(r, c) as f32 * self.scales[r];
+        }
+    }
+
+    /// `x` (m, k) row-major -> (m, n): each row quantized to int8 with its own scale, exact
+    /// integer sums, `sum * (row scale * channel scale)`.
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.k, "int8 matmul input");
+        let a = QuantizedRows::new(x, m, self.k, self.kp);
+        let mut out = vec![0f32; m * self.n];
+        let optr = SendPtr(out.as_mut_ptr());
+        let strips = self.n.div_ceil(STRIP);
+        // A decode row is read-bound: one task per strip group; prefill tiles are compute-bound.
+        (0..strips).into_par_iter().for_each(|s| {
+            let o = optr;
+            for m0 in (0..m).step_by(MR) {
+                let mr = MR.min(m - m0);
+                let mut acc = [[0i32; STRIP]; MR];
+                self.tile(&a, m0, mr, s, &mut acc);
+                // SAFETY: each task writes only columns [s * STRIP, (s + 1) * STRIP) of `out`.
+                unsafe { self.store(&a, m0, mr, s, &acc, o.get()) };
+            }
+        });
+        out
+    }
+
+    fn tile(
+        &self,
+        a: &QuantizedRows,
+        m0: usize,
+        mr: usize,
+        s: usize,
+        acc: &mut [[i32; STRIP]; MR],
+    ) {
+        let kq = self.kp / 4;
+        let panel = &self.panels[s * PANELS * kq * 64..(s + 1) * PANELS * kq * 64];
+        let rows = &a.data[m0 * self.kp..(m0 + mr) * self.kp];
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni {
+            // SAFETY: VNNI checked at construction; slices cover what the tile reads.
+            unsafe { x86::tile(rows, self.kp, mr, panel, kq, acc) };
+            return;
+        }
+        for (i, row) in rows.chunks_exact(self.kp).enumerate() {
+            for t in 0..kq {
+                for (pi, p) in panel.chunks_exact(kq * 64).enumerate() {
+                    let w = &p[t * 64..(t + 1) * 64];
+                    for lane in 0..NR {
+                        let mut sum = 0i32;
+                        for j in 0..4 {
+                            sum += row[t * 4 + j] as i32 * w[lane * 4 + j] as i32;
+                        }
+                        acc[i][pi * NR + lane] += sum;
+                    }
+                }
+            }
+        }
+    }
+
+    /// # Safety
+    /// `out` points to (m, n) f32 and no other task writes strip `s`'s columns.
+    unsafe fn store(
+        &self,
+        a: &QuantizedRows,
+        m0: usize,
+        mr: usize,
+        s: usize,
+        acc: &[[i32; STRIP]; MR],
+        out: *mut f32,
+    ) {
+        let c0 = s * STRIP;
+        let width = STRIP.min(self.n - c0);
+        for (i, sums) in acc.iter().enumerate().take(mr) {
+            let r = m0 + i;
+            let sa = a.scales[r];
+            for (c, &sum) in sums.iter().enumerate().take(width) {
+                let col = c0 + c;
+                // The activations were stored + 128: take off 128 * sum(w row).
+                let exact = sum - 128 * self.sums[col];
+                // SAFETY: r < m, col < n, inside `out`.
+                unsafe { *out.add(r * self.n + col) = exact as f32 * (sa * self.scales[col]) };
+            }
+        }
+    }
+}
+
+/// Activation rows as u8 (`q + 128`), `kp` per row, with their scales.
+struct QuantizedRows {
+    data: Vec<u8>,
+    scales: Vec<f32>,
+}
+
+impl QuantizedRows {
+    fn new(x: &[f32], m: usize, k: usize, kp: usize) -> QuantizedRows {
+        let mut data = vec![128u8; m * kp];
+        let mut scales = vec![0f32; m];
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            scales[r] = quantize_row(row, &mut data[r * kp..r * kp + k]);
+        }
+        QuantizedRows { data, scales }
+    }
+}
+
+/// One activation row -> `out` (u8, offset by 128); returns the row's scale. vLLM's
+/// `dynamic_scaled_int8_quant`: `scale = max|x| / 127`, `q = round_half_even(x * (127 /
+/// max|x|))`; a zero row has scale 0, a row with a NaN or infinity scale NaN (its outputs NaN,
+/// as the float product's would be).
+fn quantize_row(row: &[f32], out: &mut [u8]) -> f32 {
+    let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax == 0.0 || !amax.is_finite() || row.iter().any(|v| v.is_nan()) {
+        out.fill(128);
+        return if amax == 0.0 { 0.0 } else { f32::NAN };
+    }
+    let inv = 127.0 / amax;
+    for (o, v) in out.iter_mut().zip(row) {
+        let q = (v * inv).round_ties_even().clamp(-128.0, 127.0) as i32;
+        *o = (q + 128) as u8;
+    }
+    amax / 127.0
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{MR, NR, PANELS, STRIP};
+    use std::arch::x86_64::*;
+
+    /// The register tile: `mr` rows of `a` (u8, stride `kp`) times the two panels of
+    /// `panel`, sums into `acc`.
+    ///
+    /// # Safety
+    /// The CPU has AVX512F/BW/VNNI; `a` holds `mr * kp` bytes, `panel` 2 * `kq` * 64.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn tile(
+        a: &[u8],
+        kp: usize,
+        mr: usize,
+        panel: &[i8],
+        kq: usize,
+        acc: &mut [[i32; STRIP]; MR],
+    ) {
+        match mr {
+            1 => unsafe { tile_n::<1>(a, kp, panel, kq, acc) },
+            2 => unsafe { tile_n::<2>(a, kp, panel, kq, acc) },
+            3 => unsafe { tile_n::<3>(a, kp, panel, kq, acc) },
+            4 => unsafe { tile_n::<4>(a, kp, panel, kq, acc) },
+            5 => unsafe { tile_n::<5>(a, kp, panel, kq, acc) },
+            6 => unsafe { tile_n::<6>(a, kp, panel, kq, acc) },
+            7 => unsafe { tile_n::<7>(a, kp, panel, kq, acc) },
+            _ => unsafe { tile_n::<8>(a, kp, panel, kq, acc) },
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile_n<const R: usize>(
+        a: &[u8],
+        kp: usize,
+        panel: &[i8],
+        kq: usize,
+        acc: &mut [[i32; STRIP]; MR],
+    ) {
+        debug_assert!(a.len() >= R * kp && panel.len() >= PANELS * kq * 64);
+        let mut c0 = [_mm512_setzero_si512(); R];
+        let mut c1 = [_mm512_setzero_si512(); R];
+        let (ap, p0) = (a.as_ptr(), panel.as_ptr());
+        let p1 = unsafe { p0.add(kq * 64) };
+        for t in 0..kq {
+            // SAFETY: t < kq, within both panels and every row (see the contract).
+            unsafe {
+                let w0 = _mm512_loadu_si512(p0.add(t * 64) as *const _);
+                let w1 = _mm512_loadu_si512(p1.add(t * 64) as *const _);
+                for i in 0..R {
+                    let q = (ap.add(i * kp + t * 4) as *const i32).read_unaligned();
+                    let x = _mm512_set1_epi32(q);
+                    c0[i] = _mm512_dpbusd_epi32(c0[i], x, w0);
+                    c1[i] = _mm512_dpbusd_epi32(c1[i], x, w1);
+                }
+            }
+        }
+        for i in 0..R {
+            // SAFETY: acc[i] holds 2 * NR i32.
+            unsafe {
+                _mm512_storeu_si512(acc[i].as_mut_ptr() as *mut _, c0[i]);
+                _mm512_storeu_si512(acc[i][NR..].as_mut_ptr() as *mut _, c1[i]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// The scheme written out: per-row int8 of x, exact integer sums, the two scales.
+    fn reference(x: &[f32], m: usize, k: usize, w: &[i8], ws: &[f32], n: usize) -> Vec<f32> {
+        let mut out = vec![0f32; m * n];
+        for r in 0..m {
+            let row = &x[r * k..(r + 1) * k];
+            let amax = row.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let (q, s): (Vec<i64>, f32) = if amax == 0.0 {
+                (vec![0; k], 0.0)
+            } else {
+                let inv = 127.0 / amax;
+                (
+                    row.iter()
+                        .map(|v| (v * inv).round_ties_even().clamp(-128.0, 127.0) as i64)
+                        .collect(),
+                    amax / 127.0,
+                )
+            };
+            for c in 0..n {
+                let sum: i64 = (0..k).map(|j| q[j] * w[c * k + j] as i64).sum();
+                out[r * n + c] = sum as i32 as f32 * (s * ws[c]);
+            }
+        }
+        out
+    }
+
+    fn case(m: usize, n: usize, k: usize, simd: bool) {
+        let mut g = lcg((m * 1000 + n * 10 + k) as u64);
+        let x: Vec<f32> = (0..m * k).map(|_| g() * 3.0).collect();
+        let w: Vec<i8> = (0..n * k).map(|_| (g() * 127.5) as i8).collect();
+        let ws: Vec<f32> = (0..n).map(|_| (g().abs() + 0.1) * 0.01).collect();
+        let packed = Int8Weight::new(n, k, &w, &ws).with_simd(simd);
+        let got = packed.matmul(&x, m);
+        let want = reference(&x, m, k, &w, &ws, n);
+        assert_eq!(got, want, "m {m} n {n} k {k} simd {simd}");
+    }
+
+    #[test]
+    fn products_equal_the_scheme_exactly_at_every_shape() {
+        for simd in [false, true] {
+            for (m, n, k) in [
+                (1, 32, 64),
+                (1, 48, 130),
+                (3, 64, 256),
+                (8, 96, 64),
+                (9, 32, 100),
+                (17, 70, 2048),
+            ] {
+                case(m, n, k, simd);
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_alone_equals_the_same_row_in_a_batch() {
+        let (m, n, k) = (12, 64, 192);
+        let mut g = lcg(7);
+        let x: Vec<f32> = (0..m * k).map(|_| g()).collect();
+        let w: Vec<i8> = (0..n * k).map(|_| (g() * 100.0) as i8).collect();
+        let ws = vec![0.02f32; n];
+        let p = Int8Weight::new(n, k, &w, &ws);
+        let all = p.matmul(&x, m);
+        for r in 0..m {
+            assert_eq!(p.matmul(&x[r * k..(r + 1) * k], 1), all[r * n..(r + 1) * n]);
+        }
+    }
+
+    #[test]
+    fn zero_rows_and_concat_and_rows_read_back() {
+        let (n, k) = (32, 8);
+        let w: Vec<i8> = (0..n * k).map(|i| (i % 251) as i8).collect();
+        let ws: Vec<f32> = (0..n).map(|i| 0.5 + i as f32).collect();
+        let a = Int8Weight::new(n, k, &w, &ws);
+        assert_eq!(a.matmul(&[0.0; 8], 1), vec![0.0; n]);
+        let b = Int8Weight::new(n, k, &w, &ws);
+        let ab = Int8Weight::concat(&[&a, &b]).unwrap();
+        assert_eq!(ab.dims(), (64, 8));
+        let x: Vec<f32> = (0..k).map(|i| i as f32 - 3.0).collect();
+        let one = a.matmul(&x, 1);
+        assert_eq!(ab.matmul(&x, 1), [one.clone(), one].concat());
+        let mut row = vec![0f32; k];
+        ab.row_f32(33, &mut row);
+        let want: Vec<f32> = w[k..2 * k].iter().map(|&v| v as f32 * ws[1]).collect();
+        assert_eq!(row, want);
+        assert!(Int8Weight::concat(&[&Int8Weight::new(3, k, &w[..3 * k], &ws[..3])]).is_none());
+    }
+}

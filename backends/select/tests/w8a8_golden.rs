@@ -1,0 +1,155 @@
+//! W8A8 checkpoints (compressed-tensors `int-quantized`, what llm-compressor writes and vLLM
+//! serves) on the CPU backend, against the scheme's PyTorch reference:
+//! `scripts/w8a8-reference.py` runs transformers' Qwen3-VL with each int8 linear replaced by
+//! the scheme (per-token int8 activations, exact integer sums, both scales). The golden
+//! (`fixtures/w8a8/tiny-256-w8a8.json`) was made from the directory `vlm quantize --scheme
+//! w8a8` writes for the seed-0 `tiny-256` checkpoint; the test writes it again and checks its
+//! sha256 first, so a writer change cannot pass against a stale golden.
+//!
+//! Regenerate: `vlm make-model --preset tiny-256 --out T && vlm quantize --scheme w8a8 T T8 &&
+//! python scripts/w8a8-reference.py T T8 fixtures/w8a8/tiny-256-w8a8.json`.
+use candle_core::DType;
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use vlm_backend_cpu::{CpuKernels, CpuOptions};
+use vlm_make_model::{make_model, MakeOptions, Preset};
+use vlm_model::oracle::Oracle;
+use vlm_model::w8a8::quantize_checkpoint_w8a8;
+
+fn cpu() -> CpuKernels {
+    CpuKernels::new(CpuOptions::detect())
+}
+
+/// The tiny-256 checkpoint and its W8A8 directory.
+fn w8a8_pair(dir: &Path) -> (PathBuf, PathBuf) {
+    let ckpt = dir.join("tiny-256");
+    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
+    let q = dir.join("tiny-256-w8a8");
+    quantize_checkpoint_w8a8(&ckpt, &q).unwrap();
+    (ckpt, q)
+}
+
+fn sha256(path: &Path) -> String {
+    let bytes = std::fs::read(path).unwrap();
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn w8a8_logits_match_the_scheme_reference() {
+    let p = vlm_test_support::fixtures_dir().join("w8a8/tiny-256-w8a8.json");
+    let g: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (_, q) = w8a8_pair(dir.path());
+    assert_eq!(
+        sha256(&q.join("model.safetensors")),
+        g["safetensors_sha256"].as_str().unwrap(),
+        "`vlm quantize --scheme w8a8` wrote other bytes than the golden was made from: \
+         regenerate it (see this file's header)"
+    );
+    let ids: Vec<u32> = serde_json::from_value(g["input_ids"].clone()).unwrap();
+    let want_ids: Vec<u32> = serde_json::from_value(g["greedy_ids"].clone()).unwrap();
+    let want: Vec<Vec<f32>> = serde_json::from_value(g["step_logits"].clone()).unwrap();
+    // Both instruction paths: the integer sums are exact on each.
+    for simd in [true, false] {
+        let mut opts = CpuOptions::detect();
+        if !simd {
+            opts.gemv = vlm_backend_cpu::kernels::gemv::Isa::Scalar;
+        }
+        let oracle = Oracle::load_text_only(&CpuKernels::new(opts), &q, DType::F32).unwrap();
+        let out = oracle.generate_greedy(&ids, &[], want.len(), &[]).unwrap();
+        let got = out.step_logits.to_vec2::<f32>().unwrap();
+        assert_eq!(got.len(), want.len());
+        for (step, (g, w)) in got.iter().zip(&want).enumerate() {
+            let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            // Measured within 8e-7 of the scale on both paths: the products are exact, only the
+            // float ops around them differ; an activation rounding across a tie would move a
+            // logit by ~1e-3 of the scale.
+            assert!(
+                diff <= 1e-3 * scale,
+                "simd {simd} step {step}: max |diff| {diff} vs scale {scale}"
+            );
+            assert_eq!(out.tokens[step], want_ids[step], "greedy id of step {step}");
+        }
+    }
+}
+
+#[test]
+fn w8a8_differs_from_the_float_checkpoint_by_the_quantization_only() {
+    // Not the same logits as the float model (else the int8 path would be unused), but close.
+    let dir = tempfile::tempdir().unwrap();
+    let (ckpt, q) = w8a8_pair(dir.path());
+    let ids: Vec<u32> = (0..24).map(|i| (i * 37 % 900) as u32).collect();
+    let run = |d: &Path| {
+        let o = Oracle::load_text_only(&cpu(), d, DType::F32).unwrap();
+        let out = o.generate_greedy(&ids, &[], 1, &[]).unwrap();
+        out.step_logits.to_vec2::<f32>().unwrap().remove(0)
+    };
+    let (a, b) = (run(&ckpt), run(&q));
+    let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(diff > 0.0, "the W8A8 checkpoint ran in floats");
+    assert!(diff < 0.2 * scale, "{diff} vs {scale}");
+}
+
+#[test]
+fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, q) = w8a8_pair(dir.path());
+    let refused = |d: &Path| match Oracle::load_text_only(&cpu(), d, DType::F32) {
+        Ok(_) => panic!("{} loaded", d.display()),
+        Err(e) => e.to_string(),
+    };
+    // A scale dropped.
+    let st =
+        safetensors::SafeTensors::deserialize(&std::fs::read(q.join("model.safetensors")).unwrap())
+            .unwrap()
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+            .collect::<Vec<_>>();
+    let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
+        let d = dir.path().join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        for f in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "generation_config.json",
+        ] {
+            std::fs::copy(q.join(f), d.join(f)).unwrap();
+        }
+        let mut cfg: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(q.join("config.json")).unwrap()).unwrap();
+        edit(&mut cfg);
+        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+        let views: Vec<(String, safetensors::tensor::TensorView)> = st
+            .iter()
+            .filter(|(n, _)| keep(n))
+            .map(|(n, (dt, sh, data))| {
+                (
+                    n.clone(),
+                    safetensors::tensor::TensorView::new(*dt, sh.clone(), data).unwrap(),
+                )
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &d.join("model.safetensors")).unwrap();
+        d
+    };
+    let scale = "model.language_model.layers.1.mlp.down_proj.weight_scale";
+    let e = refused(&write("no-scale", &|n| n != scale, &|_| {}));
+    assert!(e.contains(scale) && e.contains("missing"), "{e}");
+    let e = refused(&write("group", &|_| true, &|c| {
+        c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group".into()
+    }));
+    assert!(e.contains("weights.strategy") && e.contains("group"), "{e}");
+    let e = refused(&write("fp8", &|_| true, &|c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "fp8"})
+    }));
+    assert!(e.contains("quant_method") && e.contains("fp8"), "{e}");
+}

@@ -1,0 +1,135 @@
+//! Reading a W8A8 checkpoint's int8 linear weights and their per-channel scales.
+use super::scheme::{check_quantization_config, QUANT_METHOD};
+use super::Int8Linear;
+use crate::error::{ModelError, Result};
+use crate::weights::safetensors_files;
+use candle_core::safetensors::MmapedSafetensors;
+use safetensors::Dtype;
+use std::path::Path;
+
+/// The int8 tensors of a W8A8 checkpoint directory, memory-mapped.
+pub struct Int8Source {
+    st: MmapedSafetensors,
+}
+
+impl std::fmt::Debug for Int8Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Int8Source")
+    }
+}
+
+/// The W8A8 tensors of checkpoint `dir` when its config.json says `quant_method:
+/// compressed-tensors`; `None` for a float (or GGUF-derived) checkpoint. Refuses, naming the
+/// key or tensor: another quantization method, another compressed-tensors scheme, and int8
+/// tensors outside the LM's linear layers (the vision tower and the embeddings run in floats:
+/// such checkpoints list them in `ignore`).
+pub fn open_dir(dir: &Path) -> Result<Option<Int8Source>> {
+    let path = dir.join("config.json");
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::config(&path, e.to_string()))?;
+    let Some(q) = config.get("quantization_config").filter(|q| !q.is_null()) else {
+        return Ok(None);
+    };
+    match q.get("quant_method").and_then(|m| m.as_str()) {
+        Some(QUANT_METHOD) => {}
+        Some("gguf") => return Ok(None),
+        other => {
+            return Err(ModelError::config(
+                &path,
+                format!(
+                    "quantization_config.quant_method {other:?} is not served (compressed-tensors \
+                     W8A8 directories and GGUF files are)"
+                ),
+            ))
+        }
+    }
+    check_quantization_config(q).map_err(|m| ModelError::config(&path, m))?;
+    let files = safetensors_files(dir)?;
+    // SAFETY: mapped read-only; the checkpoint must not change while served (as for every
+    // safetensors loader).
+    let st = unsafe { MmapedSafetensors::multi(&files)? };
+    for (name, view) in st.tensors() {
+        if view.dtype() == Dtype::I8 && !is_lm_linear(&name) {
+            return Err(ModelError::weights(format!(
+                "{name} is int8: only the LM's linear layers run W8A8 here (the vision tower, \
+                 embeddings and norms are served in floats; such checkpoints list them in \
+                 `ignore`)"
+            )));
+        }
+    }
+    Ok(Some(Int8Source { st }))
+}
+
+fn is_lm_linear(name: &str) -> bool {
+    (name.starts_with("model.language_model.layers.") || name.starts_with("lm_head."))
+        && name.ends_with(".weight")
+}
+
+impl Int8Source {
+    /// `{prefix}.weight` with its `{prefix}.weight_scale` when the weight is stored int8;
+    /// `None` when it is stored in floats (or absent: the float loader names it).
+    pub fn linear(&self, prefix: &str) -> Result<Option<Int8Linear>> {
+        let name = format!("{prefix}.weight");
+        let Ok(view) = self.st.get(&name) else {
+            return Ok(None);
+        };
+        if view.dtype() != Dtype::I8 {
+            return Ok(None);
+        }
+        let &[n, k] = view.shape() else {
+            return Err(ModelError::weights(format!(
+                "{name} has shape {:?}; an int8 linear weight is (out, in)",
+                view.shape()
+            )));
+        };
+        let scale_name = format!("{prefix}.weight_scale");
+        let sv = self.st.get(&scale_name).map_err(|_| {
+            ModelError::weights(format!(
+                "{name} is int8 but {scale_name} (its per-channel scales) is missing"
+            ))
+        })?;
+        if sv.shape() != [n, 1] && sv.shape() != [n] {
+            return Err(ModelError::weights(format!(
+                "{scale_name} has shape {:?}; per-channel scales of {name} are [{n}, 1] (a \
+                 group or block layout is not served)",
+                sv.shape()
+            )));
+        }
+        let bytes = sv.data();
+        let scales: Vec<f32> = match sv.dtype() {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(ModelError::weights(format!(
+                    "{scale_name} is {other:?}; scales are f32, bf16 or f16"
+                )))
+            }
+        };
+        if let Some(bad) = scales.iter().find(|s| !s.is_finite() || **s < 0.0) {
+            return Err(ModelError::weights(format!(
+                "{scale_name} holds {bad}; scales are finite and >= 0"
+            )));
+        }
+        let values = view.data().iter().map(|&b| b as i8).collect();
+        Ok(Some(Int8Linear {
+            n,
+            k,
+            values,
+            scales,
+        }))
+    }
+}
