@@ -23,7 +23,8 @@ pub fn dtypes(dtype: Dtype) -> Dtypes {
 /// everything else counted as the planner counts it (`ModelDims::params`).
 ///
 /// A GGUF LM takes the bytes its derived config states (`vlm_model::gguf::materialize`), plus
-/// an untied embedding table expanded to `weights`.
+/// an untied embedding table expanded to `weights`. A W8A8 LM's decoder linears take a byte
+/// per value and 8 per output row (scale and row sum, `Int8Weight`), the rest as above.
 pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
     if let (Part::Lm, Some(stored)) = (part, d.lm_stored_bytes) {
         let table = if d.tied {
@@ -38,6 +39,10 @@ pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
         Part::Visual => (p.visual, p.visual_vectors),
         Part::Lm => (p.text, p.text_vectors),
     };
+    if part == Part::Lm && d.lm_linears_int8 {
+        let floats = all - vectors - p.text_linears;
+        return floats * weights.bytes() + p.text_linears + 8 * p.text_linear_rows + vectors * 4;
+    }
     (all - vectors) * weights.bytes() + vectors * 4
 }
 

@@ -334,6 +334,57 @@ fn a_gguf_pair_serves_text_and_images() {
     drain(up, &grpc);
 }
 
+/// A W8A8 directory written by `vlm quantize --scheme w8a8` (compressed-tensors, what vLLM
+/// serves) is planned with its decoder linears at a byte a value and served by `vlm up --model
+/// DIR`: a text and an image request are answered.
+#[test]
+fn a_w8a8_directory_is_planned_and_served() {
+    use base64::Engine;
+    let vlm = vlm_bin();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("tiny");
+    let w8a8 = dir.path().join("tiny-w8a8");
+    let ok = |args: &[&str]| assert_succeeded(&Command::new(&vlm).args(args).output().unwrap());
+    let (ckpt_s, w8a8_s) = (ckpt.to_str().unwrap(), w8a8.to_str().unwrap());
+    ok(&["make-model", "--preset", "tiny", "--out", ckpt_s]);
+    ok(&["quantize", "--scheme", "w8a8", ckpt_s, w8a8_s]);
+    let lm_weights = |model: &str| {
+        let out = Command::new(&vlm)
+            .args(["plan", "--device-kind", "cpu", "--json", "--config"])
+            .arg(support::config_file())
+            .args(["--model", model])
+            .output()
+            .unwrap();
+        assert_succeeded(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["lm"]["weights"].as_u64().unwrap()
+    };
+    let (float, int8) = (lm_weights(ckpt_s), lm_weights(w8a8_s));
+    assert!(
+        int8 < float,
+        "W8A8 planned at {int8} bytes, the f32 checkpoint at {float}"
+    );
+
+    let (up, grpc, http) = start_up(&vlm, dir.path(), &["--model", w8a8_s]);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(support::png(64, 64, 1));
+    for content in [
+        serde_json::json!("Hello there"),
+        serde_json::json!([
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": "Describe it."}]),
+    ] {
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, body) = support::post_json(&http, &body);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
+    }
+    drain(up, &grpc);
+}
+
 /// The services take a GGUF pair themselves, as a Kubernetes deployment gives them the files
 /// people download: vision, LM and gateway each started with `--model LM.gguf --mmproj
 /// V.gguf` serve a text and an image request, under the LM file's name as the model id.

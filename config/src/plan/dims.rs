@@ -40,6 +40,11 @@ pub struct ModelDims {
     /// (`quantization_config.lm_weight_bytes` of its derived config.json); `None` for float
     /// checkpoints, whose bytes follow from the parameter count and dtype.
     pub lm_stored_bytes: Option<u64>,
+    /// The decoder layers' linear weights are int8 with a scale per output row (a
+    /// compressed-tensors W8A8 checkpoint: `quantization_config.quant_method` is
+    /// `compressed-tensors`).
+    #[serde(default)]
+    pub lm_linears_int8: bool,
 }
 
 /// Parameter counts by part.
@@ -50,6 +55,9 @@ pub struct ParamCount {
     /// Of `visual`/`text`: 1-D norm weights and biases (kept in f32 by the CPU backend).
     pub visual_vectors: u64,
     pub text_vectors: u64,
+    /// Of `text`: the decoder layers' linear weights, and their output rows.
+    pub text_linears: u64,
+    pub text_linear_rows: u64,
 }
 
 impl ParamCount {
@@ -80,6 +88,7 @@ impl ModelDims {
             vocab: 151_936,
             tied: true,
             lm_stored_bytes: None,
+            lm_linears_int8: false,
         }
     }
 
@@ -129,6 +138,11 @@ impl ModelDims {
                 .tie_word_embeddings
                 .or(t.tie_word_embeddings)
                 .unwrap_or(false),
+            lm_linears_int8: raw
+                .quantization_config
+                .as_ref()
+                .and_then(|q| q.quant_method.as_deref())
+                == Some("compressed-tensors"),
             lm_stored_bytes: raw.quantization_config.and_then(|q| q.lm_weight_bytes),
         })
     }
@@ -188,6 +202,8 @@ impl ModelDims {
             text: text_mat + text_vectors,
             visual_vectors,
             text_vectors,
+            text_linears: self.text_layers * layer_mat,
+            text_linear_rows: self.text_layers * (q + 2 * kv + 2 * th + 2 * self.text_intermediate),
         }
     }
 
@@ -210,6 +226,7 @@ struct RawConfig {
 #[derive(Deserialize)]
 struct RawQuantization {
     lm_weight_bytes: Option<u64>,
+    quant_method: Option<String>,
 }
 
 #[derive(Deserialize)]

@@ -140,7 +140,7 @@ impl Int8Weight {
     /// integer sums, `sum * (row scale * channel scale)`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "int8 matmul input");
-        let a = QuantizedRows::new(x, m, self.k, self.kp);
+        let a = QuantizedRows::new(x, m, self.k, self.kp, self.vnni);
         let mut out = vec![0f32; m * self.n];
         let optr = SendPtr(out.as_mut_ptr());
         let strips = self.n.div_ceil(STRIP);
@@ -225,12 +225,20 @@ struct QuantizedRows {
 }
 
 impl QuantizedRows {
-    fn new(x: &[f32], m: usize, k: usize, kp: usize) -> QuantizedRows {
+    fn new(x: &[f32], m: usize, k: usize, kp: usize, simd: bool) -> QuantizedRows {
         let mut data = vec![128u8; m * kp];
         let mut scales = vec![0f32; m];
-        for r in 0..m {
-            let row = &x[r * k..(r + 1) * k];
-            scales[r] = quantize_row(row, &mut data[r * kp..r * kp + k]);
+        let one = |(row, (out, scale)): (&[f32], (&mut [u8], &mut f32))| {
+            *scale = quantize_row(row, &mut out[..k], simd);
+        };
+        let rows = x
+            .chunks_exact(k)
+            .zip(data.chunks_exact_mut(kp).zip(scales.iter_mut()));
+        // A decode row is not worth waking the other threads for.
+        if m >= 8 {
+            rows.par_bridge().for_each(one);
+        } else {
+            rows.for_each(one);
         }
         QuantizedRows { data, scales }
     }
@@ -240,7 +248,14 @@ impl QuantizedRows {
 /// `dynamic_scaled_int8_quant`: `scale = max|x| / 127`, `q = round_half_even(x * (127 /
 /// max|x|))`; a zero row has scale 0, a row with a NaN or infinity scale NaN (its outputs NaN,
 /// as the float product's would be).
-fn quantize_row(row: &[f32], out: &mut [u8]) -> f32 {
+fn quantize_row(row: &[f32], out: &mut [u8], simd: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if simd && row.len().is_multiple_of(16) {
+        // SAFETY: `simd` is only set where AVX512 was detected; lengths checked.
+        if let Some(s) = unsafe { x86::quantize_row(row, out) } {
+            return s;
+        }
+    }
     let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
     if amax == 0.0 || !amax.is_finite() || row.iter().any(|v| v.is_nan()) {
         out.fill(128);
@@ -258,6 +273,44 @@ fn quantize_row(row: &[f32], out: &mut [u8]) -> f32 {
 mod x86 {
     use super::{MR, NR, PANELS, STRIP};
     use std::arch::x86_64::*;
+
+    /// [`super::quantize_row`] in 16-lane steps (`vcvtps2dq` rounds half to even, as the
+    /// scalar code); `None` for a row with a NaN, an infinity or only zeros (the scalar code
+    /// handles those).
+    ///
+    /// # Safety
+    /// The CPU has AVX512F; `row.len()` is a multiple of 16 and `out` as long.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn quantize_row(row: &[f32], out: &mut [u8]) -> Option<f32> {
+        debug_assert!(row.len().is_multiple_of(16) && out.len() >= row.len());
+        let mut vmax = _mm512_setzero_ps();
+        let mut unordered = 0u16;
+        for c in row.chunks_exact(16) {
+            // SAFETY: 16 f32 in `c`.
+            let v = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+            unordered |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+            vmax = _mm512_max_ps(vmax, _mm512_abs_ps(v));
+        }
+        let amax = _mm512_reduce_max_ps(vmax);
+        if unordered != 0 || amax == 0.0 || !amax.is_finite() {
+            return None;
+        }
+        let inv = _mm512_set1_ps(127.0 / amax);
+        let (lo, hi, off) = (
+            _mm512_set1_epi32(-128),
+            _mm512_set1_epi32(127),
+            _mm512_set1_epi32(128),
+        );
+        for (c, o) in row.chunks_exact(16).zip(out.chunks_exact_mut(16)) {
+            // SAFETY: 16 values in and out.
+            unsafe {
+                let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), inv));
+                let q = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(q, lo), hi), off);
+                _mm_storeu_si128(o.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(q));
+            }
+        }
+        Some(amax / 127.0)
+    }
 
     /// The register tile: `mr` rows of `a` (u8, stride `kp`) times the two panels of
     /// `panel`, sums into `acc`.
@@ -398,6 +451,21 @@ mod tests {
         let all = p.matmul(&x, m);
         for r in 0..m {
             assert_eq!(p.matmul(&x[r * k..(r + 1) * k], 1), all[r * n..(r + 1) * n]);
+        }
+    }
+
+    #[test]
+    fn zero_and_nan_rows_on_both_paths() {
+        let (n, k) = (32, 64);
+        let w: Vec<i8> = (0..n * k).map(|i| (i % 97) as i8 - 48).collect();
+        for simd in [false, true] {
+            let p = Int8Weight::new(n, k, &w, &[0.1; 32]).with_simd(simd);
+            let mut x = vec![0f32; 2 * k];
+            x[k + 5] = f32::NAN;
+            x[k + 6] = 1.0;
+            let y = p.matmul(&x, 2);
+            assert!(y[..n].iter().all(|v| *v == 0.0), "simd {simd}: {y:?}");
+            assert!(y[n..].iter().all(|v| v.is_nan()), "simd {simd}: {y:?}");
         }
     }
 

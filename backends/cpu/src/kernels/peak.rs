@@ -33,9 +33,66 @@ pub fn bf16_peak_gflops(runs: usize) -> Option<f64> {
     Some(best)
 }
 
+/// Integer ops/s (GOP/s, a multiply and an add each) of back-to-back `vpdpbusd` (AVX512-VNNI:
+/// 16 lanes x 4 u8 x s8 products) on all threads of the pool, the best of `runs`; None where
+/// the CPU has no AVX512-VNNI. What the W8A8 products ([`super::int8_gemm`]) are measured
+/// against.
+pub fn int8_peak_gops(runs: usize) -> Option<f64> {
+    if !super::int8_gemm::vnni_available() {
+        return None;
+    }
+    let threads = rayon::current_num_threads();
+    let mut best = 0f64;
+    for _ in 0..runs.max(1) {
+        let t = std::time::Instant::now();
+        rayon::broadcast(|_| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX512-VNNI was detected above; the loop touches only registers.
+            unsafe {
+                x86::dpbusd_loop(STEPS)
+            }
+        });
+        let s = t.elapsed().as_secs_f64();
+        best = best.max(STEPS as f64 * 12.0 * 16.0 * 4.0 * 2.0 * threads as f64 / s / 1e9);
+    }
+    Some(best)
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::asm;
+
+    /// `steps` x 12 `vpdpbusd` on zmm0-zmm11, as [`dpbf16_loop`].
+    #[target_feature(enable = "avx512f,avx512vnni")]
+    pub(super) unsafe fn dpbusd_loop(steps: u64) {
+        let ones = std::arch::x86_64::_mm512_set1_epi32(0x0101_0101);
+        // SAFETY: registers only; the flags and zmm0-11 are declared clobbered.
+        unsafe {
+            asm!(
+                "2:",
+                "vpdpbusd zmm0, {a}, {a}",
+                "vpdpbusd zmm1, {a}, {a}",
+                "vpdpbusd zmm2, {a}, {a}",
+                "vpdpbusd zmm3, {a}, {a}",
+                "vpdpbusd zmm4, {a}, {a}",
+                "vpdpbusd zmm5, {a}, {a}",
+                "vpdpbusd zmm6, {a}, {a}",
+                "vpdpbusd zmm7, {a}, {a}",
+                "vpdpbusd zmm8, {a}, {a}",
+                "vpdpbusd zmm9, {a}, {a}",
+                "vpdpbusd zmm10, {a}, {a}",
+                "vpdpbusd zmm11, {a}, {a}",
+                "dec {n}",
+                "jnz 2b",
+                a = in(zmm_reg) ones,
+                n = inout(reg) steps => _,
+                out("zmm0") _, out("zmm1") _, out("zmm2") _, out("zmm3") _,
+                out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
+                out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
+                options(nostack, nomem),
+            );
+        }
+    }
 
     /// `steps` x 12 `vdpbf16ps` on zmm0-zmm11 (independent chains: the instruction's latency
     /// is hidden), operands in two other registers.

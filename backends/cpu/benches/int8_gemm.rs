@@ -1,0 +1,104 @@
+//! The W8A8 products (`backends/cpu/src/kernels/int8_gemm.rs`) on the 2B model's decoder shapes
+//! against the bf16 GEMM on the same shapes, alternating: decode rows (1) in GB/s of weights
+//! streamed (each call takes another copy, cycling over 512 MB, so the weights come from memory
+//! as in the model), prefill rows (512) in GOP/s with their share of the measured `vpdpbusd`
+//! and `vdpbf16ps` peaks.
+//!
+//!     cargo bench -p vlm-backend-cpu --bench int8_gemm
+use std::time::Instant;
+use vlm_backend_cpu::kernels::int8_gemm::{vnni_available, Int8Weight};
+use vlm_backend_cpu::kernels::{bf16_dot_available, matmul_packed, peak, PackedB};
+
+/// (name, n, k) of the 2B's decoder linears, q/k/v and gate/up fused as the model runs them.
+const SHAPES: [(&str, usize, usize); 4] = [
+    ("qkv", 4096, 2048),
+    ("o", 2048, 2048),
+    ("gate_up", 12288, 2048),
+    ("down", 2048, 6144),
+];
+
+fn lcg(seed: u64) -> impl FnMut() -> f32 {
+    let mut s = seed;
+    move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    }
+}
+
+fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
+    f();
+    let mut b = f64::MAX;
+    for _ in 0..reps {
+        let t = Instant::now();
+        f();
+        b = b.min(t.elapsed().as_secs_f64());
+    }
+    b
+}
+
+fn main() {
+    if !vnni_available() || !bf16_dot_available() {
+        println!("this CPU lacks AVX512-VNNI or AVX512-BF16: nothing to compare");
+        return;
+    }
+    let threads = rayon::current_num_threads();
+    let i8_peak = peak::int8_peak_gops(5).unwrap();
+    let bf_peak = peak::bf16_peak_gflops(5).unwrap();
+    println!(
+        "{threads} threads; peaks: vpdpbusd {i8_peak:.0} GOP/s, vdpbf16ps {bf_peak:.0} GFLOP/s"
+    );
+    println!("| shape | rows | int8 | bf16 | int8 / bf16 time |");
+    println!("|---|---|---|---|---|");
+    let mut g = lcg(1);
+    for (name, n, k) in SHAPES {
+        let values: Vec<i8> = (0..n * k).map(|_| (g() * 127.0) as i8).collect();
+        let scales = vec![0.01f32; n];
+        let wf: Vec<f32> = values.iter().map(|&v| v as f32 * 0.01).collect();
+        let copies = (512 << 20) / (n * k);
+        let int8: Vec<Int8Weight> = (0..copies)
+            .map(|_| Int8Weight::new(n, k, &values, &scales))
+            .collect();
+        let bf16_copies = copies / 2;
+        let packed: Vec<std::sync::Arc<PackedB>> = (0..bf16_copies.max(1))
+            .map(|_| std::sync::Arc::new(PackedB::from_rows(&wf, n, k, k)))
+            .collect();
+        for m in [1usize, 512] {
+            let x: Vec<f32> = (0..m * k).map(|_| g()).collect();
+            let xt =
+                candle_core::Tensor::from_slice(&x, (m, k), &candle_core::Device::Cpu).unwrap();
+            let (mut i, mut j) = (0, 0);
+            let reps = if m == 1 { 200 } else { 5 };
+            let ti = best(reps, || {
+                i = (i + 1) % int8.len();
+                std::hint::black_box(int8[i].matmul(&x, m));
+            });
+            let tb = best(reps, || {
+                j = (j + 1) % packed.len();
+                std::hint::black_box(matmul_packed(&xt, &packed[j]).unwrap());
+            });
+            let (a, b) = if m == 1 {
+                (
+                    format!("{:.1} GB/s", (n * k) as f64 / ti / 1e9),
+                    format!("{:.1} GB/s", (2 * n * k) as f64 / tb / 1e9),
+                )
+            } else {
+                let ops = 2.0 * (m * n * k) as f64;
+                (
+                    format!(
+                        "{:.0} GOP/s ({:.0}% of peak)",
+                        ops / ti / 1e9,
+                        100.0 * ops / ti / 1e9 / i8_peak
+                    ),
+                    format!(
+                        "{:.0} GFLOP/s ({:.0}% of peak)",
+                        ops / tb / 1e9,
+                        100.0 * ops / tb / 1e9 / bf_peak
+                    ),
+                )
+            };
+            println!("| {name} {n}x{k} | {m} | {a} | {b} | {:.2} |", ti / tb);
+        }
+    }
+}
