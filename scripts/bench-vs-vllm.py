@@ -20,7 +20,9 @@ Before each measured request the client waits until the machine's CPUs are idle 
 not pay for that. Prints one table per layout: medians over rounds (min-max in brackets) and
 ours / vLLM.
 `--against NAME=CONFIG` puts another of our layouts where vLLM was (an A/B of two configs of
-ours through the same client, alternated the same way; no vLLM needed).
+ours through the same client, alternated the same way; no vLLM needed); with
+`--against-model DIR` that side loads another checkpoint (W8A8 against bf16: `--model W8A8
+--against bf16 --against-model BF16_DIR`).
 `--one-at-a-time` runs one server at a time instead (start, warm up, measure, stop; the order
 alternating by round): llama.cpp's threads poll for work while idle and would take the cores
 of the server measured beside it.
@@ -84,10 +86,10 @@ def start_llama(a, log):
     return s
 
 
-def start_ours(a, name, config, log, http=None, grpc=None):
+def start_ours(a, name, config, log, http=None, grpc=None, model=None):
     http, grpc = http or a.ours_http, grpc or a.ours_grpc
     s = Server(f"ours ({name})", http)
-    cmd = [a.vlm, "up", "--model", a.model, "--http-listen", http,
+    cmd = [a.vlm, "up", "--model", model or a.model, "--http-listen", http,
            "--listen", grpc, "--ready-timeout-s", str(a.ready_timeout)]
     if config:
         cmd += ["--config", config]
@@ -187,7 +189,8 @@ def start_reference(a, ref_name):
         return start_vllm(a, log)
     name, config = (a.against.split("=", 1) + [None])[:2]
     host, port = a.ours_grpc.rsplit(":", 1)
-    return start_ours(a, name, config, log, http=a.vllm_http, grpc=f"{host}:{int(port) + 10}")
+    return start_ours(a, name, config, log, http=a.vllm_http, grpc=f"{host}:{int(port) + 10}",
+                      model=a.against_model)
 
 
 def print_table(name, ref_name, kinds, got):
@@ -243,6 +246,9 @@ def main():
     ap.add_argument("--against", default="vllm",
                     help="the reference side: `vllm`, or NAME[=CONFIG], another of our layouts "
                          "(an A/B of two configs; it listens on --vllm-http)")
+    ap.add_argument("--against-model",
+                    help="with --against NAME[=CONFIG]: the checkpoint that side loads (e.g. the "
+                         "bf16 checkpoint against its W8A8 copy as --model)")
     ap.add_argument("--vlm", default="target/release/vlm")
     ap.add_argument("--mmproj", help="the vision GGUF of a GGUF --model (both servers)")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server (with --against llama.cpp)")

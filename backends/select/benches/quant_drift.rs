@@ -1,5 +1,6 @@
 //! Drift of each quantization scheme from the checkpoint it was made from (issue 46): the
-//! checkpoint in bf16 and its GGUF pairs (`vlm quantize`'s schemes) on the same prompts, kept
+//! checkpoint in bf16 and its GGUF pairs and W8A8 directory (`vlm quantize`'s schemes; `w8a8`
+//! names the latter) on the same prompts, kept
 //! out of CI. For each prompt and each of four cut points, the next-token logits after the
 //! prefix: top-1 agreement with bf16, and KL(bf16 || scheme) of the softmaxes (nats).
 //!
@@ -122,6 +123,19 @@ fn main() {
                 "| f32 compute (no quantization) | - | {:.1}% | {mean:.4} | {max:.4} |",
                 100.0 * top1
             );
+            continue;
+        }
+        if name == "w8a8" {
+            let out = dir.path().join("w8a8");
+            vlm_model::w8a8::quantize_checkpoint_w8a8(model, &out).expect("quantizing");
+            let o = Oracle::load_text_only(&k, &out, DType::BF16).expect("loading W8A8");
+            let (top1, mean, max) = drift(&reference, &logits(&o, &prompts));
+            println!(
+                "| W8A8 (compressed-tensors) | {} | {:.1}% | {mean:.4} | {max:.4} |",
+                file_bytes(&out.join("model.safetensors")),
+                100.0 * top1
+            );
+            let _ = std::fs::remove_dir_all(&out);
             continue;
         }
         let scheme: Scheme = name.parse().expect("a scheme");

@@ -144,15 +144,25 @@ impl Int8Weight {
         let mut out = vec![0f32; m * self.n];
         let optr = SendPtr(out.as_mut_ptr());
         let strips = self.n.div_ceil(STRIP);
-        // A decode row is read-bound: one task per strip group; prefill tiles are compute-bound.
-        (0..strips).into_par_iter().for_each(|s| {
+        // Decode rows stream the weight: a few long runs of strips (one task per strip cost
+        // a third of a 2048x2048 product's time in task overhead); prefill tiles are
+        // compute-bound: a task per strip balances best.
+        let per = if m <= 4 {
+            strips.div_ceil(2 * rayon::current_num_threads())
+        } else {
+            1
+        };
+        (0..strips.div_ceil(per)).into_par_iter().for_each(|task| {
             let o = optr;
-            for m0 in (0..m).step_by(MR) {
-                let mr = MR.min(m - m0);
-                let mut acc = [[0i32; STRIP]; MR];
-                self.tile(&a, m0, mr, s, &mut acc);
-                // SAFETY: each task writes only columns [s * STRIP, (s + 1) * STRIP) of `out`.
-                unsafe { self.store(&a, m0, mr, s, &acc, o.get()) };
+            for s in task * per..((task + 1) * per).min(strips) {
+                for m0 in (0..m).step_by(MR) {
+                    let mr = MR.min(m - m0);
+                    let mut acc = [[0i32; STRIP]; MR];
+                    self.tile(&a, m0, mr, s, &mut acc);
+                    // SAFETY: each strip's columns [s * STRIP, (s + 1) * STRIP) are written by
+                    // one task only.
+                    unsafe { self.store(&a, m0, mr, s, &acc, o.get()) };
+                }
             }
         });
         out
@@ -349,9 +359,13 @@ mod x86 {
         debug_assert!(a.len() >= R * kp && panel.len() >= PANELS * kq * 64);
         let mut c0 = [_mm512_setzero_si512(); R];
         let mut c1 = [_mm512_setzero_si512(); R];
+        // Few rows (decode): a second set of sums over every other group of 4 columns, so
+        // that 4R chains hide `vpdpbusd`'s latency and more weight loads are in flight.
+        let mut d0 = [_mm512_setzero_si512(); R];
+        let mut d1 = [_mm512_setzero_si512(); R];
         let (ap, p0) = (a.as_ptr(), panel.as_ptr());
         let p1 = unsafe { p0.add(kq * 64) };
-        for t in 0..kq {
+        let step = |t: usize, c0: &mut [__m512i; R], c1: &mut [__m512i; R]| {
             // SAFETY: t < kq, within both panels and every row (see the contract).
             unsafe {
                 let w0 = _mm512_loadu_si512(p0.add(t * 64) as *const _);
@@ -362,6 +376,24 @@ mod x86 {
                     c0[i] = _mm512_dpbusd_epi32(c0[i], x, w0);
                     c1[i] = _mm512_dpbusd_epi32(c1[i], x, w1);
                 }
+            }
+        };
+        let mut t = 0;
+        if R <= 4 {
+            while t + 2 <= kq {
+                step(t, &mut c0, &mut c1);
+                step(t + 1, &mut d0, &mut d1);
+                t += 2;
+            }
+        }
+        while t < kq {
+            step(t, &mut c0, &mut c1);
+            t += 1;
+        }
+        if R <= 4 {
+            for i in 0..R {
+                c0[i] = _mm512_add_epi32(c0[i], d0[i]);
+                c1[i] = _mm512_add_epi32(c1[i], d1[i]);
             }
         }
         for i in 0..R {
