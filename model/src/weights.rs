@@ -130,6 +130,11 @@ impl Weights {
         }
     }
 
+    /// The checkpoint stores linear weights int8 (a W8A8 directory).
+    pub fn has_int8(&self) -> bool {
+        self.int8.is_some()
+    }
+
     /// `{prefix}.weight` and its `{prefix}.weight_scale` when the checkpoint stores the
     /// linear weight at this prefix int8 (W8A8).
     pub fn int8_linear(&self) -> Result<Option<Int8Linear>> {

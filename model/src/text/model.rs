@@ -42,6 +42,8 @@ pub struct TextModel<K: Kernels> {
     video_token_id: u32,
     deepstack_levels: usize,
     weight_dtype: DType,
+    /// The decoder linears are int8 (a W8A8 checkpoint): a byte a value, 8 per output row.
+    int8_linears: bool,
     device: Device,
 }
 
@@ -138,6 +140,7 @@ impl<K: Kernels> TextModel<K> {
             video_token_id: cfg.video_token_id,
             deepstack_levels,
             weight_dtype,
+            int8_linears: w.has_int8(),
             device: vb.device().clone(),
         })
     }
@@ -164,11 +167,18 @@ impl<K: Kernels> TextModel<K> {
     pub fn weight_bytes(&self) -> usize {
         let t = &self.cfg;
         let s = self.weight_dtype.size_in_bytes();
-        let per_layer = s
-            * (2 * t.hidden_size * t.num_attention_heads * t.head_dim
-                + 2 * t.hidden_size * t.num_key_value_heads * t.head_dim
-                + 3 * t.hidden_size * t.intermediate_size)
-            + 4 * (2 * t.hidden_size + 2 * t.head_dim);
+        let (q, kv) = (
+            t.num_attention_heads * t.head_dim,
+            t.num_key_value_heads * t.head_dim,
+        );
+        let values = 2 * t.hidden_size * q
+            + 2 * t.hidden_size * kv
+            + 3 * t.hidden_size * t.intermediate_size;
+        let linears = match self.int8_linears {
+            true => values + 8 * (q + 2 * kv + 2 * t.hidden_size + 2 * t.intermediate_size),
+            false => s * values,
+        };
+        let per_layer = linears + 4 * (2 * t.hidden_size + 2 * t.head_dim);
         let head = if self.tied {
             0
         } else {

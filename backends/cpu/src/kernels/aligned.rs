@@ -27,6 +27,8 @@ pub unsafe trait Plain: Copy + Default + 'static {}
 unsafe impl Plain for u16 {}
 // SAFETY: as above.
 unsafe impl Plain for f32 {}
+// SAFETY: as above.
+unsafe impl Plain for i8 {}
 
 /// A growable `[T]` whose first element sits on a 64-byte boundary.
 #[derive(Clone, Debug)]

@@ -10,6 +10,7 @@
 //! group (the instruction's layout), so a tile of up to [`MR`] activation rows and 32 output
 //! columns keeps its 16 accumulators in registers and reads each weight byte once per tile.
 //! Without VNNI the same sums run in scalar code (other CPUs; exact, slow).
+use super::aligned::Aligned;
 use super::ptr::SendPtr;
 use rayon::prelude::*;
 
@@ -30,8 +31,8 @@ pub struct Int8Weight {
     /// `k` rounded up to 4 (zero columns).
     kp: usize,
     /// Panels of [`NR`] rows (`n` rounded up to [`STRIP`] with zero rows): for each group of 4
-    /// input columns, 16 rows x 4 bytes.
-    panels: Vec<i8>,
+    /// input columns, 16 rows x 4 bytes; on cache lines (a 64-byte load off a line reads two).
+    panels: Aligned<i8>,
     /// Per output row: the channel scale and the sum of the row's values.
     scales: Vec<f32>,
     sums: Vec<i32>,
@@ -60,7 +61,7 @@ impl Int8Weight {
         let kp = k.next_multiple_of(4);
         let kq = kp / 4;
         let np = n.next_multiple_of(STRIP);
-        let mut panels = vec![0i8; np * kp];
+        let mut panels = Aligned::<i8>::zeroed(np * kp);
         for r in 0..n {
             let (p, lane) = (r / NR, r % NR);
             for (c, &v) in values[r * k..(r + 1) * k].iter().enumerate() {
@@ -107,14 +108,17 @@ impl Int8Weight {
         {
             return None;
         }
+        let mut panels = Aligned::<i8>::zeroed(parts.iter().map(|p| p.panels.len()).sum());
+        let mut at = 0;
+        for p in parts {
+            panels[at..at + p.panels.len()].copy_from_slice(&p.panels);
+            at += p.panels.len();
+        }
         Some(Int8Weight {
             n: parts.iter().map(|p| p.n).sum(),
             k: first.k,
             kp: first.kp,
-            panels: parts
-                .iter()
-                .flat_map(|p| p.panels.iter().copied())
-                .collect(),
+            panels,
             scales: parts
                 .iter()
                 .flat_map(|p| p.scales.iter().copied())
@@ -148,7 +152,7 @@ impl Int8Weight {
         // a third of a 2048x2048 product's time in task overhead); prefill tiles are
         // compute-bound: a task per strip balances best.
         let per = if m <= 4 {
-            strips.div_ceil(2 * rayon::current_num_threads())
+            strips.div_ceil(8 * rayon::current_num_threads())
         } else {
             1
         };
