@@ -232,12 +232,33 @@ fn a_part_that_dies_while_loading_is_named_at_once() {
     );
 }
 
+/// A text request and a 64x64 image request through the OpenAI API at `http`: each a 200
+/// with its 4 tokens.
+fn answers_text_and_image(http: &str) {
+    use base64::Engine;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(support::png(64, 64, 1));
+    for content in [
+        serde_json::json!("Hello there"),
+        serde_json::json!([
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
+            {"type": "text", "text": "Describe it."}]),
+    ] {
+        let body = serde_json::json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 4, "temperature": 0, "ignore_eos": true,
+        });
+        let (status, body) = support::post_json(http, &body);
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
+    }
+}
+
 /// A GGUF pair written by `vlm quantize` (Q8_0 LM, f16 mmproj) is planned by `vlm plan` at
 /// its stored size and served by `vlm up --model LM.gguf --mmproj V.gguf`: a text and an
 /// image request are answered; without --mmproj the start is refused, naming the flag.
 #[test]
 fn a_gguf_pair_serves_text_and_images() {
-    use base64::Engine;
     let vlm = vlm_bin();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("tiny");
@@ -315,22 +336,7 @@ fn a_gguf_pair_serves_text_and_images() {
             mmproj.to_str().unwrap(),
         ],
     );
-    let b64 = base64::engine::general_purpose::STANDARD.encode(support::png(64, 64, 1));
-    for content in [
-        serde_json::json!("Hello there"),
-        serde_json::json!([
-            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
-            {"type": "text", "text": "Describe it."}]),
-    ] {
-        let body = serde_json::json!({
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 4, "temperature": 0, "ignore_eos": true,
-        });
-        let (status, body) = support::post_json(&http, &body);
-        assert_eq!(status, 200, "{body}");
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
-    }
+    answers_text_and_image(&http);
     drain(up, &grpc);
 }
 
@@ -339,7 +345,6 @@ fn a_gguf_pair_serves_text_and_images() {
 /// DIR`: a text and an image request are answered.
 #[test]
 fn a_w8a8_directory_is_planned_and_served() {
-    use base64::Engine;
     let vlm = vlm_bin();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("tiny");
@@ -366,22 +371,7 @@ fn a_w8a8_directory_is_planned_and_served() {
     );
 
     let (up, grpc, http) = start_up(&vlm, dir.path(), &["--model", w8a8_s]);
-    let b64 = base64::engine::general_purpose::STANDARD.encode(support::png(64, 64, 1));
-    for content in [
-        serde_json::json!("Hello there"),
-        serde_json::json!([
-            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{b64}")}},
-            {"type": "text", "text": "Describe it."}]),
-    ] {
-        let body = serde_json::json!({
-            "messages": [{"role": "user", "content": content}],
-            "max_tokens": 4, "temperature": 0, "ignore_eos": true,
-        });
-        let (status, body) = support::post_json(&http, &body);
-        assert_eq!(status, 200, "{body}");
-        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-        assert_eq!(v["usage"]["completion_tokens"], 4, "{body}");
-    }
+    answers_text_and_image(&http);
     drain(up, &grpc);
 }
 

@@ -15,22 +15,28 @@ pub fn bf16_peak_gflops(runs: usize) -> Option<f64> {
     if !super::bf16_gemm::available() {
         return None;
     }
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX512-BF16 (and AVX512F) were detected above; the loop touches only registers.
+    return Some(best_rate(runs, FLOP_PER_STEP, || unsafe {
+        x86::dpbf16_loop(STEPS)
+    }));
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// The best of `runs` of `one` (STEPS loop steps of `per_step` operations) on every thread of
+/// the pool at once, in G operations/s.
+#[cfg(target_arch = "x86_64")]
+fn best_rate(runs: usize, per_step: f64, one: impl Fn() + Sync) -> f64 {
     let threads = rayon::current_num_threads();
     let mut best = 0f64;
     for _ in 0..runs.max(1) {
         let t = std::time::Instant::now();
-        rayon::broadcast(|_| {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-BF16 (and AVX512F) were detected above; the loop touches only
-            // registers.
-            unsafe {
-                x86::dpbf16_loop(STEPS)
-            }
-        });
+        rayon::broadcast(|_| one());
         let s = t.elapsed().as_secs_f64();
-        best = best.max(STEPS as f64 * FLOP_PER_STEP * threads as f64 / s / 1e9);
+        best = best.max(STEPS as f64 * per_step * threads as f64 / s / 1e9);
     }
-    Some(best)
+    best
 }
 
 /// Integer ops/s (GOP/s, a multiply and an add each) of back-to-back `vpdpbusd` (AVX512-VNNI:
@@ -41,21 +47,14 @@ pub fn int8_peak_gops(runs: usize) -> Option<f64> {
     if !super::int8_gemm::vnni_available() {
         return None;
     }
-    let threads = rayon::current_num_threads();
-    let mut best = 0f64;
-    for _ in 0..runs.max(1) {
-        let t = std::time::Instant::now();
-        rayon::broadcast(|_| {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-VNNI was detected above; the loop touches only registers.
-            unsafe {
-                x86::dpbusd_loop(STEPS)
-            }
-        });
-        let s = t.elapsed().as_secs_f64();
-        best = best.max(STEPS as f64 * 12.0 * 16.0 * 4.0 * 2.0 * threads as f64 / s / 1e9);
-    }
-    Some(best)
+    // 12 instructions x 16 lanes x 4 products x 2 ops.
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: AVX512-VNNI was detected above; the loop touches only registers.
+    return Some(best_rate(runs, 12.0 * 16.0 * 4.0 * 2.0, || unsafe {
+        x86::dpbusd_loop(STEPS)
+    }));
+    #[cfg(not(target_arch = "x86_64"))]
+    None
 }
 
 #[cfg(target_arch = "x86_64")]
