@@ -24,6 +24,11 @@ pub struct Qwen3VlConfig {
     pub eos_token_ids: Vec<u32>,
     /// `_name_or_path` or the directory name.
     pub model_id: String,
+    /// How the checkpoint stores its weights when quantized: `quantization_config`'s
+    /// `quant_method` and `format` (`compressed-tensors int-quantized`, `gguf`); empty for
+    /// float checkpoints.
+    #[serde(default)]
+    pub quantization: String,
 }
 
 /// The decoder (`text_config`).
@@ -105,6 +110,7 @@ struct RawConfig {
     tie_word_embeddings: Option<bool>,
     #[serde(rename = "_name_or_path")]
     name_or_path: Option<String>,
+    quantization_config: Option<serde_json::Value>,
 }
 fn d_image_token() -> u32 {
     151655
@@ -353,6 +359,16 @@ impl Qwen3VlConfig {
             tie_word_embeddings: tie,
             eos_token_ids: t.eos_token_id.map(OneOrMany::into_vec).unwrap_or_default(),
             model_id: raw.name_or_path.unwrap_or_default(),
+            quantization: raw
+                .quantization_config
+                .map(|q| {
+                    ["quant_method", "format"]
+                        .iter()
+                        .filter_map(|k| q.get(*k).and_then(|v| v.as_str()))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+                .unwrap_or_default(),
         })
     }
 }
@@ -382,6 +398,18 @@ mod tests {
         assert_eq!(a.text.mrope_section, [4, 2, 2]);
         assert!(a.tie_word_embeddings);
         assert_eq!(a.vision.num_grid_per_side(), 8);
+    }
+
+    #[test]
+    fn names_how_the_weights_are_quantized() {
+        assert_eq!(Qwen3VlConfig::from_json_str(TINY).unwrap().quantization, "");
+        let w8a8 = TINY.replace(
+            r#""image_token_id": 993"#,
+            r#""quantization_config": {"quant_method": "compressed-tensors",
+                "format": "int-quantized", "config_groups": {}}, "image_token_id": 993"#,
+        );
+        let c = Qwen3VlConfig::from_json_str(&w8a8).unwrap();
+        assert_eq!(c.quantization, "compressed-tensors int-quantized");
     }
 
     #[test]

@@ -50,6 +50,7 @@ pub fn wire_dtype(d: HostDtype) -> pb::DType {
 pub fn info(i: &EngineInfo) -> pb::LmInfo {
     pb::LmInfo {
         model_id: i.model.model_id.clone(),
+        quantization: i.model.quantization.clone(),
         max_seq_len: i.deploy.max_seq_len,
         batch_size: i.deploy.batch_size,
         decoder_batch_sizes: i.deploy.decoder_batch_sizes.clone(),

@@ -243,6 +243,7 @@ pub async fn run(
         let info = engine.info().clone();
         tracing::info!(
             model = %info.model.model_id,
+            quantization = %info.model.quantization,
             weights_mib = info.weight_bytes as f64 / (1 << 20) as f64,
             kv_blocks = info.num_blocks,
             block_len = info.block_len,
