@@ -279,6 +279,8 @@ def main():
     ref_name = a.against.split("=", 1)[0]
     if a.against == "llama.cpp" and not a.llama_server:
         ap.error("--against llama.cpp needs --llama-server PATH")
+    if a.against_model and a.against in ("vllm", "llama.cpp"):
+        ap.error("--against-model goes with --against NAME[=CONFIG] (one of our layouts)")
     if a.against == "vllm" and not a.vllm_python:
         ap.error("--vllm-python is needed to run vLLM (or pass --against NAME[=CONFIG])")
     if a.one_at_a_time:

@@ -55,6 +55,10 @@ impl CpuKernels {
     pub fn options(&self) -> &CpuOptions {
         &self.opts
     }
+    /// Our SIMD kernels for quantized weights may run (`kernels.simd` is not `off`).
+    fn simd(&self) -> bool {
+        self.opts.gemv != crate::kernels::gemv::Isa::Scalar
+    }
 }
 
 /// How a CPU linear weight is held.
@@ -108,16 +112,14 @@ impl Kernels for CpuKernels {
 
     fn quantized_weight(&self, w: Arc<QTensor>) -> Result<CpuWeight> {
         let parts = 2 * rayon::current_num_threads();
-        let own_gemv = self.opts.gemv != crate::kernels::gemv::Isa::Scalar;
         Ok(CpuWeight::Quantized(Arc::new(
-            QuantizedWeight::new(&w, parts)?.with_own_gemv(own_gemv),
+            QuantizedWeight::new(&w, parts)?.with_own_gemv(self.simd()),
         )))
     }
 
     fn int8_weight(&self, w: vlm_model::w8a8::Int8Linear) -> Result<CpuWeight> {
-        let simd = self.opts.gemv != crate::kernels::gemv::Isa::Scalar;
         Ok(CpuWeight::Int8(Arc::new(
-            Int8Weight::new(w.n, w.k, &w.values, &w.scales).with_simd(simd),
+            Int8Weight::new(w.n, w.k, &w.values, &w.scales).with_simd(self.simd()),
         )))
     }
 
@@ -136,30 +138,28 @@ impl Kernels for CpuKernels {
     /// Packed weights concatenated; quantized ones as one [`QuantizedWeight`] of the parts'
     /// slices ([`QuantizedWeight::concat`]), so q/k/v and gate/up run as one set of tasks.
     fn fuse(&self, parts: &[&CpuWeight]) -> Option<CpuWeight> {
-        let quantized: Option<Vec<&QuantizedWeight>> = parts
-            .iter()
-            .map(|w| match w {
-                CpuWeight::Quantized(q) => Some(q.as_ref()),
-                _ => None,
-            })
-            .collect();
+        /// Every part as `T`, or `None` when one is held otherwise.
+        fn all<'a, T: ?Sized>(
+            parts: &[&'a CpuWeight],
+            as_t: impl Fn(&'a CpuWeight) -> Option<&'a T>,
+        ) -> Option<Vec<&'a T>> {
+            parts.iter().map(|w| as_t(w)).collect()
+        }
+        let quantized = all(parts, |w| match w {
+            CpuWeight::Quantized(q) => Some(q.as_ref()),
+            _ => None,
+        });
         if let Some(q) = quantized {
             return QuantizedWeight::concat(&q).map(|q| CpuWeight::Quantized(Arc::new(q)));
         }
-        let int8: Option<Vec<&Int8Weight>> = parts
-            .iter()
-            .map(|w| match w {
-                CpuWeight::Int8(q) => Some(q.as_ref()),
-                _ => None,
-            })
-            .collect();
+        let int8 = all(parts, |w| match w {
+            CpuWeight::Int8(q) => Some(q.as_ref()),
+            _ => None,
+        });
         if let Some(q) = int8 {
             return Int8Weight::concat(&q).map(|q| CpuWeight::Int8(Arc::new(q)));
         }
-        let packed: Vec<&PackedB> = parts
-            .iter()
-            .map(|w| w.packed().map(|p| p.as_ref()))
-            .collect::<Option<_>>()?;
+        let packed = all(parts, |w| w.packed().map(|p| p.as_ref()))?;
         Some(CpuWeight::Packed(Arc::new(PackedB::concat_n(&packed)?)))
     }
 
@@ -202,14 +202,17 @@ impl Kernels for CpuKernels {
             CpuWeight::Quantized(q) => q.matmul(x)?,
             CpuWeight::Int8(q) => {
                 let (n, k) = q.dims();
-                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                if xs.len() != rows * k {
+                if x.dims() != [rows, k] || x.dtype() != DType::F32 {
                     return Err(vlm_model::ModelError::invalid(format!(
-                        "int8 matmul: x has shape {:?}, the weight {n}x{k}",
+                        "int8 matmul: x is {:?} {:?}, the weight {n}x{k} takes f32 rows of {k}",
+                        x.dtype(),
                         x.dims()
                     )));
                 }
-                Tensor::from_vec(q.matmul(&xs, rows), (rows, n), &self.device)?
+                // Borrowed, not copied: `Linear` hands contiguous f32 rows.
+                let x = x.contiguous()?;
+                let xs = CpuF32::new(&x, "int8 matmul input")?;
+                Tensor::from_vec(q.matmul(xs.slice(), rows), (rows, n), &self.device)?
             }
         })
     }

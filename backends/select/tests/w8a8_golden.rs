@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use vlm_backend_cpu::{CpuKernels, CpuOptions};
 use vlm_make_model::{make_model, MakeOptions, Preset};
 use vlm_model::oracle::Oracle;
+use vlm_model::vision::VisionModel;
 use vlm_model::w8a8::quantize_checkpoint_w8a8;
 
 fn cpu() -> CpuKernels {
@@ -125,7 +126,8 @@ fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
             .into_iter()
             .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
             .collect::<Vec<_>>();
-    let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
+    type Tensors = Vec<(String, (safetensors::Dtype, Vec<usize>, Vec<u8>))>;
+    let write_with = |name: &str, st: &Tensors, edit: &dyn Fn(&mut serde_json::Value)| {
         let d = dir.path().join(name);
         std::fs::create_dir_all(&d).unwrap();
         for f in [
@@ -141,7 +143,6 @@ fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
         std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
         let views: Vec<(String, safetensors::tensor::TensorView)> = st
             .iter()
-            .filter(|(n, _)| keep(n))
             .map(|(n, (dt, sh, data))| {
                 (
                     n.clone(),
@@ -151,6 +152,10 @@ fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
             .collect();
         safetensors::serialize_to_file(views, None, &d.join("model.safetensors")).unwrap();
         d
+    };
+    let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
+        let kept: Tensors = st.iter().filter(|(n, _)| keep(n)).cloned().collect();
+        write_with(name, &kept, edit)
     };
     let scale = "model.language_model.layers.1.mlp.down_proj.weight_scale";
     let e = refused(&write("no-scale", &|n| n != scale, &|_| {}));
@@ -163,4 +168,28 @@ fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
         c["quantization_config"] = serde_json::json!({"quant_method": "fp8"})
     }));
     assert!(e.contains("quant_method") && e.contains("fp8"), "{e}");
+    // An int8 tensor in the vision tower: refused by the tower's loader too, by name.
+    let qkv = "model.visual.blocks.0.attn.qkv.weight";
+    let tower: Tensors = st
+        .iter()
+        .map(|(n, (dt, sh, data))| match n.as_str() {
+            n if n == qkv => {
+                let values = sh.iter().product::<usize>();
+                (
+                    n.to_string(),
+                    (safetensors::Dtype::I8, sh.clone(), vec![1u8; values]),
+                )
+            }
+            _ => (n.clone(), (*dt, sh.clone(), data.clone())),
+        })
+        .collect();
+    let d = write_with("int8-tower", &tower, &|_| {});
+    for e in [
+        refused(&d),
+        VisionModel::load(&cpu(), &d, DType::F32)
+            .unwrap_err()
+            .to_string(),
+    ] {
+        assert!(e.contains(qkv) && e.contains("int8"), "{e}");
+    }
 }
