@@ -532,9 +532,12 @@ unsafe fn gemm_any(
                         };
                         for gi in 0..groups {
                             let g = gi * AMX_ROWS;
+                            // The group's rows start g rows into the block: so do its
+                            // store's per-row operands (a rescale's factors).
                             let group = Block {
                                 rows: AMX_ROWS.min(rows - g),
                                 a: a16.add(g * lda16),
+                                store: block.store.at_row(g),
                                 ..block
                             };
                             for p in q0..q1 {

@@ -259,8 +259,9 @@ mod tests {
     use crate::kernels::bf16_gemm;
 
     /// Worst |out - f32 reference| of a chunk of `n` rows at cache position `start`: two kv
-    /// heads of two query heads, blocks of 128 in reverse order in the table.
-    fn worst_error(start: usize, n: usize) -> f32 {
+    /// heads of two query heads, blocks of 128 in reverse order in the table; `amx`: the
+    /// products on AMX tiles.
+    fn worst_error(start: usize, n: usize, amx: bool) -> f32 {
         let (kv_heads, heads, hd, block_len) = (2, 4, 64, 128);
         let total = start + n;
         let blocks = total.div_ceil(block_len);
@@ -281,9 +282,7 @@ mod tests {
         let q: Vec<f32> = (0..n * heads * hd).map(|_| 4.0 * next()).collect();
         let scale = 1.0 / (hd as f32).sqrt();
         let mut out = vec![0f32; n * heads * hd];
-        chunk_attention(
-            &k, &v, geo, heads, &q, start, &table, scale, false, &mut out,
-        );
+        chunk_attention(&k, &v, geo, heads, &q, start, &table, scale, amx, &mut out);
         let mut worst = 0f32;
         for r in 0..n {
             for h in 0..heads {
@@ -323,14 +322,26 @@ mod tests {
             return;
         }
         const { assert!(1000 + 300 < TILED_FROM && 2000 + 300 >= TILED_FROM && 2300 % K_TILE != 0) };
-        let one_pass = worst_error(1000, 300);
-        let tiled = worst_error(2000, 300);
-        // bf16 inputs (q, k, v, p: 2^-9 relative each) over values of magnitude <= 0.5.
-        assert!(one_pass < 1e-2, "one-pass form: worst {one_pass}");
-        assert!(tiled < 1e-2, "tiled form: worst {tiled}");
-        assert!(
-            tiled < 2.0 * one_pass + 1e-3,
-            "tiled {tiled} vs one-pass {one_pass}"
-        );
+        // On AMX too where the CPU has it (the tiles' 32-row groups of a 128-row query tile
+        // each rescale their own rows).
+        let paths: &[bool] = if crate::kernels::amx::available() {
+            &[false, true]
+        } else {
+            &[false]
+        };
+        for &amx in paths {
+            let one_pass = worst_error(1000, 300, amx);
+            let tiled = worst_error(2000, 300, amx);
+            // bf16 inputs (q, k, v, p: 2^-9 relative each) over values of magnitude <= 0.5.
+            assert!(
+                one_pass < 1e-2,
+                "amx {amx}: one-pass form: worst {one_pass}"
+            );
+            assert!(tiled < 1e-2, "amx {amx}: tiled form: worst {tiled}");
+            assert!(
+                tiled < 2.0 * one_pass + 1e-3,
+                "amx {amx}: tiled {tiled} vs one-pass {one_pass}"
+            );
+        }
     }
 }
