@@ -2,12 +2,13 @@
 //! against the bf16 GEMM on the same shapes, alternating: decode rows (1) in GB/s of weights
 //! streamed (each call takes another copy, cycling over 512 MB, so the weights come from memory
 //! as in the model), prefill rows (512) in GOP/s with their share of the measured `vpdpbusd`
-//! and `vdpbf16ps` peaks.
+//! and `vdpbf16ps` peaks. Where the CPU has AMX, the prefill rows also run on the tiles
+//! (`tdpbusd` for int8, `tdpbf16ps` for bf16), with shares of the tiles' measured rates.
 //!
 //!     cargo bench -p vlm-backend-cpu --bench int8_gemm
 use std::time::Instant;
 use vlm_backend_cpu::kernels::int8_gemm::{vnni_available, Int8Weight};
-use vlm_backend_cpu::kernels::{bf16_dot_available, matmul_packed, peak, PackedB};
+use vlm_backend_cpu::kernels::{amx, bf16_dot_available, matmul_packed, peak, PackedB};
 
 /// (name, n, k) of the 2B's decoder linears, q/k/v and gate/up fused as the model runs them.
 const SHAPES: [(&str, usize, usize); 4] = [
@@ -49,9 +50,27 @@ fn main() {
     println!(
         "{threads} threads; peaks: vpdpbusd {i8_peak:.0} GOP/s, vdpbf16ps {bf_peak:.0} GFLOP/s"
     );
-    println!("| shape | rows | int8 | bf16 | int8 / bf16 time |");
-    println!("|---|---|---|---|---|");
+    // The tiles' rates are per core (the probe runs on one thread): times the threads.
+    let tiles = amx::probe().filter(|p| p.int8_products > 0.0).map(|p| {
+        let (i8t, bft) = (
+            p.int8_products * threads as f64,
+            p.products * threads as f64,
+        );
+        println!(
+            "AMX tiles ({threads} threads): tdpbusd {i8t:.0} GOP/s, tdpbf16ps {bft:.0} GFLOP/s"
+        );
+        (i8t, bft)
+    });
+    println!("| shape | rows | int8 (VNNI) | bf16 (AVX512) | int8 / bf16 time | int8 (AMX) | bf16 (AMX) | int8 / bf16 time, AMX |");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut g = lcg(1);
+    let rate = |ops: f64, t: f64, peak: f64, unit: &str| {
+        format!(
+            "{:.0} {unit} ({:.0}% of peak)",
+            ops / t / 1e9,
+            100.0 * ops / t / 1e9 / peak
+        )
+    };
     for (name, n, k) in SHAPES {
         let values: Vec<i8> = (0..n * k).map(|_| (g() * 127.0) as i8).collect();
         let scales = vec![0.01f32; n];
@@ -78,27 +97,46 @@ fn main() {
                 j = (j + 1) % packed.len();
                 std::hint::black_box(matmul_packed(&xt, &packed[j]).unwrap());
             });
+            let ops = 2.0 * (m * n * k) as f64;
             let (a, b) = if m == 1 {
                 (
                     format!("{:.1} GB/s", (n * k) as f64 / ti / 1e9),
                     format!("{:.1} GB/s", (2 * n * k) as f64 / tb / 1e9),
                 )
             } else {
-                let ops = 2.0 * (m * n * k) as f64;
                 (
-                    format!(
-                        "{:.0} GOP/s ({:.0}% of peak)",
-                        ops / ti / 1e9,
-                        100.0 * ops / ti / 1e9 / i8_peak
-                    ),
-                    format!(
-                        "{:.0} GFLOP/s ({:.0}% of peak)",
-                        ops / tb / 1e9,
-                        100.0 * ops / tb / 1e9 / bf_peak
-                    ),
+                    rate(ops, ti, i8_peak, "GOP/s"),
+                    rate(ops, tb, bf_peak, "GFLOP/s"),
                 )
             };
-            println!("| {name} {n}x{k} | {m} | {a} | {b} | {:.2} |", ti / tb);
+            // Prefill rows on the tiles: one copy each (compute-bound, B from L2 after the
+            // first pass), alternating with each other.
+            let on_tiles = match tiles {
+                Some((i8t, bft)) if m > 1 => {
+                    let wi = Int8Weight::new(n, k, &values, &scales).with_amx(true);
+                    let wb = std::sync::Arc::new(PackedB::from_rows(&wf, n, k, k).with_amx(true));
+                    let (mut tia, mut tba) = (f64::MAX, f64::MAX);
+                    for _ in 0..reps {
+                        tia = tia.min(best(1, || {
+                            std::hint::black_box(wi.matmul(&x, m));
+                        }));
+                        tba = tba.min(best(1, || {
+                            std::hint::black_box(matmul_packed(&xt, &wb).unwrap());
+                        }));
+                    }
+                    format!(
+                        "{} | {} | {:.2}",
+                        rate(ops, tia, i8t, "GOP/s"),
+                        rate(ops, tba, bft, "GFLOP/s"),
+                        tia / tba
+                    )
+                }
+                _ => "- | - | -".into(),
+            };
+            println!(
+                "| {name} {n}x{k} | {m} | {a} | {b} | {:.2} | {on_tiles} |",
+                ti / tb
+            );
         }
     }
 }

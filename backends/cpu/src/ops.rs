@@ -119,7 +119,9 @@ impl Kernels for CpuKernels {
 
     fn int8_weight(&self, w: vlm_model::w8a8::Int8Linear) -> Result<CpuWeight> {
         Ok(CpuWeight::Int8(Arc::new(
-            Int8Weight::new(w.n, w.k, &w.values, &w.scales).with_simd(self.simd()),
+            Int8Weight::new(w.n, w.k, &w.values, &w.scales)
+                .with_simd(self.simd())
+                .with_amx(self.opts.amx),
         )))
     }
 

@@ -29,6 +29,8 @@ unsafe impl Plain for u16 {}
 unsafe impl Plain for f32 {}
 // SAFETY: as above.
 unsafe impl Plain for i8 {}
+// SAFETY: as above.
+unsafe impl Plain for u8 {}
 
 /// A growable `[T]` whose first element sits on a 64-byte boundary.
 #[derive(Clone, Debug)]

@@ -31,8 +31,22 @@ pub fn available() -> bool {
     })
 }
 
+/// Whether the tiles are granted ([`available`]) and this CPU also has AMX-INT8 (`tdpbusd`,
+/// for the W8A8 products in [`super::int8_gemm`]).
+pub fn int8_available() -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        // SAFETY: cpuid exists on every x86-64 CPU; leaf 7 exists where `available` said so.
+        available() && unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx >> 25 & 1 == 1
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        false
+    }
+}
+
 #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-pub(crate) use x86::{configure, qk_32_hd64, tiles_16, tiles_32};
+pub(crate) use x86::{configure, int8_tiles, qk_32_hd64, tiles_16, tiles_32};
 
 /// What [`tiles_32`] prefetches while it runs. Prefetches never fault, so the addresses may
 /// run past an operand.
@@ -65,6 +79,8 @@ pub struct Probe {
     pub products: f64,
     /// [`tiles_32`] (the GEMM's step) on operands that stay in L1: peak with the tile loads.
     pub with_loads: f64,
+    /// `tdpbusd` alone, as `products` (GOP/s); 0 without AMX-INT8.
+    pub int8_products: f64,
 }
 
 /// Times the tiles for a few milliseconds on the calling thread. The benches print it next to
@@ -290,6 +306,111 @@ mod x86 {
         }
     }
 
+    /// Bytes of a 16 x 64-byte int8 tile.
+    const INT8_TILE_BYTES: usize = 16 * 64;
+
+    /// Exact int8 sums of `groups` (1 or 2) groups of 16 rows of A by two 16-column panels of
+    /// B, over `chunks` x 64 inner values, on `tdpbusd` (u8 x s8, four products per 32-bit
+    /// lane): `out` (row stride `ldo` i32) gets rows 0..16 (and 16..32) x columns 0..32.
+    /// A: u8 rows `lda` bytes apart; B: panels of 64-byte lines, each line 16 columns x 4
+    /// inner values (the tile's own layout: a chunk of a panel is 16 lines read at stride 64),
+    /// the second panel `b_stride` bytes after the first. With `ahead`, B is fetched into L1
+    /// a few chunks ahead (its first pass comes from memory).
+    ///
+    /// # Safety
+    /// [`configure`] ran on this thread and [`super::int8_available`] is true; A valid for
+    /// `16 * groups` rows of `64 * chunks` bytes, both panels for `chunks` chunks, `out` for
+    /// `16 * groups` rows of 32 i32 at stride `ldo`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn int8_tiles(
+        groups: usize,
+        chunks: usize,
+        a: *const u8,
+        lda: usize,
+        b: *const i8,
+        b_stride: usize,
+        out: *mut i32,
+        ldo: usize,
+        ahead: bool,
+    ) {
+        const AHEAD: usize = 8;
+        unsafe {
+            asm!(
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                options(nostack, nomem)
+            );
+            for c in 0..chunks {
+                let a0 = a.add(c * 64);
+                let b0 = b.add(c * INT8_TILE_BYTES);
+                if ahead {
+                    for line in 0..16 {
+                        let at = b0.wrapping_add(AHEAD * INT8_TILE_BYTES + 64 * line);
+                        // SAFETY: prefetching reads nothing architecturally.
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(at);
+                        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                            at.wrapping_add(b_stride),
+                        );
+                    }
+                }
+                if groups == 2 {
+                    // As in `tiles_32`: the next step's loads overlap the last products.
+                    asm!(
+                        "tileloadd tmm4, [{a0} + {lda}*1]",
+                        "tileloadd tmm6, [{b0} + {bs}*1]",
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        "tileloadd tmm7, [{b1} + {bs}*1]",
+                        "tdpbusd tmm1, tmm4, tmm7",
+                        "tileloadd tmm5, [{a1} + {lda}*1]",
+                        "tdpbusd tmm2, tmm5, tmm6",
+                        "tdpbusd tmm3, tmm5, tmm7",
+                        a0 = in(reg) a0,
+                        a1 = in(reg) a0.add(16 * lda),
+                        lda = in(reg) lda,
+                        b0 = in(reg) b0,
+                        b1 = in(reg) b0.add(b_stride),
+                        bs = in(reg) 64usize,
+                        options(nostack, readonly)
+                    );
+                } else {
+                    asm!(
+                        "tileloadd tmm6, [{b0} + {bs}*1]",
+                        "tileloadd tmm7, [{b1} + {bs}*1]",
+                        "tileloadd tmm4, [{a0} + {lda}*1]",
+                        "tdpbusd tmm0, tmm4, tmm6",
+                        "tdpbusd tmm1, tmm4, tmm7",
+                        a0 = in(reg) a0,
+                        lda = in(reg) lda,
+                        b0 = in(reg) b0,
+                        b1 = in(reg) b0.add(b_stride),
+                        bs = in(reg) 64usize,
+                        options(nostack, readonly)
+                    );
+                }
+            }
+            asm!(
+                "tilestored [{o0} + {s}*1], tmm0",
+                "tilestored [{o1} + {s}*1], tmm1",
+                o0 = in(reg) out,
+                o1 = in(reg) out.add(16),
+                s = in(reg) ldo * 4,
+                options(nostack)
+            );
+            if groups == 2 {
+                asm!(
+                    "tilestored [{o2} + {s}*1], tmm2",
+                    "tilestored [{o3} + {s}*1], tmm3",
+                    o2 = in(reg) out.add(16 * ldo),
+                    o3 = in(reg) out.add(16 * ldo + 16),
+                    s = in(reg) ldo * 4,
+                    options(nostack)
+                );
+            }
+        }
+    }
+
     /// See [`super::probe`]. Best of 7 rounds each, alternating.
     ///
     /// # Safety
@@ -310,8 +431,26 @@ mod x86 {
         struct Out([f32; 32 * NR]);
         let mut out = Out([0.0; 32 * NR]);
         let flop = (ROUNDS * CHUNKS * 4 * 16 * 16 * 32 * 2) as f64;
-        let (mut products, mut with_loads) = (0f64, 0f64);
+        let (mut products, mut with_loads, mut int8_products) = (0f64, 0f64, 0f64);
+        let int8 = super::int8_available();
         for _ in 0..7 {
+            if int8 {
+                let t = std::time::Instant::now();
+                for _ in 0..ROUNDS * CHUNKS {
+                    // SAFETY: tile registers only (AMX-INT8 checked above).
+                    unsafe {
+                        asm!(
+                            "tdpbusd tmm0, tmm4, tmm6",
+                            "tdpbusd tmm1, tmm4, tmm7",
+                            "tdpbusd tmm2, tmm5, tmm6",
+                            "tdpbusd tmm3, tmm5, tmm7",
+                            options(nostack, nomem)
+                        )
+                    };
+                }
+                // Twice the bf16 step's multiply-adds: 64 inner values per tile row.
+                int8_products = int8_products.max(2.0 * flop / t.elapsed().as_secs_f64() / 1e9);
+            }
             let t = std::time::Instant::now();
             for _ in 0..ROUNDS * CHUNKS {
                 // SAFETY: tile registers only.
@@ -347,6 +486,7 @@ mod x86 {
         super::Probe {
             products,
             with_loads,
+            int8_products,
         }
     }
 

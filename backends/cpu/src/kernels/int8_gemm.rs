@@ -9,6 +9,9 @@
 //! weight is packed once at load in panels of 16 output rows, 4 input columns per 64-byte
 //! group (the instruction's layout), so a tile of up to [`MR`] activation rows and 32 output
 //! columns keeps its 16 accumulators in registers and reads each weight byte once per tile.
+//! With AMX-INT8 (and the backend's `kernels.amx`), products of 16 rows or more run on
+//! `tdpbusd` tiles instead ([`super::amx::int8_tiles`]): the same panels are the tiles' B
+//! operand as they are (16 lines of 64 bytes per 64 input columns), the same u8 rows their A.
 //! Without VNNI the same sums run in scalar code (other CPUs; exact, slow).
 use super::aligned::Aligned;
 use super::ptr::SendPtr;
@@ -22,13 +25,22 @@ const PANELS: usize = 2;
 const MR: usize = 8;
 /// Output columns per parallel task.
 const STRIP: usize = NR * PANELS;
+/// Input columns are padded to this (zeros): one AMX tile step.
+const K_ALIGN: usize = 64;
+/// AMX: rows from which the tiles run (fewer stream the weight: the VNNI tile does that as
+/// fast), rows per tile group, bytes of A rows per block (each strip of B is read from
+/// memory once per block, then from L2 by every group of it), strips per task.
+const AMX_MIN_ROWS: usize = 16;
+const AMX_GROUP: usize = 32;
+const AMX_A_BLOCK_BYTES: usize = 768 << 10;
+const AMX_STRIPS_PER_TASK: usize = 4;
 
 /// An int8 (n, k) weight packed for [`Int8Weight::matmul`].
 #[derive(Debug)]
 pub struct Int8Weight {
     n: usize,
     k: usize,
-    /// `k` rounded up to 4 (zero columns).
+    /// `k` rounded up to [`K_ALIGN`] (zero columns).
     kp: usize,
     /// Panels of [`NR`] rows (`n` rounded up to [`STRIP`] with zero rows): for each group of 4
     /// input columns, 16 rows x 4 bytes; on cache lines (a 64-byte load off a line reads two).
@@ -37,6 +49,8 @@ pub struct Int8Weight {
     scales: Vec<f32>,
     sums: Vec<i32>,
     vnni: bool,
+    /// Products of [`AMX_MIN_ROWS`] rows or more on AMX-INT8 tiles.
+    amx: bool,
 }
 
 /// Whether this CPU runs the `vpdpbusd` path.
@@ -58,7 +72,7 @@ impl Int8Weight {
     pub fn new(n: usize, k: usize, values: &[i8], scales: &[f32]) -> Int8Weight {
         assert_eq!(values.len(), n * k, "int8 weight values");
         assert_eq!(scales.len(), n, "int8 weight scales");
-        let kp = k.next_multiple_of(4);
+        let kp = k.next_multiple_of(K_ALIGN);
         let kq = kp / 4;
         let np = n.next_multiple_of(STRIP);
         let mut panels = Aligned::<i8>::zeroed(np * kp);
@@ -79,6 +93,7 @@ impl Int8Weight {
             scales: scales.to_vec(),
             sums,
             vnni: vnni_available(),
+            amx: false,
         }
     }
 
@@ -86,6 +101,18 @@ impl Int8Weight {
     pub fn with_simd(mut self, on: bool) -> Self {
         self.vnni = on && vnni_available();
         self
+    }
+
+    /// `true`: products of [`AMX_MIN_ROWS`] rows or more on AMX-INT8 tiles where the CPU has
+    /// them (the backend's `kernels.amx`); the same sums, exactly.
+    pub fn with_amx(mut self, on: bool) -> Self {
+        self.amx = on && super::amx::int8_available();
+        self
+    }
+
+    /// Whether products of many rows run on AMX tiles.
+    pub fn amx(&self) -> bool {
+        self.amx
     }
 
     /// (n, k).
@@ -97,10 +124,11 @@ impl Int8Weight {
     /// `None` otherwise.
     pub fn concat(parts: &[&Int8Weight]) -> Option<Int8Weight> {
         let first = parts.first()?;
-        if parts
-            .iter()
-            .any(|p| p.k != first.k || !p.n.is_multiple_of(STRIP) || p.vnni != first.vnni)
-        {
+        if parts.iter().any(|p| {
+            p.k != first.k
+                || !p.n.is_multiple_of(STRIP)
+                || (p.vnni, p.amx) != (first.vnni, first.amx)
+        }) {
             return None;
         }
         let mut panels = Aligned::<i8>::zeroed(parts.iter().map(|p| p.panels.len()).sum());
@@ -120,6 +148,7 @@ impl Int8Weight {
                 .collect(),
             sums: parts.iter().flat_map(|p| p.sums.iter().copied()).collect(),
             vnni: first.vnni,
+            amx: first.amx,
         })
     }
 
@@ -139,8 +168,15 @@ impl Int8Weight {
     /// integer sums, `sum * (row scale * channel scale)`.
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         assert_eq!(x.len(), m * self.k, "int8 matmul input");
-        let a = QuantizedRows::new(x, m, self.k, self.kp, self.vnni);
+        let amx = self.amx && m >= AMX_MIN_ROWS;
+        // The tiles read whole groups of 16 rows: the padding rows are zeros (128 as u8).
+        let rows = if amx { m.next_multiple_of(16) } else { m };
+        let a = QuantizedRows::new(x, m, rows, self.k, self.kp, self.vnni);
         let mut out = vec![0f32; m * self.n];
+        if amx {
+            self.matmul_amx(&a, m, &mut out);
+            return out;
+        }
         let optr = SendPtr(out.as_mut_ptr());
         let strips = self.n.div_ceil(STRIP);
         // Decode rows stream the weight: runs of strips, 8 per thread (a task per strip
@@ -161,11 +197,65 @@ impl Int8Weight {
                     self.tile(&a, m0, mr, s, &mut acc);
                     // SAFETY: each strip's columns [s * STRIP, (s + 1) * STRIP) are written by
                     // one task only.
-                    unsafe { self.store(&a, m0, mr, s, &acc, o.get()) };
+                    unsafe { self.store(&a, m0, &acc[..mr], s, o.get()) };
                 }
             }
         });
         out
+    }
+
+    /// [`Self::matmul`] on AMX tiles: tasks of a block of rows by a run of strips; in a task,
+    /// each strip against every 32-row group of the block (the strip stays in L2).
+    fn matmul_amx(&self, a: &QuantizedRows, m: usize, out: &mut [f32]) {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            let kq = self.kp / 4;
+            let chunks = self.kp / K_ALIGN;
+            let strips = self.n.div_ceil(STRIP);
+            let max_rows = (AMX_A_BLOCK_BYTES / self.kp).max(AMX_GROUP) / AMX_GROUP * AMX_GROUP;
+            let blocks = m.div_ceil(max_rows);
+            let block_rows = m.div_ceil(blocks).next_multiple_of(AMX_GROUP);
+            let blocks = m.div_ceil(block_rows);
+            let runs = strips.div_ceil(AMX_STRIPS_PER_TASK);
+            let optr = SendPtr(out.as_mut_ptr());
+            (0..blocks * runs).into_par_iter().for_each(|t| {
+                let o = optr;
+                let (blk, run) = (t / runs, t % runs);
+                let (r0, r1) = (blk * block_rows, ((blk + 1) * block_rows).min(m));
+                #[repr(C, align(64))]
+                struct Sums([[i32; STRIP]; AMX_GROUP]);
+                let mut sums = Sums([[0; STRIP]; AMX_GROUP]);
+                // SAFETY: `int8_available` held at `with_amx`.
+                unsafe { super::amx::configure() };
+                let s_end = ((run + 1) * AMX_STRIPS_PER_TASK).min(strips);
+                for s in run * AMX_STRIPS_PER_TASK..s_end {
+                    let panel = self.panels[s * PANELS * kq * 64..].as_ptr();
+                    for g in (r0..r1).step_by(AMX_GROUP) {
+                        let groups = if r1 - g > 16 { 2 } else { 1 };
+                        // SAFETY: rows g..g + 16 * groups are inside the padded rows (g is a
+                        // multiple of 32, the rows a multiple of 16 past r1 - 1); both panels
+                        // hold `chunks` chunks; `sums` holds 32 rows of 32.
+                        unsafe {
+                            super::amx::int8_tiles(
+                                groups,
+                                chunks,
+                                a.data[g * self.kp..].as_ptr(),
+                                self.kp,
+                                panel,
+                                kq * 64,
+                                sums.0.as_mut_ptr() as *mut i32,
+                                STRIP,
+                                g == r0,
+                            );
+                            // SAFETY: this task alone writes strip s's columns of these rows.
+                            self.store(a, g, &sums.0[..AMX_GROUP.min(r1 - g)], s, o.get());
+                        }
+                    }
+                }
+            });
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        unreachable!("AMX off this platform: {a:p} {m} {out:p}");
     }
 
     fn tile(
@@ -201,42 +291,57 @@ impl Int8Weight {
         }
     }
 
+    /// Rows `m0..m0 + acc.len()` of strip `s`: the sums corrected for the +128 offset and
+    /// scaled, into `out`.
+    ///
     /// # Safety
-    /// `out` points to (m, n) f32 and no other task writes strip `s`'s columns.
+    /// `out` points to (m, n) f32, those rows are < m, and no other task writes strip `s`'s
+    /// columns of them.
     unsafe fn store(
         &self,
         a: &QuantizedRows,
         m0: usize,
-        mr: usize,
+        acc: &[[i32; STRIP]],
         s: usize,
-        acc: &[[i32; STRIP]; MR],
         out: *mut f32,
     ) {
         let c0 = s * STRIP;
         let width = STRIP.min(self.n - c0);
-        for (i, sums) in acc.iter().enumerate().take(mr) {
+        let (sums, scales) = (&self.sums[c0..c0 + width], &self.scales[c0..c0 + width]);
+        #[cfg(target_arch = "x86_64")]
+        if self.vnni && width == STRIP {
+            for (i, row) in acc.iter().enumerate() {
+                let r = m0 + i;
+                // SAFETY: AVX512 checked at construction (VNNI implies it); r < m and the
+                // strip's 32 columns are inside `out`.
+                unsafe { x86::store_row(row, sums, scales, a.scales[r], out.add(r * self.n + c0)) };
+            }
+            return;
+        }
+        for (i, row) in acc.iter().enumerate() {
             let r = m0 + i;
             let sa = a.scales[r];
-            for (c, &sum) in sums.iter().enumerate().take(width) {
-                let col = c0 + c;
+            // SAFETY: r < m, c0 + width <= n: inside `out`.
+            let o = unsafe { std::slice::from_raw_parts_mut(out.add(r * self.n + c0), width) };
+            for (((o, &sum), &ws), &w) in o.iter_mut().zip(row).zip(sums).zip(scales) {
                 // The activations were stored + 128: take off 128 * sum(w row).
-                let exact = sum - 128 * self.sums[col];
-                // SAFETY: r < m, col < n, inside `out`.
-                unsafe { *out.add(r * self.n + col) = exact as f32 * (sa * self.scales[col]) };
+                *o = (sum - 128 * ws) as f32 * (sa * w);
             }
         }
     }
 }
 
-/// Activation rows as u8 (`q + 128`), `kp` per row, with their scales.
+/// Activation rows as u8 (`q + 128`), `kp` per row on cache lines (the tiles' A), with
+/// their scales; rows past the input's are zeros (128).
 struct QuantizedRows {
-    data: Vec<u8>,
+    data: Aligned<u8>,
     scales: Vec<f32>,
 }
 
 impl QuantizedRows {
-    fn new(x: &[f32], m: usize, k: usize, kp: usize, simd: bool) -> QuantizedRows {
-        let mut data = vec![128u8; m * kp];
+    fn new(x: &[f32], m: usize, rows: usize, k: usize, kp: usize, simd: bool) -> QuantizedRows {
+        let mut data = Aligned::<u8>::zeroed(rows * kp);
+        data.fill(128);
         let mut scales = vec![0f32; m];
         let one = |((row, out), scale): ((&[f32], &mut [u8]), &mut f32)| {
             *scale = quantize_row(row, &mut out[..k], simd);
@@ -323,6 +428,34 @@ mod x86 {
             }
         }
         Some(amax / 127.0)
+    }
+
+    /// [`super::Int8Weight::store`]'s row of 32 sums in two 16-lane steps, the same operations
+    /// in the same order (`vcvtdq2ps` rounds as `as f32`), so the same bits.
+    ///
+    /// # Safety
+    /// The CPU has AVX512F; `sums` and `scales` hold 32 values, `out` 32 writable f32.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn store_row(
+        row: &[i32; STRIP],
+        sums: &[i32],
+        scales: &[f32],
+        sa: f32,
+        out: *mut f32,
+    ) {
+        debug_assert!(sums.len() >= STRIP && scales.len() >= STRIP);
+        let (off, sa) = (_mm512_set1_epi32(128), _mm512_set1_ps(sa));
+        for h in 0..2 {
+            // SAFETY: 16 values at 16 * h of each operand (see the contract).
+            unsafe {
+                let sum = _mm512_loadu_si512(row[16 * h..].as_ptr() as *const _);
+                let ws = _mm512_loadu_si512(sums[16 * h..].as_ptr() as *const _);
+                let exact = _mm512_sub_epi32(sum, _mm512_mullo_epi32(off, ws));
+                let scale = _mm512_mul_ps(sa, _mm512_loadu_ps(scales[16 * h..].as_ptr()));
+                let v = _mm512_mul_ps(_mm512_cvtepi32_ps(exact), scale);
+                _mm512_storeu_ps(out.add(16 * h), v);
+            }
+        }
     }
 
     /// The register tile: `mr` rows of `a` (u8, stride `kp`) times the two panels of
@@ -448,15 +581,46 @@ mod tests {
         out
     }
 
-    fn case(m: usize, n: usize, k: usize, simd: bool) {
+    fn case(m: usize, n: usize, k: usize, simd: bool, amx: bool) {
         let mut g = lcg((m * 1000 + n * 10 + k) as u64);
         let x: Vec<f32> = (0..m * k).map(|_| g() * 3.0).collect();
         let w: Vec<i8> = (0..n * k).map(|_| (g() * 127.5) as i8).collect();
         let ws: Vec<f32> = (0..n).map(|_| (g().abs() + 0.1) * 0.01).collect();
-        let packed = Int8Weight::new(n, k, &w, &ws).with_simd(simd);
+        let packed = Int8Weight::new(n, k, &w, &ws).with_simd(simd).with_amx(amx);
+        assert_eq!(packed.amx(), amx);
         let got = packed.matmul(&x, m);
         let want = reference(&x, m, k, &w, &ws, n);
-        assert_eq!(got, want, "m {m} n {n} k {k} simd {simd}");
+        assert_eq!(got, want, "m {m} n {n} k {k} simd {simd} amx {amx}");
+    }
+
+    #[test]
+    fn amx_tiles_equal_the_scheme_exactly() {
+        if !crate::kernels::amx::int8_available() {
+            vlm_test_support::skip!("no AMX-INT8 tiles on this CPU");
+            return;
+        }
+        // Row counts around the tile groups (16, 32) and past a block; k with and without a
+        // partial 64-column step; n with a partial strip.
+        for (m, n, k) in [
+            (16, 32, 64),
+            (17, 48, 130),
+            (33, 64, 256),
+            (48, 96, 2048),
+            (70, 70, 192),
+            (400, 64, 2048),
+        ] {
+            case(m, n, k, true, true);
+        }
+        // A row alone (the VNNI tile) equals the same row among 40 (the AMX tiles).
+        let (m, n, k) = (40, 64, 320);
+        let mut g = lcg(3);
+        let x: Vec<f32> = (0..m * k).map(|_| g()).collect();
+        let w: Vec<i8> = (0..n * k).map(|_| (g() * 100.0) as i8).collect();
+        let p = Int8Weight::new(n, k, &w, &vec![0.02f32; n]).with_amx(true);
+        let all = p.matmul(&x, m);
+        for r in [0, 17, 39] {
+            assert_eq!(p.matmul(&x[r * k..(r + 1) * k], 1), all[r * n..(r + 1) * n]);
+        }
     }
 
     #[test]
@@ -470,7 +634,7 @@ mod tests {
                 (9, 32, 100),
                 (17, 70, 2048),
             ] {
-                case(m, n, k, simd);
+                case(m, n, k, simd, false);
             }
         }
     }
