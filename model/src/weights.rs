@@ -130,9 +130,10 @@ impl Weights {
         }
     }
 
-    /// The checkpoint stores linear weights int8 (a W8A8 directory).
-    pub fn has_int8(&self) -> bool {
-        self.int8.is_some()
+    /// (values, output rows) of the decoder layers' linear weights the checkpoint stores
+    /// int8 (a W8A8 directory); (0, 0) otherwise.
+    pub fn layer_int8(&self) -> (usize, usize) {
+        self.int8.as_ref().map_or((0, 0), |s| s.layer_int8())
     }
 
     /// `{prefix}.weight` and its `{prefix}.weight_scale` when the checkpoint stores the

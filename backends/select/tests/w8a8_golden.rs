@@ -118,45 +118,15 @@ fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
         Ok(_) => panic!("{} loaded", d.display()),
         Err(e) => e.to_string(),
     };
-    // A scale dropped.
-    let st =
-        safetensors::SafeTensors::deserialize(&std::fs::read(q.join("model.safetensors")).unwrap())
-            .unwrap()
-            .tensors()
-            .into_iter()
-            .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
-            .collect::<Vec<_>>();
-    type Tensors = Vec<(String, (safetensors::Dtype, Vec<usize>, Vec<u8>))>;
+    let st = read_tensors(&q);
     let write_with = |name: &str, st: &Tensors, edit: &dyn Fn(&mut serde_json::Value)| {
-        let d = dir.path().join(name);
-        std::fs::create_dir_all(&d).unwrap();
-        for f in [
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "generation_config.json",
-        ] {
-            std::fs::copy(q.join(f), d.join(f)).unwrap();
-        }
-        let mut cfg: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(q.join("config.json")).unwrap()).unwrap();
-        edit(&mut cfg);
-        std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
-        let views: Vec<(String, safetensors::tensor::TensorView)> = st
-            .iter()
-            .map(|(n, (dt, sh, data))| {
-                (
-                    n.clone(),
-                    safetensors::tensor::TensorView::new(*dt, sh.clone(), data).unwrap(),
-                )
-            })
-            .collect();
-        safetensors::serialize_to_file(views, None, &d.join("model.safetensors")).unwrap();
-        d
+        write_dir(&q, &dir.path().join(name), st, edit)
     };
     let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
         let kept: Tensors = st.iter().filter(|(n, _)| keep(n)).cloned().collect();
         write_with(name, &kept, edit)
     };
+    // A scale dropped.
     let scale = "model.language_model.layers.1.mlp.down_proj.weight_scale";
     let e = refused(&write("no-scale", &|n| n != scale, &|_| {}));
     assert!(e.contains(scale) && e.contains("missing"), "{e}");
@@ -192,4 +162,108 @@ fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
     ] {
         assert!(e.contains(qkv) && e.contains("int8"), "{e}");
     }
+}
+
+type Tensors = Vec<(String, (safetensors::Dtype, Vec<usize>, Vec<u8>))>;
+
+/// The tensors of `dir`'s model.safetensors.
+fn read_tensors(dir: &Path) -> Tensors {
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    safetensors::SafeTensors::deserialize(&bytes)
+        .unwrap()
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, (v.dtype(), v.shape().to_vec(), v.data().to_vec())))
+        .collect()
+}
+
+/// A checkpoint directory `d` of `st`, with `q`'s tokenizer and generation files and its
+/// config.json as `edit` leaves it.
+fn write_dir(q: &Path, d: &Path, st: &Tensors, edit: &dyn Fn(&mut serde_json::Value)) -> PathBuf {
+    std::fs::create_dir_all(d).unwrap();
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(q.join(f), d.join(f)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(q.join("config.json")).unwrap()).unwrap();
+    edit(&mut cfg);
+    std::fs::write(d.join("config.json"), cfg.to_string()).unwrap();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = st
+        .iter()
+        .map(|(n, (dt, sh, data))| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*dt, sh.clone(), data).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &d.join("model.safetensors")).unwrap();
+    d.to_path_buf()
+}
+
+/// A W8A8 directory that keeps one decoder linear in floats (as a checkpoint whose `ignore`
+/// lists it) loads and generates, and the LM's weight bytes are what its tensors take in
+/// memory: counted here from the file (f32 floats and scales as stored, int8 at a byte), plus
+/// the 4-byte row sums the int8 product keeps per output row.
+#[test]
+fn a_linear_kept_in_floats_loads_and_is_counted_as_floats() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, q) = w8a8_pair(dir.path());
+    let kept = "model.language_model.layers.0.mlp.down_proj";
+    let (weight, scale) = (format!("{kept}.weight"), format!("{kept}.weight_scale"));
+    let st = read_tensors(&q);
+    let scales: Vec<f32> = st
+        .iter()
+        .find(|(n, _)| *n == scale)
+        .map(|(_, (_, _, b))| {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        })
+        .unwrap();
+    let mixed: Tensors = st
+        .into_iter()
+        .filter(|(n, _)| *n != scale)
+        .map(|(n, (dt, sh, data))| {
+            if n != weight {
+                return (n, (dt, sh, data));
+            }
+            let k = sh[1];
+            let floats: Vec<u8> = data
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &v)| (v as i8 as f32 * scales[i / k]).to_le_bytes())
+                .collect();
+            (n, (safetensors::Dtype::F32, sh, floats))
+        })
+        .collect();
+    let d = write_dir(&q, &dir.path().join("mixed"), &mixed, &|_| {});
+    let lm = |n: &str| n.starts_with("model.language_model.") || n.starts_with("lm_head.");
+    let (stored, int8_rows) =
+        mixed
+            .iter()
+            .filter(|(n, _)| lm(n))
+            .fold((0, 0), |(bytes, rows), (_, (dt, sh, data))| {
+                let r = if *dt == safetensors::Dtype::I8 {
+                    sh[0]
+                } else {
+                    0
+                };
+                (bytes + data.len(), rows + r)
+            });
+    assert!(
+        mixed.iter().all(|(n, (dt, _, _))| !lm(n)
+            || matches!(dt, safetensors::Dtype::F32 | safetensors::Dtype::I8)),
+        "the tiny checkpoint stores its floats in f32"
+    );
+    let model = vlm_model::text::TextModel::load(&cpu(), &d, DType::F32).unwrap();
+    assert_eq!(model.weight_bytes(), stored + 4 * int8_rows);
+    let o = Oracle::load_text_only(&cpu(), &d, DType::F32).unwrap();
+    let out = o.generate_greedy(&[1, 2, 3, 4], &[], 2, &[]).unwrap();
+    let logits = out.step_logits.to_vec2::<f32>().unwrap();
+    assert!(logits.iter().flatten().all(|v| v.is_finite()));
 }

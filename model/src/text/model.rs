@@ -42,8 +42,9 @@ pub struct TextModel<K: Kernels> {
     video_token_id: u32,
     deepstack_levels: usize,
     weight_dtype: DType,
-    /// The decoder linears are int8 (a W8A8 checkpoint): a byte a value, 8 per output row.
-    int8_linears: bool,
+    /// (values, output rows) of the decoder linears stored int8 (a W8A8 checkpoint: a byte a
+    /// value, 8 per output row); the rest are `weight_dtype`.
+    int8_linears: (usize, usize),
     device: Device,
 }
 
@@ -140,7 +141,7 @@ impl<K: Kernels> TextModel<K> {
             video_token_id: cfg.video_token_id,
             deepstack_levels,
             weight_dtype,
-            int8_linears: w.has_int8(),
+            int8_linears: w.layer_int8(),
             device: vb.device().clone(),
         })
     }
@@ -174,11 +175,11 @@ impl<K: Kernels> TextModel<K> {
         let values = 2 * t.hidden_size * q
             + 2 * t.hidden_size * kv
             + 3 * t.hidden_size * t.intermediate_size;
-        let linears = match self.int8_linears {
-            true => values + 8 * (q + 2 * kv + 2 * t.hidden_size + 2 * t.intermediate_size),
-            false => s * values,
-        };
-        let per_layer = linears + 4 * (2 * t.hidden_size + 2 * t.head_dim);
+        // Int8 linears: a byte a value and 8 a row (scale and row sum, as the CPU holds them).
+        let (int8_values, int8_rows) = self.int8_linears;
+        let linears =
+            s * (t.num_hidden_layers * values - int8_values) + int8_values + 8 * int8_rows;
+        let per_layer = 4 * (2 * t.hidden_size + 2 * t.head_dim);
         let head = if self.tied {
             0
         } else {
@@ -186,6 +187,7 @@ impl<K: Kernels> TextModel<K> {
         };
         s * t.vocab_size * t.hidden_size
             + head
+            + linears
             + t.num_hidden_layers * per_layer
             + 4 * t.hidden_size
     }

@@ -10,6 +10,10 @@ use std::path::Path;
 /// The int8 tensors of a W8A8 checkpoint directory, memory-mapped.
 pub struct Int8Source {
     st: MmapedSafetensors,
+    /// Values and output rows of the decoder layers' int8 linears (a checkpoint may keep some
+    /// of them in floats, listed in `ignore`).
+    layer_values: usize,
+    layer_rows: usize,
 }
 
 impl std::fmt::Debug for Int8Source {
@@ -52,24 +56,42 @@ pub fn open_dir(dir: &Path) -> Result<Option<Int8Source>> {
     // SAFETY: mapped read-only; the checkpoint must not change while served (as for every
     // safetensors loader).
     let st = unsafe { MmapedSafetensors::multi(&files)? };
+    let (mut layer_values, mut layer_rows) = (0, 0);
     for (name, view) in st.tensors() {
-        if view.dtype() == Dtype::I8 && !is_lm_linear(&name) {
+        if view.dtype() != Dtype::I8 {
+            continue;
+        }
+        if !is_lm_linear(&name) {
             return Err(ModelError::weights(format!(
                 "{name} is int8: only the LM's linear layers run W8A8 here (the vision tower, \
                  embeddings and norms are served in floats; such checkpoints list them in \
                  `ignore`)"
             )));
         }
+        if name.starts_with(LAYERS) {
+            layer_values += view.shape().iter().product::<usize>();
+            layer_rows += view.shape().first().copied().unwrap_or(0);
+        }
     }
-    Ok(Some(Int8Source { st }))
+    Ok(Some(Int8Source {
+        st,
+        layer_values,
+        layer_rows,
+    }))
 }
 
+const LAYERS: &str = "model.language_model.layers.";
+
 fn is_lm_linear(name: &str) -> bool {
-    (name.starts_with("model.language_model.layers.") || name.starts_with("lm_head."))
-        && name.ends_with(".weight")
+    (name.starts_with(LAYERS) || name.starts_with("lm_head.")) && name.ends_with(".weight")
 }
 
 impl Int8Source {
+    /// (values, output rows) of the decoder layers' int8 linear weights.
+    pub fn layer_int8(&self) -> (usize, usize) {
+        (self.layer_values, self.layer_rows)
+    }
+
     /// `{prefix}.weight` with its `{prefix}.weight_scale` when the weight is stored int8;
     /// `None` when it is stored in floats (or absent: the float loader names it).
     pub fn linear(&self, prefix: &str) -> Result<Option<Int8Linear>> {
