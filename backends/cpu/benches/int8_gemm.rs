@@ -57,7 +57,10 @@ fn main() {
             p.products * threads as f64,
         );
         println!(
-            "AMX tiles ({threads} threads): tdpbusd {i8t:.0} GOP/s, tdpbf16ps {bft:.0} GFLOP/s"
+            "AMX tiles ({threads} threads): tdpbusd {i8t:.0} GOP/s, tdpbf16ps {bft:.0} GFLOP/s; \
+             the bf16 tile step with its loads from L1: {:.0} GFLOP/s ({:.0}% of tdpbf16ps)",
+            p.with_loads * threads as f64,
+            100.0 * p.with_loads / p.products
         );
         (i8t, bft)
     });

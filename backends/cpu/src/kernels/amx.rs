@@ -36,8 +36,8 @@ pub fn available() -> bool {
 pub fn int8_available() -> bool {
     #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
     {
-        // SAFETY: cpuid exists on every x86-64 CPU; leaf 7 exists where `available` said so.
-        available() && unsafe { std::arch::x86_64::__cpuid_count(7, 0) }.edx >> 25 & 1 == 1
+        // Leaf 7 exists where `available` said so.
+        available() && std::arch::x86_64::__cpuid_count(7, 0).edx >> 25 & 1 == 1
     }
     #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
     {
