@@ -232,18 +232,7 @@ mod x86 {
                     options(nostack, readonly)
                 );
             }
-            asm!(
-                "tilestored [{o0} + {s}*1], tmm0",
-                "tilestored [{o1} + {s}*1], tmm1",
-                "tilestored [{o2} + {s}*1], tmm2",
-                "tilestored [{o3} + {s}*1], tmm3",
-                o0 = in(reg) out,
-                o1 = in(reg) out.add(16),
-                o2 = in(reg) out.add(16 * ldo),
-                o3 = in(reg) out.add(16 * ldo + 16),
-                s = in(reg) ldo * 4,
-                options(nostack)
-            );
+            store_sums(out as *mut u8, ldo * 4, true);
         }
     }
 
@@ -300,6 +289,36 @@ mod x86 {
                     o0 = in(reg) o,
                     o1 = in(reg) o.add(16 * ldo),
                     lo = in(reg) lo_b,
+                    options(nostack)
+                );
+            }
+        }
+    }
+
+    /// Stores the sums of tiles 0 and 1 (a row group's two 16-column tiles) as 16 rows of 32
+    /// 4-byte values at `out`, rows `stride` bytes apart; with `lower`, tiles 2 and 3 too, as
+    /// rows 16..32 (`16 * stride` bytes on).
+    ///
+    /// # Safety
+    /// The tiles hold sums of the configured shape; `out` is valid for those rows.
+    #[inline(always)]
+    unsafe fn store_sums(out: *mut u8, stride: usize, lower: bool) {
+        unsafe {
+            asm!(
+                "tilestored [{o0} + {s}*1], tmm0",
+                "tilestored [{o1} + {s}*1], tmm1",
+                o0 = in(reg) out,
+                o1 = in(reg) out.add(64),
+                s = in(reg) stride,
+                options(nostack)
+            );
+            if lower {
+                asm!(
+                    "tilestored [{o2} + {s}*1], tmm2",
+                    "tilestored [{o3} + {s}*1], tmm3",
+                    o2 = in(reg) out.add(16 * stride),
+                    o3 = in(reg) out.add(16 * stride + 64),
+                    s = in(reg) stride,
                     options(nostack)
                 );
             }
@@ -390,24 +409,7 @@ mod x86 {
                     );
                 }
             }
-            asm!(
-                "tilestored [{o0} + {s}*1], tmm0",
-                "tilestored [{o1} + {s}*1], tmm1",
-                o0 = in(reg) out,
-                o1 = in(reg) out.add(16),
-                s = in(reg) ldo * 4,
-                options(nostack)
-            );
-            if groups == 2 {
-                asm!(
-                    "tilestored [{o2} + {s}*1], tmm2",
-                    "tilestored [{o3} + {s}*1], tmm3",
-                    o2 = in(reg) out.add(16 * ldo),
-                    o3 = in(reg) out.add(16 * ldo + 16),
-                    s = in(reg) ldo * 4,
-                    options(nostack)
-                );
-            }
+            store_sums(out as *mut u8, ldo * 4, groups == 2);
         }
     }
 
@@ -541,14 +543,7 @@ mod x86 {
                     options(nostack, readonly)
                 );
             }
-            asm!(
-                "tilestored [{o0} + {s}*1], tmm0",
-                "tilestored [{o1} + {s}*1], tmm1",
-                o0 = in(reg) out,
-                o1 = in(reg) out.add(16),
-                s = in(reg) ldo * 4,
-                options(nostack)
-            );
+            store_sums(out as *mut u8, ldo * 4, false);
         }
     }
 }
