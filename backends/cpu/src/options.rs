@@ -85,14 +85,9 @@ impl CpuOptions {
             (true, false) => "bf16-avx512",
             (false, _) => "f32",
         };
-        // W8A8 products (see `kernels::int8_gemm`): `simd: off` runs their scalar sums.
-        let int8 = if self.amx && amx::int8_available() {
-            "int8-amx"
-        } else if self.gemv != Isa::Scalar && crate::kernels::int8_gemm::vnni_available() {
-            "int8-vnni"
-        } else {
-            "int8-scalar"
-        };
+        // W8A8 products, as `CpuKernels::int8_weight` sets them up.
+        let int8 =
+            crate::kernels::int8_gemm::Int8Weight::kernel_name(self.gemv != Isa::Scalar, self.amx);
         vec![
             ("bf16_products".into(), products.into()),
             ("int8_products".into(), int8.into()),

@@ -177,8 +177,9 @@ impl<K: Kernels> TextModel<K> {
             + 3 * t.hidden_size * t.intermediate_size;
         // Int8 linears: a byte a value and 8 a row (scale and row sum, as the CPU holds them).
         let (int8_values, int8_rows) = self.int8_linears;
-        let linears =
-            s * (t.num_hidden_layers * values - int8_values) + int8_values + 8 * int8_rows;
+        let linears = s * (t.num_hidden_layers * values).saturating_sub(int8_values)
+            + int8_values
+            + 8 * int8_rows;
         let per_layer = 4 * (2 * t.hidden_size + 2 * t.head_dim);
         let head = if self.tied {
             0

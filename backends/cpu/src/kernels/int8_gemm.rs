@@ -27,9 +27,11 @@ const MR: usize = 8;
 const STRIP: usize = NR * PANELS;
 /// Input columns are padded to this (zeros): one AMX tile step.
 const K_ALIGN: usize = 64;
-/// AMX: rows from which the tiles run (fewer stream the weight: the VNNI tile does that as
-/// fast), rows per tile group, bytes of A rows per block (each strip of B is read from
-/// memory once per block, then from L2 by every group of it), strips per task.
+/// AMX: rows from which the tiles run (a tile step takes 16 rows: fewer would be padded,
+/// and decode rows are bound by streaming the weight, which the VNNI tile does), rows per
+/// tile group, bytes of A rows per block (each strip of B is read from memory once per block,
+/// then from L2 by every group of it), strips per task. The block and task sizes were chosen,
+/// not tuned (the tries recorded in docs/performance.md moved nothing).
 const AMX_MIN_ROWS: usize = 16;
 const AMX_GROUP: usize = 32;
 const AMX_A_BLOCK_BYTES: usize = 768 << 10;
@@ -113,6 +115,19 @@ impl Int8Weight {
     /// Whether products of many rows run on AMX tiles.
     pub fn amx(&self) -> bool {
         self.amx
+    }
+
+    /// The product [`Self::with_simd`] and [`Self::with_amx`] with these switches select on
+    /// this CPU, for logs and `Info`: `int8-amx` (16 rows or more on tiles), `int8-vnni` or
+    /// `int8-scalar`.
+    pub fn kernel_name(simd: bool, amx: bool) -> &'static str {
+        if amx && super::amx::int8_available() {
+            "int8-amx"
+        } else if simd && vnni_available() {
+            "int8-vnni"
+        } else {
+            "int8-scalar"
+        }
     }
 
     /// (n, k).
@@ -611,6 +626,7 @@ mod tests {
         ] {
             case(m, n, k, true, true);
         }
+        assert_eq!(Int8Weight::kernel_name(true, true), "int8-amx");
         // A row alone (the VNNI tile) equals the same row among 40 (the AMX tiles).
         let (m, n, k) = (40, 64, 320);
         let mut g = lcg(3);
