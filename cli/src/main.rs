@@ -34,7 +34,8 @@ enum Command {
     MakeModel(cmd::make_model::MakeModelArgs),
     /// Write a checkpoint as the GGUF pair llama.cpp loads (LM quantized: q8_0, q4_k_m, f16,
     /// bf16; vision f16), which `vlm up --model LM.gguf --mmproj V.gguf` serves, or as a
-    /// compressed-tensors W8A8 directory (w8a8), which `vlm up --model DIR` and vLLM serve.
+    /// compressed-tensors W8A8 or W4A16 directory (w8a8, w4a16), which `vlm up --model DIR`
+    /// and vLLM serve.
     Quantize(cmd::quantize::QuantizeArgs),
     /// Run preprocessing, the ViT, prefill and greedy decoding in-process and write every
     /// intermediate to a safetensors file.

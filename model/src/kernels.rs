@@ -44,6 +44,28 @@ pub trait Kernels: Clone + Send + Sync + std::fmt::Debug + 'static {
             w.k
         )))
     }
+    /// Takes a 4-bit (out, in) weight with a scale per output row and group of inputs (a
+    /// W4A16 checkpoint's), whose products keep the activations in floats. Backends that
+    /// cannot refuse it, naming themselves.
+    fn int4_weight(&self, w: crate::w4a16::Int4Linear) -> Result<Self::Weight> {
+        Err(crate::ModelError::weights(format!(
+            "the {} backend does not run W4A16 4-bit weights ({}x{}); use the cpu backend",
+            self.name(),
+            w.n,
+            w.k
+        )))
+    }
+    /// Takes an FP8 e4m3 (out, in) weight with block scales (an FP8 checkpoint's), whose
+    /// products keep the activations in floats. Backends that cannot refuse it, naming
+    /// themselves.
+    fn fp8_weight(&self, w: crate::fp8::Fp8Linear) -> Result<Self::Weight> {
+        Err(crate::ModelError::weights(format!(
+            "the {} backend does not run FP8 weights ({}x{}); use the cpu backend",
+            self.name(),
+            w.n,
+            w.k
+        )))
+    }
     /// (out, in) of a weight.
     fn weight_dims(&self, w: &Self::Weight) -> (usize, usize);
     /// One weight computing all of `parts` (same input) at once, their outputs side by side in

@@ -7,14 +7,18 @@
 //! to the seam (`vlm-compute`), which [`lm_backend::TextBackend`] implements for any kernels.
 pub mod dtype;
 pub mod error;
+pub mod fp8;
 pub mod gguf;
 pub mod kernels;
 pub mod lm_backend;
 pub mod oracle;
+pub mod quant_config;
+pub(crate) mod quant_writer;
 pub mod resident;
 pub mod sizing;
 pub mod text;
 pub mod vision;
+pub mod w4a16;
 pub mod w8a8;
 pub mod weights;
 

@@ -24,7 +24,9 @@ pub fn dtypes(dtype: Dtype) -> Dtypes {
 ///
 /// A GGUF LM takes the bytes its derived config states (`vlm_model::gguf::materialize`), plus
 /// an untied embedding table expanded to `weights`. A W8A8 LM's decoder linears take a byte
-/// per value and 8 per output row (scale and row sum, `Int8Weight`), the rest as above.
+/// per value and 8 per output row (scale and row sum, `Int8Weight`), a W4A16 LM's half a byte
+/// a value and 4 a group scale (`Int4Weight`), an FP8 LM's a byte a value and 4 per row and
+/// block of inputs (`Fp8Weight`), the rest as above.
 pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
     if let (Part::Lm, Some(stored)) = (part, d.lm_stored_bytes) {
         let table = if d.tied {
@@ -42,6 +44,20 @@ pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
     if part == Part::Lm && d.lm_linears_int8 {
         let floats = all - vectors - p.text_linears;
         return floats * weights.bytes() + p.text_linears + 8 * p.text_linear_rows + vectors * 4;
+    }
+    if let (Part::Lm, Some(block)) = (part, d.lm_linears_fp8_block.filter(|&b| b > 0)) {
+        let floats = all - vectors - p.text_linears;
+        return floats * weights.bytes()
+            + p.text_linears
+            + 4 * (p.text_linears / block)
+            + vectors * 4;
+    }
+    if let (Part::Lm, Some(group)) = (part, d.lm_linears_int4_group.filter(|&g| g > 0)) {
+        let floats = all - vectors - p.text_linears;
+        return floats * weights.bytes()
+            + p.text_linears / 2
+            + 4 * (p.text_linears / group)
+            + vectors * 4;
     }
     (all - vectors) * weights.bytes() + vectors * 4
 }

@@ -2,7 +2,9 @@
 //! memory-mapped. Tensors are read lazily by name, so building only the vision tower (or only the
 //! LM) touches only that part's pages: a vision replica never holds LM weights.
 use crate::error::{ModelError, Result};
+use crate::fp8::{Fp8Linear, Fp8Source};
 use crate::gguf::GgufWeights;
+use crate::w4a16::{Int4Linear, Int4Source};
 use crate::w8a8::{Int8Linear, Int8Source};
 use candle_core::quantized::QTensor;
 use candle_core::{DType, Device};
@@ -84,6 +86,8 @@ pub struct Weights {
     vb: VarBuilder<'static>,
     gguf: Option<Arc<GgufWeights>>,
     int8: Option<Arc<Int8Source>>,
+    int4: Option<Arc<Int4Source>>,
+    fp8: Option<Arc<Fp8Source>>,
 }
 
 impl Weights {
@@ -92,10 +96,12 @@ impl Weights {
             vb,
             gguf,
             int8: None,
+            int4: None,
+            fp8: None,
         }
     }
 
-    /// The checkpoint in `dir` (safetensors, W8A8 safetensors, or a GGUF directory), floats as
+    /// The checkpoint in `dir` (safetensors, W8A8 or W4A16 safetensors, or a GGUF directory), floats as
     /// `dtype`.
     pub fn open(dir: &Path, dtype: DType, device: &Device) -> Result<Self> {
         let gguf = crate::gguf::open_dir(dir)?.map(Arc::new);
@@ -103,11 +109,21 @@ impl Weights {
             Some(g) => VarBuilder::from_backend(Box::new((**g).clone()), dtype, device.clone()),
             None => var_builder(dir, dtype, device)?,
         };
-        let int8 = match &gguf {
-            Some(_) => None,
-            None => crate::w8a8::open_dir(dir)?.map(Arc::new),
+        let (int8, int4, fp8) = match &gguf {
+            Some(_) => (None, None, None),
+            None => (
+                crate::w8a8::open_dir(dir)?.map(Arc::new),
+                crate::w4a16::open_dir(dir)?.map(Arc::new),
+                crate::fp8::open_dir(dir)?.map(Arc::new),
+            ),
         };
-        Ok(Weights { vb, gguf, int8 })
+        Ok(Weights {
+            vb,
+            gguf,
+            int8,
+            int4,
+            fp8,
+        })
     }
 
     pub fn pp(&self, s: impl ToString) -> Self {
@@ -115,6 +131,8 @@ impl Weights {
             vb: self.vb.pp(s),
             gguf: self.gguf.clone(),
             int8: self.int8.clone(),
+            int4: self.int4.clone(),
+            fp8: self.fp8.clone(),
         }
     }
 
@@ -140,6 +158,38 @@ impl Weights {
     /// linear weight at this prefix int8 (W8A8).
     pub fn int8_linear(&self) -> Result<Option<Int8Linear>> {
         match &self.int8 {
+            Some(s) => s.linear(&self.vb.prefix()),
+            None => Ok(None),
+        }
+    }
+
+    /// Values of the decoder layers' linear weights the checkpoint stores FP8 (0 otherwise),
+    /// and the block's input width (1 when none).
+    pub fn layer_fp8(&self) -> (usize, usize) {
+        self.fp8
+            .as_ref()
+            .map_or((0, 1), |s| (s.layer_fp8(), s.block()[1]))
+    }
+
+    /// `{prefix}.weight` and its `{prefix}.weight_scale_inv` when the checkpoint stores the
+    /// linear weight at this prefix FP8.
+    pub fn fp8_linear(&self) -> Result<Option<Fp8Linear>> {
+        match &self.fp8 {
+            Some(s) => s.linear(&self.vb.prefix()),
+            None => Ok(None),
+        }
+    }
+
+    /// (values, scales) of the decoder layers' linear weights the checkpoint stores
+    /// 4-bit (a W4A16 directory); (0, 0) otherwise.
+    pub fn layer_int4(&self) -> (usize, usize) {
+        self.int4.as_ref().map_or((0, 0), |s| s.layer_int4())
+    }
+
+    /// `{prefix}.weight_packed` with its scales when the checkpoint stores the linear weight
+    /// at this prefix 4-bit (W4A16).
+    pub fn int4_linear(&self) -> Result<Option<Int4Linear>> {
+        match &self.int4 {
             Some(s) => s.linear(&self.vb.prefix()),
             None => Ok(None),
         }

@@ -340,19 +340,19 @@ fn a_gguf_pair_serves_text_and_images() {
     drain(up, &grpc);
 }
 
-/// A W8A8 directory written by `vlm quantize --scheme w8a8` (compressed-tensors, what vLLM
-/// serves) is planned with its decoder linears at a byte a value and served by `vlm up --model
-/// DIR`: a text and an image request are answered.
+/// The quantized directories `vlm quantize` writes (what vLLM serves: W8A8 int8 per channel,
+/// W4A16 4-bit per group and FP8 per block, groups and blocks of 32 here, the tiny model's
+/// widths being 64 and 128) are planned with their decoder linears at their stored bytes (each
+/// below the f32 checkpoint, 4-bit below int8) and served by `vlm up --model DIR`: a text and an
+/// image request are answered.
 #[test]
-fn a_w8a8_directory_is_planned_and_served() {
+fn quantized_directories_are_planned_and_served() {
     let vlm = vlm_bin();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("tiny");
-    let w8a8 = dir.path().join("tiny-w8a8");
     let ok = |args: &[&str]| assert_succeeded(&Command::new(&vlm).args(args).output().unwrap());
-    let (ckpt_s, w8a8_s) = (ckpt.to_str().unwrap(), w8a8.to_str().unwrap());
+    let ckpt_s = ckpt.to_str().unwrap();
     ok(&["make-model", "--preset", "tiny", "--out", ckpt_s]);
-    ok(&["quantize", "--scheme", "w8a8", ckpt_s, w8a8_s]);
     let lm_weights = |model: &str| {
         let out = Command::new(&vlm)
             .args(["plan", "--device-kind", "cpu", "--json", "--config"])
@@ -364,15 +364,25 @@ fn a_w8a8_directory_is_planned_and_served() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         v["lm"]["weights"].as_u64().unwrap()
     };
-    let (float, int8) = (lm_weights(ckpt_s), lm_weights(w8a8_s));
+    let mut planned = vec![("f32", lm_weights(ckpt_s))];
+    let group = &["--group-size", "32"][..];
+    for (scheme, extra) in [("w8a8", &[][..]), ("w4a16", group), ("fp8-block", group)] {
+        let q = dir.path().join(format!("tiny-{scheme}"));
+        let q_s = q.to_str().unwrap();
+        let mut args = vec!["quantize", "--scheme", scheme];
+        args.extend_from_slice(extra);
+        args.extend([ckpt_s, q_s]);
+        ok(&args);
+        planned.push((scheme, lm_weights(q_s)));
+        let (up, grpc, http) = start_up(&vlm, dir.path(), &["--model", q_s]);
+        answers_text_and_image(&http);
+        drain(up, &grpc);
+    }
+    let bytes = |name: &str| planned.iter().find(|p| p.0 == name).unwrap().1;
     assert!(
-        int8 < float,
-        "W8A8 planned at {int8} bytes, the f32 checkpoint at {float}"
+        planned[1..].iter().all(|p| p.1 < bytes("f32")) && bytes("w4a16") < bytes("w8a8"),
+        "LM weights planned: {planned:?}"
     );
-
-    let (up, grpc, http) = start_up(&vlm, dir.path(), &["--model", w8a8_s]);
-    answers_text_and_image(&http);
-    drain(up, &grpc);
 }
 
 /// The services take a GGUF pair themselves, as a Kubernetes deployment gives them the files

@@ -19,6 +19,7 @@ use crate::kernels::candle_op::{SmallRowsMatmul, WideningMatmul};
 use crate::kernels::chunk_attention::chunk_attention;
 use crate::kernels::cpu_view::CpuF32;
 use crate::kernels::decode_attention::decode_attention;
+use crate::kernels::dequant_gemm::{Fp8Weight, Int4Weight};
 use crate::kernels::int8_gemm::Int8Weight;
 use crate::kernels::quantized::QuantizedWeight;
 use crate::kernels::{matmul_packed, PackedB};
@@ -59,6 +60,38 @@ impl CpuKernels {
     fn simd(&self) -> bool {
         self.opts.gemv != crate::kernels::gemv::Isa::Scalar
     }
+
+    /// x (rows, k) f32 through `f` (the product of a weight of `dims` on contiguous f32 rows),
+    /// as a (rows, n) tensor; `what` names the weight's kind in the error.
+    fn rows_matmul(
+        &self,
+        x: &Tensor,
+        (n, k): (usize, usize),
+        what: &str,
+        f: impl FnOnce(&[f32]) -> Vec<f32>,
+    ) -> Result<Tensor> {
+        let rows = x.dim(0)?;
+        if x.dims() != [rows, k] || x.dtype() != DType::F32 {
+            return Err(vlm_model::ModelError::invalid(format!(
+                "{what} matmul: x is {:?} {:?}, the weight {n}x{k} takes f32 rows of {k}",
+                x.dtype(),
+                x.dims()
+            )));
+        }
+        // Borrowed, not copied: `Linear` hands contiguous f32 rows.
+        let x = x.contiguous()?;
+        let xs = CpuF32::new(&x, "quantized matmul input")?;
+        Ok(Tensor::from_vec(f(xs.slice()), (rows, n), &self.device)?)
+    }
+
+    /// Rows `ids` of a weight with rows of `k`, each written by `row`.
+    fn rows_f32(&self, ids: &[u32], k: usize, row: impl Fn(usize, &mut [f32])) -> Result<Tensor> {
+        let mut out = vec![0f32; ids.len() * k];
+        for (o, &id) in out.chunks_exact_mut(k).zip(ids) {
+            row(id as usize, o);
+        }
+        Ok(Tensor::from_vec(out, (ids.len(), k), &self.device)?)
+    }
 }
 
 /// How a CPU linear weight is held.
@@ -74,6 +107,12 @@ pub enum CpuWeight {
     /// int8 with per-output-row scales (a W8A8 checkpoint's), activations quantized per row
     /// in each product ([`Int8Weight`]).
     Int8(Arc<Int8Weight>),
+    /// 4-bit with a scale per output row and group (a W4A16 checkpoint's), expanded in
+    /// registers in each product ([`Int4Weight`]).
+    Int4(Arc<Int4Weight>),
+    /// FP8 e4m3 with block scales (an FP8 checkpoint's), expanded in registers in each
+    /// product ([`Fp8Weight`]).
+    Fp8(Arc<Fp8Weight>),
 }
 
 impl CpuWeight {
@@ -125,8 +164,30 @@ impl Kernels for CpuKernels {
         )))
     }
 
+    fn int4_weight(&self, w: vlm_model::w4a16::Int4Linear) -> Result<CpuWeight> {
+        // Stored + 8, the codec's codes.
+        let codes: Vec<u8> = w.values.iter().map(|&v| (v + 8) as u8).collect();
+        let groups = w.k / w.group;
+        Ok(CpuWeight::Int4(Arc::new(
+            Int4Weight::new(w.n, w.k, w.group, &codes, |r, g| w.scales[r * groups + g])
+                .with_simd(self.simd())
+                .with_amx(self.opts.amx),
+        )))
+    }
+
+    fn fp8_weight(&self, w: vlm_model::fp8::Fp8Linear) -> Result<CpuWeight> {
+        // The kernel's groups are the blocks' input runs; a row takes its block's scales.
+        Ok(CpuWeight::Fp8(Arc::new(
+            Fp8Weight::new(w.n, w.k, w.block_k, &w.codes, |r, g| w.scale(r, g))
+                .with_simd(self.simd())
+                .with_amx(self.opts.amx),
+        )))
+    }
+
     fn weight_dims(&self, w: &CpuWeight) -> (usize, usize) {
         match w {
+            CpuWeight::Fp8(q) => q.dims(),
+            CpuWeight::Int4(q) => q.dims(),
             CpuWeight::Packed(p) => (p.n(), p.k()),
             CpuWeight::Int8(q) => q.dims(),
             CpuWeight::Quantized(q) => q.dims(),
@@ -160,6 +221,20 @@ impl Kernels for CpuKernels {
         });
         if let Some(q) = int8 {
             return Int8Weight::concat(&q).map(|q| CpuWeight::Int8(Arc::new(q)));
+        }
+        let int4 = all(parts, |w| match w {
+            CpuWeight::Int4(q) => Some(q.as_ref()),
+            _ => None,
+        });
+        if let Some(q) = int4 {
+            return Int4Weight::concat(&q).map(|q| CpuWeight::Int4(Arc::new(q)));
+        }
+        let fp8 = all(parts, |w| match w {
+            CpuWeight::Fp8(q) => Some(q.as_ref()),
+            _ => None,
+        });
+        if let Some(q) = fp8 {
+            return Fp8Weight::concat(&q).map(|q| CpuWeight::Fp8(Arc::new(q)));
         }
         let packed = all(parts, |w| w.packed().map(|p| p.as_ref()))?;
         Some(CpuWeight::Packed(Arc::new(PackedB::concat_n(&packed)?)))
@@ -202,20 +277,9 @@ impl Kernels for CpuKernels {
             }
             CpuWeight::Dense(w) => x.matmul(&w.t()?)?,
             CpuWeight::Quantized(q) => q.matmul(x)?,
-            CpuWeight::Int8(q) => {
-                let (n, k) = q.dims();
-                if x.dims() != [rows, k] || x.dtype() != DType::F32 {
-                    return Err(vlm_model::ModelError::invalid(format!(
-                        "int8 matmul: x is {:?} {:?}, the weight {n}x{k} takes f32 rows of {k}",
-                        x.dtype(),
-                        x.dims()
-                    )));
-                }
-                // Borrowed, not copied: `Linear` hands contiguous f32 rows.
-                let x = x.contiguous()?;
-                let xs = CpuF32::new(&x, "int8 matmul input")?;
-                Tensor::from_vec(q.matmul(xs.slice(), rows), (rows, n), &self.device)?
-            }
+            CpuWeight::Int8(q) => self.rows_matmul(x, q.dims(), "int8", |xs| q.matmul(xs, rows))?,
+            CpuWeight::Int4(q) => self.rows_matmul(x, q.dims(), "int4", |xs| q.matmul(xs, rows))?,
+            CpuWeight::Fp8(q) => self.rows_matmul(x, q.dims(), "fp8", |xs| q.matmul(xs, rows))?,
         })
     }
 
@@ -241,14 +305,9 @@ impl Kernels for CpuKernels {
                 Ok(t.index_select(&idx, 0)?.to_dtype(DType::F32)?)
             }
             CpuWeight::Quantized(q) => Ok(q.rows(ids)?),
-            CpuWeight::Int8(q) => {
-                let k = q.dims().1;
-                let mut out = vec![0f32; ids.len() * k];
-                for (row, &id) in out.chunks_exact_mut(k).zip(ids) {
-                    q.row_f32(id as usize, row);
-                }
-                Ok(Tensor::from_vec(out, (ids.len(), k), &self.device)?)
-            }
+            CpuWeight::Int8(q) => self.rows_f32(ids, q.dims().1, |r, o| q.row_f32(r, o)),
+            CpuWeight::Int4(q) => self.rows_f32(ids, q.dims().1, |r, o| q.row_f32(r, o)),
+            CpuWeight::Fp8(q) => self.rows_f32(ids, q.dims().1, |r, o| q.row_f32(r, o)),
         }
     }
 

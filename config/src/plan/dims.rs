@@ -45,6 +45,14 @@ pub struct ModelDims {
     /// `compressed-tensors`).
     #[serde(default)]
     pub lm_linears_int8: bool,
+    /// The decoder layers' linear weights are 4-bit with a scale per output row and group of
+    /// this many inputs (a compressed-tensors W4A16 checkpoint: `format: pack-quantized`).
+    #[serde(default)]
+    pub lm_linears_int4_group: Option<u64>,
+    /// The decoder layers' linear weights are FP8 with a scale per block of this many inputs
+    /// (and some rows): `quantization_config.quant_method` is `fp8`, `weight_block_size[1]`.
+    #[serde(default)]
+    pub lm_linears_fp8_block: Option<u64>,
 }
 
 /// Parameter counts by part.
@@ -89,6 +97,8 @@ impl ModelDims {
             tied: true,
             lm_stored_bytes: None,
             lm_linears_int8: false,
+            lm_linears_int4_group: None,
+            lm_linears_fp8_block: None,
         }
     }
 
@@ -138,11 +148,29 @@ impl ModelDims {
                 .tie_word_embeddings
                 .or(t.tie_word_embeddings)
                 .unwrap_or(false),
-            lm_linears_int8: raw
-                .quantization_config
-                .as_ref()
-                .and_then(|q| q.quant_method.as_deref())
-                == Some("compressed-tensors"),
+            lm_linears_int8: raw.quantization_config.as_ref().is_some_and(|q| {
+                q.quant_method.as_deref() == Some("compressed-tensors")
+                    && q.format.as_deref() != Some("pack-quantized")
+            }),
+            lm_linears_int4_group: raw.quantization_config.as_ref().and_then(|q| {
+                if q.quant_method.as_deref() != Some("compressed-tensors")
+                    || q.format.as_deref() != Some("pack-quantized")
+                {
+                    return None;
+                }
+                // One group size for every config group (the loader refuses others).
+                q.config_groups
+                    .as_ref()?
+                    .as_object()?
+                    .values()
+                    .find_map(|g| g.get("weights")?.get("group_size")?.as_u64())
+            }),
+            lm_linears_fp8_block: raw.quantization_config.as_ref().and_then(|q| {
+                if q.quant_method.as_deref() != Some("fp8") {
+                    return None;
+                }
+                q.weight_block_size.as_ref()?.get(1).copied()
+            }),
             lm_stored_bytes: raw.quantization_config.and_then(|q| q.lm_weight_bytes),
         })
     }
@@ -227,6 +255,9 @@ struct RawConfig {
 struct RawQuantization {
     lm_weight_bytes: Option<u64>,
     quant_method: Option<String>,
+    format: Option<String>,
+    config_groups: Option<serde_json::Value>,
+    weight_block_size: Option<Vec<u64>>,
 }
 
 #[derive(Deserialize)]

@@ -36,9 +36,42 @@ impl<K: Kernels> Linear<K> {
         })
     }
 
-    /// Loads `{prefix}.weight` of shape (out_dim, in_dim): kept int8 (W8A8) or block-quantized
-    /// (GGUF) when the checkpoint stores it so, else in the builder's dtype.
+    /// Loads `{prefix}.weight` of shape (out_dim, in_dim): kept int8 (W8A8), 4-bit (W4A16),
+    /// FP8 or block-quantized (GGUF) when the checkpoint stores it so, else in the builder's
+    /// dtype.
     pub fn load(k: &K, w: &Weights, in_dim: usize, out_dim: usize) -> Result<Self> {
+        if let Some(q) = w.fp8_linear()? {
+            if (q.n, q.k) != (out_dim, in_dim) {
+                return Err(ModelError::weights(format!(
+                    "{}.weight has shape [{}, {}], the model expects [{out_dim}, {in_dim}]",
+                    w.vb().prefix(),
+                    q.n,
+                    q.k
+                )));
+            }
+            return Ok(Linear {
+                weight: k.fp8_weight(q)?,
+                k: k.clone(),
+                in_dim,
+                out_dim,
+            });
+        }
+        if let Some(q) = w.int4_linear()? {
+            if (q.n, q.k) != (out_dim, in_dim) {
+                return Err(ModelError::weights(format!(
+                    "{}.weight_packed holds [{}, {}], the model expects [{out_dim}, {in_dim}]",
+                    w.vb().prefix(),
+                    q.n,
+                    q.k
+                )));
+            }
+            return Ok(Linear {
+                weight: k.int4_weight(q)?,
+                k: k.clone(),
+                in_dim,
+                out_dim,
+            });
+        }
         if let Some(q) = w.int8_linear()? {
             if (q.n, q.k) != (out_dim, in_dim) {
                 return Err(ModelError::weights(format!(

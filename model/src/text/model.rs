@@ -45,6 +45,10 @@ pub struct TextModel<K: Kernels> {
     /// (values, output rows) of the decoder linears stored int8 (a W8A8 checkpoint: a byte a
     /// value, 8 per output row); the rest are `weight_dtype`.
     int8_linears: (usize, usize),
+    /// (values, scales) of the decoder linears stored 4-bit (W4A16).
+    int4_linears: (usize, usize),
+    /// Values of the decoder linears stored FP8, and the block's input width.
+    fp8_linears: (usize, usize),
     device: Device,
 }
 
@@ -142,6 +146,8 @@ impl<K: Kernels> TextModel<K> {
             deepstack_levels,
             weight_dtype,
             int8_linears: w.layer_int8(),
+            int4_linears: w.layer_int4(),
+            fp8_linears: w.layer_fp8(),
             device: vb.device().clone(),
         })
     }
@@ -177,9 +183,18 @@ impl<K: Kernels> TextModel<K> {
             + 3 * t.hidden_size * t.intermediate_size;
         // Int8 linears: a byte a value and 8 a row (scale and row sum, as the CPU holds them).
         let (int8_values, int8_rows) = self.int8_linears;
-        let linears = s * (t.num_hidden_layers * values).saturating_sub(int8_values)
+        // 4-bit linears: half a byte a value and 4 a group scale (as the CPU holds them).
+        let (int4_values, int4_scales) = self.int4_linears;
+        // FP8 linears: a byte a value and 4 per row and input block (the CPU's scales).
+        let (fp8_values, fp8_block) = self.fp8_linears;
+        let linears = s
+            * (t.num_hidden_layers * values).saturating_sub(int8_values + int4_values + fp8_values)
             + int8_values
-            + 8 * int8_rows;
+            + 8 * int8_rows
+            + int4_values / 2
+            + 4 * int4_scales
+            + fp8_values
+            + 4 * (fp8_values / fp8_block.max(1));
         let per_layer = 4 * (2 * t.hidden_size + 2 * t.head_dim);
         let head = if self.tied {
             0

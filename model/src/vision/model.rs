@@ -74,9 +74,11 @@ impl<K: Kernels> VisionModel<K> {
     /// BF16; activations stay f32).
     pub fn load(k: &K, dir: &Path, dtype: DType) -> Result<VisionModel<K>> {
         let cfg = Qwen3VlConfig::from_dir(dir)?;
-        // A quantized checkpoint this server does not run, or int8 tensors in the tower, are
-        // refused here by name, as the LM refuses them (the tower itself loads as floats).
+        // A quantized checkpoint this server does not run, or int8 or packed tensors in the
+        // tower, are refused here by name, as the LM refuses them (the tower loads as floats).
         crate::w8a8::open_dir(dir)?;
+        crate::w4a16::open_dir(dir)?;
+        crate::fp8::open_dir(dir)?;
         let vb = var_builder(dir, DType::F32, k.device())?;
         VisionModel::new(k, &cfg.vision, vb.pp(VISION_PREFIX), dtype)
     }

@@ -13,7 +13,7 @@ mod scheme;
 mod source;
 mod writer;
 
-pub use scheme::{check_quantization_config, QUANT_METHOD};
+pub use scheme::check_quantization_config;
 pub use source::{open_dir, Int8Source};
 pub use writer::{quantize_checkpoint_w8a8, quantize_rows, w8a8_config};
 

@@ -2,10 +2,8 @@
 //! 8-bit symmetric int weights per channel (`strategy: channel`) and 8-bit symmetric int
 //! activations per token, dynamic (`strategy: token`, `dynamic: true`) -- llm-compressor's
 //! `W8A8` preset. Anything else is refused at start, naming the key and the value.
+use crate::quant_config::check_extras;
 use serde_json::Value;
-
-/// `quantization_config.quant_method` of these checkpoints.
-pub const QUANT_METHOD: &str = "compressed-tensors";
 
 /// `Ok` when `q` (a config.json's `quantization_config` with `quant_method:
 /// compressed-tensors`) is the served scheme; else what differs, as a sentence.
@@ -17,25 +15,7 @@ pub fn check_quantization_config(q: &Value) -> Result<(), String> {
              `int-quantized` W8A8 is)"
         ));
     }
-    if let Some(kv) = q.get("kv_cache_scheme").filter(|v| !v.is_null()) {
-        return Err(format!(
-            "quantization_config.kv_cache_scheme {kv} is not served (the KV cache dtype is the \
-             server's `kv_cache_dtype` option)"
-        ));
-    }
-    if let Some(s) = q
-        .get("sparsity_config")
-        .filter(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty()))
-    {
-        return Err(format!(
-            "quantization_config.sparsity_config {s} is not served"
-        ));
-    }
-    let groups = q
-        .get("config_groups")
-        .and_then(Value::as_object)
-        .filter(|g| !g.is_empty())
-        .ok_or("quantization_config has no config_groups")?;
+    let groups = check_extras(q)?;
     for (name, g) in groups {
         let at = format!("quantization_config.config_groups.{name}");
         check_args(&at, "weights", g.get("weights"), "channel", false)?;

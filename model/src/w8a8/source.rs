@@ -1,7 +1,8 @@
 //! Reading a W8A8 checkpoint's int8 linear weights and their per-channel scales.
-use super::scheme::{check_quantization_config, QUANT_METHOD};
+use super::scheme::check_quantization_config;
 use super::Int8Linear;
 use crate::error::{ModelError, Result};
+use crate::quant_config::{self, is_lm_linear, scales_f32, QuantConfig, LM_LAYERS};
 use crate::weights::safetensors_files;
 use candle_core::safetensors::MmapedSafetensors;
 use safetensors::Dtype;
@@ -23,35 +24,16 @@ impl std::fmt::Debug for Int8Source {
 }
 
 /// The W8A8 tensors of checkpoint `dir` when its config.json says `quant_method:
-/// compressed-tensors`; `None` for a float (or GGUF-derived) checkpoint. Refuses, naming the
-/// key or tensor: another quantization method, another compressed-tensors scheme, and int8
+/// compressed-tensors` in a format other than `pack-quantized`; `None` for a float, W4A16 or
+/// GGUF-derived checkpoint. Refuses, naming the key or tensor: another quantization method
+/// ([`quant_config::read`]), another compressed-tensors scheme, and int8
 /// tensors outside the LM's linear layers (the vision tower and the embeddings run in floats:
 /// such checkpoints list them in `ignore`).
 pub fn open_dir(dir: &Path) -> Result<Option<Int8Source>> {
-    let path = dir.join("config.json");
-    if !path.is_file() {
-        return Ok(None);
-    }
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
-    let config: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| ModelError::config(&path, e.to_string()))?;
-    let Some(q) = config.get("quantization_config").filter(|q| !q.is_null()) else {
+    let (path, QuantConfig::W8A8(q)) = quant_config::read(dir)? else {
         return Ok(None);
     };
-    match q.get("quant_method").and_then(|m| m.as_str()) {
-        Some(QUANT_METHOD) => {}
-        Some("gguf") => return Ok(None),
-        other => {
-            return Err(ModelError::config(
-                &path,
-                format!(
-                    "quantization_config.quant_method {other:?} is not served (compressed-tensors \
-                     W8A8 directories and GGUF files are)"
-                ),
-            ))
-        }
-    }
-    check_quantization_config(q).map_err(|m| ModelError::config(&path, m))?;
+    check_quantization_config(&q).map_err(|m| ModelError::config(&path, m))?;
     let files = safetensors_files(dir)?;
     // SAFETY: mapped read-only; the checkpoint must not change while served (as for every
     // safetensors loader).
@@ -61,14 +43,14 @@ pub fn open_dir(dir: &Path) -> Result<Option<Int8Source>> {
         if view.dtype() != Dtype::I8 {
             continue;
         }
-        if !is_lm_linear(&name) {
+        if !is_lm_linear(&name, ".weight") {
             return Err(ModelError::weights(format!(
                 "{name} is int8: only the LM's linear layers run W8A8 here (the vision tower, \
                  embeddings and norms are served in floats; such checkpoints list them in \
                  `ignore`)"
             )));
         }
-        if name.starts_with(LAYERS) {
+        if name.starts_with(LM_LAYERS) {
             layer_values += view.shape().iter().product::<usize>();
             layer_rows += view.shape().first().copied().unwrap_or(0);
         }
@@ -78,12 +60,6 @@ pub fn open_dir(dir: &Path) -> Result<Option<Int8Source>> {
         layer_values,
         layer_rows,
     }))
-}
-
-const LAYERS: &str = "model.language_model.layers.";
-
-fn is_lm_linear(name: &str) -> bool {
-    (name.starts_with(LAYERS) || name.starts_with("lm_head.")) && name.ends_with(".weight")
 }
 
 impl Int8Source {
@@ -121,31 +97,7 @@ impl Int8Source {
                 sv.shape()
             )));
         }
-        let bytes = sv.data();
-        let scales: Vec<f32> = match sv.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(ModelError::weights(format!(
-                    "{scale_name} is {other:?}; scales are f32, bf16 or f16"
-                )))
-            }
-        };
-        if let Some(bad) = scales.iter().find(|s| !s.is_finite() || **s < 0.0) {
-            return Err(ModelError::weights(format!(
-                "{scale_name} holds {bad}; scales are finite and >= 0"
-            )));
-        }
+        let scales = scales_f32(&scale_name, &sv)?;
         let values = view.data().iter().map(|&b| b as i8).collect();
         Ok(Some(Int8Linear {
             n,

@@ -12,6 +12,7 @@ pub(crate) mod candle_op;
 pub mod chunk_attention;
 pub(crate) mod cpu_view;
 pub mod decode_attention;
+pub mod dequant_gemm;
 pub mod gemv;
 pub mod int8_gemm;
 pub mod kquant_gemv;
