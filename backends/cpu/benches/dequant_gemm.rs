@@ -1,6 +1,6 @@
 //! The weight-only products (`backends/cpu/src/kernels/dequant_gemm.rs`: W4A16 4-bit and FP8
 //! e4m3 codes) on the 2B model's decoder shapes against the bf16 GEMM on the same shapes,
-//! alternating: decode rows (1) in GB/s of the weight's bytes as held (each call takes another
+//! alternating: decode rows (1 and 8) in GB/s of the weight's bytes as held (each call takes another
 //! copy, cycling over 512 MB of codes, so the weights come from memory as in the model),
 //! prefill rows (512) in GFLOP/s with their share of the bf16 products' measured peak (AMX
 //! tiles where the CPU has them, as the model runs both).
@@ -51,11 +51,11 @@ fn run<C: Codec>(label: &str, code: impl Fn(u32) -> u8, bf_peak: f64) {
         let packed: Vec<std::sync::Arc<PackedB>> = (0..(copies * bytes / (2 * n * k)).max(1))
             .map(|_| std::sync::Arc::new(PackedB::from_rows(&wf, n, k, k).with_amx(true)))
             .collect();
-        for m in [1usize, 512] {
+        for m in [1usize, 8, 512] {
             let x: Vec<f32> = (0..m * k).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
             let xt =
                 candle_core::Tensor::from_slice(&x, (m, k), &candle_core::Device::Cpu).unwrap();
-            let reps = if m == 1 { 200 } else { 5 };
+            let reps = if m < 16 { 200 } else { 5 };
             let (mut tq, mut tb) = (f64::MAX, f64::MAX);
             let (mut i, mut j) = (0, 0);
             for _ in 0..reps {
@@ -68,7 +68,7 @@ fn run<C: Codec>(label: &str, code: impl Fn(u32) -> u8, bf_peak: f64) {
                     std::hint::black_box(matmul_packed(&xt, &packed[j]).unwrap());
                 }));
             }
-            let (a, b) = if m == 1 {
+            let (a, b) = if m < 16 {
                 (
                     format!("{:.1} GB/s", bytes as f64 / tq / 1e9),
                     format!("{:.1} GB/s", (2 * n * k) as f64 / tb / 1e9),

@@ -3,10 +3,14 @@
 //! group of inputs, times f32 activations. The weight stays in its codes in memory and is
 //! expanded in registers:
 //!
-//! * decode rows (up to [`GEMV_ROWS`]): an f32 gemv. Per group the codes' values multiply the
-//!   activations in f32 (plus the codec's offset times the group's activation sum) and the sum
-//!   is scaled by the group's scale: `sum_g s_g * (sum v x + offset * sum x)`, the scheme's
-//!   `sum (v + offset) s x` in another order (f32 rounding only).
+//! * decode rows (up to [`GEMV_ROWS`]): a gemv. Per group the codes' values multiply the
+//!   activations (plus the codec's offset times the group's activation sum) and the sum is
+//!   scaled by the group's scale: `sum_g s_g * (sum v x + offset * sum x)`, the scheme's `sum
+//!   (v + offset) s x` in another order. 4-bit codes, where the CPU has AVX512-BF16, run on
+//!   `vdpbf16ps`: a code's 16-bit lane ORed with 0x4300 is the bf16 of `128 + q`, exact, times
+//!   the activations rounded to bf16 (as the prefill path rounds them), f32 sums, and `136 *
+//!   sum x` taken off per group; 3 instructions expand 64 codes. FP8 codes (and 4-bit ones on
+//!   other CPUs) run in f32: `vcvtph2ps` of their f16 form, FMAs.
 //! * more rows (prefill), on CPUs with the bf16 GEMM: each task expands a run of panels to the
 //!   bf16 GEMM's packed layout in a per-thread buffer (`(v + offset) * s` rounded to bf16, the
 //!   dequantized weight the reference multiplies by in a bf16 model), and runs
@@ -29,11 +33,16 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 
 /// Rows up to which a product is a gemv (the weight streamed once, expanded in registers).
+/// More rows expand the panels for the bf16 GEMM: at 8 rows two gemv passes took 1.6x the bf16
+/// GEMM's time on the 2B's shapes where expanding took 1.0x (4-bit) and 1.5-2.0x (FP8) (the
+/// `dequant_gemm` bench, Xeon with AMX, whose `vdpbf16ps` and FMAs bound a 4-row pass).
 pub const GEMV_ROWS: usize = 4;
 /// Bytes of bf16 panels a prefill task expands and keeps in L2 (the bf16 GEMM's AMX run).
 const RUN_BYTES: usize = 1 << 20;
 /// Panels per gemv task.
 const GEMV_PANELS: usize = 4;
+/// Bytes the gemv of 4-bit codes prefetches ahead of its loads (within a panel's run).
+const PREFETCH_AHEAD: usize = 2048;
 
 /// How a value is stored: `W = (value(code) + OFFSET) * scale`.
 pub trait Codec: Send + Sync + std::fmt::Debug + 'static {
@@ -58,6 +67,9 @@ pub trait Codec: Send + Sync + std::fmt::Debug + 'static {
     /// What [`Self::slots`] returns per unit of [`Self::value`] (a power of two the scales
     /// are divided by).
     const VEC_UNIT: f32;
+    /// Codes whose 16-bit lane ORed with this is the bf16 of `DOT_BIAS_VALUE + value` (4-bit
+    /// codes: 0x4300 | q is 128 + q): decode rows then run on `vdpbf16ps` ([`x86::gemv_dot`]).
+    const DOT_BIAS: Option<(u16, f32)>;
 }
 
 /// 4-bit integers stored `+ 8` (a W4A16 checkpoint's): slot `t` in the low nibble of byte `t`
@@ -104,6 +116,7 @@ impl Codec for Int4 {
         ]
     }
     const VEC_UNIT: f32 = 1.0;
+    const DOT_BIAS: Option<(u16, f32)> = Some((0x4300, 128.0));
 }
 
 /// FP8 e4m3fn (an FP8 checkpoint's), a byte a slot in order. In registers a code becomes the
@@ -158,6 +171,7 @@ impl Codec for Fp8E4M3 {
         ]
     }
     const VEC_UNIT: f32 = 1.0 / 256.0;
+    const DOT_BIAS: Option<(u16, f32)> = None;
 }
 
 /// A weight of codes `C` laid out for [`DequantWeight::matmul`].
@@ -363,6 +377,9 @@ impl<C: Codec> DequantWeight<C> {
 
     /// The AVX512 gemv over `m` (1..=4) rows.
     fn gemv(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        if let (Some(bias), true) = (C::DOT_BIAS, bf16_gemm::available()) {
+            return self.gemv_dot(x, m, out, bias);
+        }
         let groups = self.k / self.group;
         // Per row and group: offset * (sum of the even inputs, sum of the odd ones), the
         // offset's part in the lanes of each parity.
@@ -400,6 +417,54 @@ impl<C: Codec> DequantWeight<C> {
                             *optr.get().add(r * self.n + panel * NR + c) = s[2 * c] + s[2 * c + 1]
                         };
                     }
+                }
+            }
+        });
+    }
+
+    /// The gemv on `vdpbf16ps` for codes with a [`Codec::DOT_BIAS`] `(bits, value)`.
+    fn gemv_dot(&self, x: &[f32], m: usize, out: &mut [f32], (bits, value): (u16, f32)) {
+        let k = self.k;
+        // x rounded to bf16, a pair of inputs a u32 (the low half the even input).
+        let mut xb = vec![0u16; m * k];
+        for (dst, src) in xb.chunks_exact_mut(k).zip(x.chunks_exact(k)) {
+            bf16_gemm::to_bf16(src, dst);
+        }
+        let pairs: Vec<u32> = xb
+            .chunks_exact(2)
+            .map(|p| p[0] as u32 | (p[1] as u32) << 16)
+            .collect();
+        // Per row and group: (offset - bias value) * sum of the rounded inputs.
+        let corr: Vec<f32> = xb
+            .chunks_exact(self.group)
+            .map(|g| {
+                let sum: f32 = g.iter().map(|&b| half::bf16::from_bits(b).to_f32()).sum();
+                (C::OFFSET - value) * sum
+            })
+            .collect();
+        let optr = SendPtr(out.as_mut_ptr());
+        let tasks = self.panels.div_ceil(GEMV_PANELS);
+        (0..tasks).into_par_iter().for_each(|t| {
+            let p1 = ((t + 1) * GEMV_PANELS).min(self.panels);
+            for panel in t * GEMV_PANELS..p1 {
+                let mut sums = [[0f32; NR]; GEMV_ROWS];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the caller checked AVX512-BF16 and the rest of the bf16 GEMM's
+                // features; the panel's bytes and scales are in bounds; `pairs` holds m rows
+                // of k / 2, `corr` m rows of `groups`.
+                unsafe {
+                    x86::gemv_dot(self, panel, &pairs, m, &corr, bits, &mut sums)
+                };
+                let cols = NR.min(self.n - panel * NR);
+                for (r, s) in sums.iter().enumerate().take(m) {
+                    // SAFETY: columns of this panel are written by this task alone.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            s.as_ptr(),
+                            optr.get().add(r * self.n + panel * NR),
+                            cols,
+                        )
+                    };
                 }
             }
         });
@@ -467,7 +532,7 @@ thread_local! {
 // The accumulators are indexed in step with the rows and lanes.
 #[allow(clippy::needless_range_loop)]
 mod x86 {
-    use super::{Codec, DequantWeight, GEMV_ROWS, NR};
+    use super::{Codec, DequantWeight, GEMV_ROWS, NR, PREFETCH_AHEAD};
     use std::arch::x86_64::*;
 
     /// The scales of `group` of `panel` per slot, divided by the codec's vector unit: vector v
@@ -519,7 +584,9 @@ mod x86 {
         for g in 0..groups {
             let mut acc = [[_mm512_setzero_ps(); 4]; GEMV_ROWS];
             for pair in g * group / 2..(g + 1) * group / 2 {
-                let q = C::slots(pair_ptr(w, panel, pair));
+                let p = pair_ptr(w, panel, pair);
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH_AHEAD) as *const i8);
+                let q = C::slots(p);
                 for r in 0..m {
                     // (x[2p], x[2p + 1]) in every pair of lanes.
                     let xp = _mm512_castsi512_ps(_mm512_set1_epi64(std::ptr::read_unaligned(
@@ -547,6 +614,70 @@ mod x86 {
             for v in 0..4 {
                 _mm512_storeu_ps(sums[r].as_mut_ptr().add(16 * v), fin[r][v]);
             }
+        }
+    }
+
+    /// `sums[r][c]` for the `m` rows against `panel` on `vdpbf16ps`: codes laid out as 4-bit
+    /// nibbles ([`super::Int4`]: slot t in the low nibble of byte t, slot t + 32 in the high
+    /// one), each 16-bit lane ORed with `bits` to the bf16 of `bias + code`; `pairs` are the
+    /// rows' bf16 input pairs, `corr` per row and group the bias's and offset's part.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")]
+    pub(super) unsafe fn gemv_dot<C: Codec>(
+        w: &DequantWeight<C>,
+        panel: usize,
+        pairs: &[u32],
+        m: usize,
+        corr: &[f32],
+        bits: u16,
+        sums: &mut [[f32; NR]; GEMV_ROWS],
+    ) {
+        debug_assert_eq!(C::PAIR_BYTES, 32);
+        let (k, group) = (w.k, w.group);
+        let groups = k / group;
+        let mask = _mm512_set1_epi16(0x0F);
+        let bias = _mm512_set1_epi16(bits as i16);
+        let mut fin = [[_mm512_setzero_ps(); 2]; GEMV_ROWS];
+        for g in 0..groups {
+            // Two accumulators a half (even and odd pairs), so that the dot products of one
+            // row do not wait on each other.
+            let mut acc = [[_mm512_setzero_ps(); 4]; GEMV_ROWS];
+            for pair in g * group / 2..(g + 1) * group / 2 {
+                let p = pair_ptr(w, panel, pair);
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH_AHEAD) as *const i8);
+                let b = _mm256_loadu_si256(p as *const __m256i);
+                let words = _mm512_cvtepu8_epi16(b);
+                // (w & 0x0F) | bias: columns 0..16 from the low nibbles, 16..32 the high.
+                let lo: __m512bh =
+                    std::mem::transmute(_mm512_ternarylogic_epi32::<0xEA>(words, mask, bias));
+                let hi: __m512bh = std::mem::transmute(_mm512_ternarylogic_epi32::<0xEA>(
+                    _mm512_srli_epi16::<4>(words),
+                    mask,
+                    bias,
+                ));
+                for r in 0..m {
+                    let xp: __m512bh = std::mem::transmute(_mm512_set1_epi32(
+                        *pairs.get_unchecked(r * k / 2 + pair) as i32,
+                    ));
+                    let a = 2 * (pair & 1);
+                    acc[r][a] = _mm512_dpbf16_ps(acc[r][a], lo, xp);
+                    acc[r][a + 1] = _mm512_dpbf16_ps(acc[r][a + 1], hi, xp);
+                }
+            }
+            let s = w.scales.as_ptr().add((panel * groups + g) * NR);
+            let (s0, s1) = (_mm512_loadu_ps(s), _mm512_loadu_ps(s.add(16)));
+            for r in 0..m {
+                let c = _mm512_set1_ps(corr[r * groups + g]);
+                let (a0, a1) = (
+                    _mm512_add_ps(acc[r][0], acc[r][2]),
+                    _mm512_add_ps(acc[r][1], acc[r][3]),
+                );
+                fin[r][0] = _mm512_fmadd_ps(_mm512_add_ps(a0, c), s0, fin[r][0]);
+                fin[r][1] = _mm512_fmadd_ps(_mm512_add_ps(a1, c), s1, fin[r][1]);
+            }
+        }
+        for r in 0..m {
+            _mm512_storeu_ps(sums[r].as_mut_ptr(), fin[r][0]);
+            _mm512_storeu_ps(sums[r].as_mut_ptr().add(16), fin[r][1]);
         }
     }
 
@@ -670,10 +801,13 @@ mod tests {
                 let mut scalar = vec![0f32; m * n];
                 w.matmul_scalar(&x, m, &mut scalar);
                 let fast = w.matmul(&x, m);
-                let bf16_path = avx512_available() && bf16_gemm::available() && m > GEMV_ROWS;
+                // The prefill path rounds x and the weight to bf16 (2^-9 each); the gemv of
+                // 4-bit codes rounds x.
+                let bf16_path = avx512_available()
+                    && bf16_gemm::available()
+                    && (m > GEMV_ROWS || C::DOT_BIAS.is_some());
                 for (name, got, tol) in [
                     ("scalar", &scalar, 1e-5),
-                    // The prefill path rounds x and the weight to bf16 (2^-9 each).
                     ("fast", &fast, if bf16_path { 1e-2 } else { 1e-5 }),
                 ] {
                     let diff = got
