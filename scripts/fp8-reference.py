@@ -14,24 +14,20 @@ step): its ids and the logits of every step.
   python scripts/fp8-reference.py CKPT_DIR FP8_DIR OUT.json [--steps 4]
 Needs torch (>= 2.1, float8 dtypes), transformers (>= 4.57, Qwen3-VL), safetensors.
 """
-import argparse
-import hashlib
 import json
+import os
+import sys
 
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import load_float_model, parse_args, write_golden  # noqa: E402
+
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("ckpt")
-    ap.add_argument("fp8")
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=4)
-    a = ap.parse_args()
-    torch.manual_seed(0)
-    from transformers import Qwen3VLForConditionalGeneration
-    model = Qwen3VLForConditionalGeneration.from_pretrained(a.ckpt, dtype=torch.float32).eval()
+    a = parse_args("fp8")
+    model = load_float_model(a.ckpt)
     bn, bk = json.load(open(f"{a.fp8}/config.json"))["quantization_config"]["weight_block_size"]
     path = f"{a.fp8}/model.safetensors"
     tensors = load_file(path)
@@ -48,21 +44,7 @@ def main():
         with torch.no_grad():
             mod.weight.copy_(t.float() * s)
         quantized += 1
-    vocab = model.config.text_config.vocab_size
-    g = torch.Generator().manual_seed(1234)
-    prompt = torch.randint(0, min(vocab, 990), (1, 24), generator=g)
-    ids, steps = prompt, []
-    with torch.no_grad():
-        for _ in range(a.steps):
-            logits = model(input_ids=ids).logits[0, -1].float()
-            steps.append(logits.tolist())
-            ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-    sha = hashlib.sha256(open(path, "rb").read()).hexdigest()
-    json.dump({"safetensors_sha256": sha, "quantized_linears": quantized,
-               "input_ids": prompt[0].tolist(),
-               "greedy_ids": ids[0, prompt.shape[1]:].tolist(), "step_logits": steps},
-              open(a.out, "w"))
-    print(f"{a.out}: {quantized} FP8 linears, greedy {ids[0, prompt.shape[1]:].tolist()}")
+    write_golden(model, path, quantized, a.out, a.steps, "FP8")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,18 @@ run (full recompute each step): its ids and the logits of every step.
   python scripts/gguf-reference.py CKPT_DIR LM.gguf OUT.json [--steps 4]
 Needs torch, transformers (>= 4.57, Qwen3-VL), gguf.
 """
-import argparse
 import hashlib
 import json
+import os
+import sys
 
 import numpy as np
 import torch
 from gguf import GGUFReader, GGMLQuantizationType as T
 from gguf.quants import dequantize
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from reference_common import greedy, load_float_model, parse_args, prompt_ids  # noqa: E402
 
 LAYER = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -76,15 +80,8 @@ def q8_k_rows(x):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("ckpt")
-    ap.add_argument("gguf")
-    ap.add_argument("out")
-    ap.add_argument("--steps", type=int, default=4)
-    a = ap.parse_args()
-    torch.manual_seed(0)
-    from transformers import Qwen3VLForConditionalGeneration
-    model = Qwen3VLForConditionalGeneration.from_pretrained(a.ckpt, dtype=torch.float32).eval()
+    a = parse_args("gguf")
+    model = load_float_model(a.ckpt)
     state = model.state_dict()
     reader = GGUFReader(a.gguf)
     kinds = {}
@@ -96,9 +93,7 @@ def main():
             kinds[hf] = t.tensor_type
     if "lm_head.weight" not in kinds:  # tied: the head is token_embd
         kinds["lm_head.weight"] = kinds["model.language_model.embed_tokens.weight"]
-    vocab = model.config.text_config.vocab_size
-    g = torch.Generator().manual_seed(1234)
-    prompt = torch.randint(0, min(vocab, 990), (1, 24), generator=g)
+    prompt = prompt_ids(model)
     variants = {}
     for variant in ("q8_0_act", "q8_k_act"):
         hooks = []
@@ -111,15 +106,10 @@ def main():
                 kind == T.Q8_0 and variant == "q8_k_act" and k % 256 == 0 and n % 16 == 0)
             fn = q8_k_rows if q8k else q8_0_rows
             hooks.append(mod.register_forward_pre_hook(lambda m, args, fn=fn: (fn(args[0]),)))
-        ids, steps = prompt, []
-        with torch.no_grad():
-            for _ in range(a.steps):
-                logits = model(input_ids=ids).logits[0, -1].float()
-                steps.append(logits.tolist())
-                ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+        ids, steps = greedy(model, prompt, a.steps)
         for h in hooks:
             h.remove()
-        variants[variant] = {"greedy_ids": ids[0, prompt.shape[1]:].tolist(), "step_logits": steps}
+        variants[variant] = {"greedy_ids": ids, "step_logits": steps}
     sha = hashlib.sha256(open(a.gguf, "rb").read()).hexdigest()
     types = sorted({T(k).name for k in kinds.values()})
     json.dump({"gguf_sha256": sha, "tensor_types": types, "input_ids": prompt[0].tolist(),

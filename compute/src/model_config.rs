@@ -25,8 +25,8 @@ pub struct Qwen3VlConfig {
     /// `_name_or_path` or the directory name.
     pub model_id: String,
     /// How the checkpoint stores its weights when quantized: `quantization_config`'s
-    /// `quant_method` and `format` (`compressed-tensors int-quantized`, `gguf`); empty for
-    /// float checkpoints.
+    /// `quant_method` and `format` or `fmt` (`compressed-tensors int-quantized`, `fp8 e4m3`,
+    /// `gguf`); empty for float checkpoints.
     #[serde(default)]
     pub quantization: String,
 }
@@ -362,7 +362,7 @@ impl Qwen3VlConfig {
             quantization: raw
                 .quantization_config
                 .map(|q| {
-                    ["quant_method", "format"]
+                    ["quant_method", "format", "fmt"]
                         .iter()
                         .filter_map(|k| q.get(*k).and_then(|v| v.as_str()))
                         .collect::<Vec<_>>()

@@ -96,11 +96,12 @@ pub(crate) type QuantizeLinear<'f> =
     dyn Fn(&str, &[f32], usize, usize, DType) -> Result<Vec<(String, Out<'static>)>> + 'f;
 
 /// Writes `dst` from checkpoint `src`: each quantized linear through `quantize`, the rest as it
-/// was, config.json's `quantization_config` set to `config`.
+/// was, config.json's `quantization_config` set to `config` of the prefixes of the 2-D
+/// `.weight` tensors kept as they were (the linears a config may have to list as skipped).
 pub(crate) fn rewrite_checkpoint(
     src: &Path,
     dst: &Path,
-    config: serde_json::Value,
+    config: &dyn Fn(&[String]) -> serde_json::Value,
     quantize: &QuantizeLinear<'_>,
 ) -> Result<()> {
     let files = safetensors_files(src)?;
@@ -109,8 +110,12 @@ pub(crate) fn rewrite_checkpoint(
     let st = unsafe { MmapedSafetensors::multi(&files)? };
     let mut out: Vec<(String, Out)> = Vec::new();
     let mut quantized = 0;
+    let mut kept = Vec::new();
     for (name, view) in st.tensors() {
         if !is_quantized(&name) {
+            if let (Some(prefix), 2) = (name.strip_suffix(".weight"), view.shape().len()) {
+                kept.push(prefix.to_string());
+            }
             out.push((
                 name,
                 Out {
@@ -146,7 +151,8 @@ pub(crate) fn rewrite_checkpoint(
         std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o644))
             .map_err(|e| ModelError::io(&target, e))?;
     }
-    copy_other_files(src, dst, config)
+    kept.sort();
+    copy_other_files(src, dst, config(&kept))
 }
 
 /// Every file of `src` but the weights, config.json with `quantization_config` = `config`.

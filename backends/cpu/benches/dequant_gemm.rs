@@ -6,17 +6,11 @@
 //! tiles where the CPU has them, as the model runs both).
 //!
 //!     cargo bench -p vlm-backend-cpu --bench dequant_gemm
-use std::time::Instant;
+mod common;
+
+use common::{best, SHAPES};
 use vlm_backend_cpu::kernels::dequant_gemm::{Codec, DequantWeight, Fp8E4M3, Int4};
 use vlm_backend_cpu::kernels::{amx, bf16_dot_available, matmul_packed, peak, PackedB};
-
-/// (name, n, k) of the 2B's decoder linears, q/k/v and gate/up fused as the model runs them.
-const SHAPES: [(&str, usize, usize); 4] = [
-    ("qkv", 4096, 2048),
-    ("o", 2048, 2048),
-    ("gate_up", 12288, 2048),
-    ("down", 2048, 6144),
-];
 
 fn lcg(seed: u64) -> impl FnMut() -> u32 {
     let mut s = seed;
@@ -26,17 +20,6 @@ fn lcg(seed: u64) -> impl FnMut() -> u32 {
             .wrapping_add(1442695040888963407);
         (s >> 33) as u32
     }
-}
-
-fn best<F: FnMut()>(reps: usize, mut f: F) -> f64 {
-    f();
-    let mut b = f64::MAX;
-    for _ in 0..reps {
-        let t = Instant::now();
-        f();
-        b = b.min(t.elapsed().as_secs_f64());
-    }
-    b
 }
 
 fn run<C: Codec>(label: &str, code: impl Fn(u32) -> u8, bf_peak: f64) {

@@ -11,23 +11,18 @@
 //! T8 && python scripts/fp8-reference.py T T8 fixtures/fp8/tiny-256-fp8.json`.
 mod quant_support;
 
-use candle_core::DType;
 use quant_support::{
-    assert_weight_only_matches, cpu, first_step_diff, golden, read_tensors, write_dir, Tensors,
+    assert_weight_only_matches, first_step_diff, golden, refused, refused_by_both, tiny256_pair,
+    Rewrites,
 };
 use std::path::{Path, PathBuf};
-use vlm_make_model::{make_model, MakeOptions, Preset};
 use vlm_model::fp8::quantize_checkpoint_fp8;
-use vlm_model::oracle::Oracle;
-use vlm_model::vision::VisionModel;
 
 /// The tiny-256 checkpoint and its FP8 directory (blocks of 128).
 fn fp8_pair(dir: &Path) -> (PathBuf, PathBuf) {
-    let ckpt = dir.join("tiny-256");
-    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
-    let q = dir.join("tiny-256-fp8");
-    quantize_checkpoint_fp8(&ckpt, &q, 128).unwrap();
-    (ckpt, q)
+    tiny256_pair(dir, "fp8", |src, dst| {
+        quantize_checkpoint_fp8(src, dst, 128)
+    })
 }
 
 /// Tolerances against the reference, of each step's largest |logit|: products in f32 (the
@@ -64,74 +59,32 @@ fn fp8_differs_from_the_float_checkpoint_by_the_quantization_only() {
 fn broken_fp8_checkpoints_are_refused_naming_the_tensor_or_key() {
     let dir = tempfile::tempdir().unwrap();
     let (_, q) = fp8_pair(dir.path());
-    let refused = |d: &Path| match Oracle::load_text_only(&cpu(), d, DType::F32) {
-        Ok(_) => panic!("{} loaded", d.display()),
-        Err(e) => e.to_string(),
-    };
-    let st = read_tensors(&q);
-    let write_with = |name: &str, st: &Tensors, edit: &dyn Fn(&mut serde_json::Value)| {
-        write_dir(&q, &dir.path().join(name), st, edit)
-    };
-    let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
-        let kept: Tensors = st.iter().filter(|(n, _)| keep(n)).cloned().collect();
-        write_with(name, &kept, edit)
-    };
+    let r = Rewrites::new(&q, dir.path());
     // A scale dropped.
     let scale = "model.language_model.layers.1.mlp.down_proj.weight_scale_inv";
-    let e = refused(&write("no-scale", &|n| n != scale, &|_| {}));
+    let e = refused(&r.write("no-scale", &|n| n != scale, &|_| {}));
     assert!(e.contains(scale) && e.contains("missing"), "{e}");
     // The config's block is not the one the scales were made for.
-    let e = refused(&write("block-64", &|_| true, &|c| {
+    let e = refused(&r.write("block-64", &|_| true, &|c| {
         c["quantization_config"]["weight_block_size"] = serde_json::json!([64, 64])
     }));
     assert!(
         e.contains("weight_scale_inv") && e.contains("[64, 64]"),
         "{e}"
     );
-    let e = refused(&write("static", &|_| true, &|c| {
+    let e = refused(&r.write("static", &|_| true, &|c| {
         c["quantization_config"]["activation_scheme"] = "static".into()
     }));
     assert!(e.contains("activation_scheme"), "{e}");
-    // A NaN code.
+    // A NaN code (0x7F), in every value of a weight.
     let w = "model.language_model.layers.0.self_attn.q_proj.weight";
-    let nan: Tensors = st
-        .iter()
-        .map(|(n, (dt, sh, data))| {
-            let mut data = data.clone();
-            if n == w {
-                data[3] = 0x7F;
-            }
-            (n.clone(), (*dt, sh.clone(), data))
-        })
-        .collect();
-    let e = refused(&write_with("nan", &nan, &|_| {}));
+    let nan = r.with_tensor(w, safetensors::Dtype::F8_E4M3, 0x7F);
+    let e = refused(&r.write_with("nan", &nan, &|_| {}));
     assert!(e.contains(w) && e.contains("NaN"), "{e}");
     // An FP8 tensor in the vision tower: refused by the tower's loader too, by name.
     let qkv = "model.visual.blocks.0.attn.qkv.weight";
-    let tower: Tensors = st
-        .iter()
-        .map(|(n, (dt, sh, data))| match n.as_str() {
-            n if n == qkv => {
-                let values = sh.iter().product::<usize>();
-                (
-                    n.to_string(),
-                    (
-                        safetensors::Dtype::F8_E4M3,
-                        sh.clone(),
-                        vec![0x38u8; values],
-                    ),
-                )
-            }
-            _ => (n.clone(), (*dt, sh.clone(), data.clone())),
-        })
-        .collect();
-    let d = write_with("fp8-tower", &tower, &|_| {});
-    for e in [
-        refused(&d),
-        VisionModel::load(&cpu(), &d, DType::F32)
-            .unwrap_err()
-            .to_string(),
-    ] {
+    let tower = r.with_tensor(qkv, safetensors::Dtype::F8_E4M3, 0x38);
+    for e in refused_by_both(&r.write_with("fp8-tower", &tower, &|_| {})) {
         assert!(e.contains(qkv) && e.contains("FP8"), "{e}");
     }
 }

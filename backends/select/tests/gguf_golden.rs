@@ -7,12 +7,13 @@
 //!
 //! Regenerate: `vlm make-model --preset tiny-256 --out T && vlm quantize --scheme q4_k_m T
 //! T.gguf && python scripts/gguf-reference.py T T.gguf fixtures/gguf/tiny-256-q4_k_m.json`.
+mod quant_support;
+
 use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{DType, Device, Tensor};
-use sha2::{Digest, Sha256};
+use quant_support::{assert_steps_match, cpu, sha256};
 use std::path::{Path, PathBuf};
-use vlm_backend_cpu::{CpuKernels, CpuOptions};
 use vlm_make_model::{make_model, MakeOptions, Preset};
 use vlm_model::gguf::{materialize, quantize_checkpoint, Scheme};
 use vlm_model::oracle::Oracle;
@@ -21,10 +22,6 @@ use vlm_model::vision::VisionModel;
 fn fixture(name: &str) -> serde_json::Value {
     let p = vlm_test_support::fixtures_dir().join("gguf").join(name);
     serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap()
-}
-
-fn cpu() -> CpuKernels {
-    CpuKernels::new(CpuOptions::detect())
 }
 
 struct Pair {
@@ -51,14 +48,6 @@ fn quantized_pair(scheme: Scheme) -> Pair {
     }
 }
 
-fn sha256(path: &Path) -> String {
-    let bytes = std::fs::read(path).unwrap();
-    Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// `tol`: the largest logit difference allowed, as a share of the largest |logit|.
 fn check_against_reference(scheme: Scheme, golden: &str, tol: f32) {
     let g = fixture(golden);
@@ -71,29 +60,11 @@ fn check_against_reference(scheme: Scheme, golden: &str, tol: f32) {
     );
     let ids: Vec<u32> = serde_json::from_value(g["input_ids"].clone()).unwrap();
     let v = &g["variants"][activation_variant()];
-    let want_ids: Vec<u32> = serde_json::from_value(v["greedy_ids"].clone()).unwrap();
-    let want: Vec<Vec<f32>> = serde_json::from_value(v["step_logits"].clone()).unwrap();
+    let steps = v["step_logits"].as_array().unwrap().len();
     let oracle = Oracle::load_text_only(&cpu(), &pair.served, DType::F32).unwrap();
-    let out = oracle.generate_greedy(&ids, &[], want.len(), &[]).unwrap();
+    let out = oracle.generate_greedy(&ids, &[], steps, &[]).unwrap();
     let got = out.step_logits.to_vec2::<f32>().unwrap();
-    assert_eq!(got.len(), want.len());
-    for (step, (g, w)) in got.iter().zip(&want).enumerate() {
-        let scale = w.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let diff = g.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            diff <= tol * scale,
-            "{golden} step {step}: max |diff| {diff} vs scale {scale}"
-        );
-        let mut sorted = w.clone();
-        sorted.sort_by(|a, b| b.total_cmp(a));
-        if sorted[0] - sorted[1] <= 2.0 * tol * scale {
-            break; // a near tie: the next steps may follow another token
-        }
-        assert_eq!(
-            out.tokens[step], want_ids[step],
-            "{golden}: greedy id of step {step}"
-        );
-    }
+    assert_steps_match(golden, &got, &out.tokens, v, tol);
 }
 
 /// Which activations candle's kernels pair Q8_0 weights with on this CPU: Q8_K rows on its

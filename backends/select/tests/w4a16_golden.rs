@@ -10,23 +10,18 @@
 //! python scripts/w4a16-reference.py T T4 fixtures/w4a16/tiny-256-w4a16.json`.
 mod quant_support;
 
-use candle_core::DType;
 use quant_support::{
-    assert_weight_only_matches, cpu, first_step_diff, golden, read_tensors, write_dir, Tensors,
+    assert_weight_only_matches, first_step_diff, golden, refused, refused_by_both, tiny256_pair,
+    Rewrites,
 };
 use std::path::{Path, PathBuf};
-use vlm_make_model::{make_model, MakeOptions, Preset};
-use vlm_model::oracle::Oracle;
-use vlm_model::vision::VisionModel;
 use vlm_model::w4a16::quantize_checkpoint_w4a16;
 
 /// The tiny-256 checkpoint and its W4A16 directory (groups of 128).
 fn w4a16_pair(dir: &Path) -> (PathBuf, PathBuf) {
-    let ckpt = dir.join("tiny-256");
-    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
-    let q = dir.join("tiny-256-w4a16");
-    quantize_checkpoint_w4a16(&ckpt, &q, 128).unwrap();
-    (ckpt, q)
+    tiny256_pair(dir, "w4a16", |src, dst| {
+        quantize_checkpoint_w4a16(src, dst, 128)
+    })
 }
 
 /// Tolerances against the reference, of each step's largest |logit|. Products in f32 (the
@@ -65,64 +60,39 @@ fn w4a16_differs_from_the_float_checkpoint_by_the_quantization_only() {
 fn broken_w4a16_checkpoints_are_refused_naming_the_tensor_or_key() {
     let dir = tempfile::tempdir().unwrap();
     let (_, q) = w4a16_pair(dir.path());
-    let refused = |d: &Path| match Oracle::load_text_only(&cpu(), d, DType::F32) {
-        Ok(_) => panic!("{} loaded", d.display()),
-        Err(e) => e.to_string(),
-    };
-    let st = read_tensors(&q);
-    let write_with = |name: &str, st: &Tensors, edit: &dyn Fn(&mut serde_json::Value)| {
-        write_dir(&q, &dir.path().join(name), st, edit)
-    };
-    let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
-        let kept: Tensors = st.iter().filter(|(n, _)| keep(n)).cloned().collect();
-        write_with(name, &kept, edit)
-    };
-    let weights = |c: &mut serde_json::Value| {
-        c["quantization_config"]["config_groups"]["group_0"]["weights"].take()
+    let r = Rewrites::new(&q, dir.path());
+    let set_weights = |k: &'static str, v: serde_json::Value| {
+        move |c: &mut serde_json::Value| {
+            c["quantization_config"]["config_groups"]["group_0"]["weights"][k] = v.clone()
+        }
     };
     // A scale dropped.
     let scale = "model.language_model.layers.1.mlp.down_proj.weight_scale";
-    let e = refused(&write("no-scale", &|n| n != scale, &|_| {}));
+    let e = refused(&r.write("no-scale", &|n| n != scale, &|_| {}));
     assert!(e.contains(scale) && e.contains("missing"), "{e}");
     // The config's group size is not the one the scales were made for.
-    let e = refused(&write("group-64", &|_| true, &|c| {
-        let mut w = weights(c);
-        w["group_size"] = 64.into();
-        c["quantization_config"]["config_groups"]["group_0"]["weights"] = w;
-    }));
+    let e = refused(&r.write("group-64", &|_| true, &set_weights("group_size", 64.into())));
     assert!(
         e.contains("weight_scale") && e.contains("groups of 64"),
         "{e}"
     );
     // Asymmetric and act-order checkpoints: the config and the tensors are named.
-    let e = refused(&write("asym", &|_| true, &|c| {
-        let mut w = weights(c);
-        w["symmetric"] = false.into();
-        c["quantization_config"]["config_groups"]["group_0"]["weights"] = w;
-    }));
+    let e = refused(&r.write("asym", &|_| true, &set_weights("symmetric", false.into())));
     assert!(e.contains("weights.symmetric"), "{e}");
+    let extra = |name: &str| {
+        let mut st = r.st.clone();
+        st.push((
+            name.into(),
+            (safetensors::Dtype::I32, vec![4, 2], vec![0u8; 32]),
+        ));
+        st
+    };
     let zp = "model.language_model.layers.0.mlp.up_proj.weight_zero_point";
-    let mut with_zp = st.clone();
-    with_zp.push((
-        zp.into(),
-        (safetensors::Dtype::I32, vec![4, 2], vec![0u8; 32]),
-    ));
-    let e = refused(&write_with("zero-point", &with_zp, &|_| {}));
+    let e = refused(&r.write_with("zero-point", &extra(zp), &|_| {}));
     assert!(e.contains(zp) && e.contains("not served"), "{e}");
     // A packed tensor in the vision tower: refused by the tower's loader too, by name.
     let packed = "model.visual.blocks.0.attn.qkv.weight_packed";
-    let mut tower = st.clone();
-    tower.push((
-        packed.into(),
-        (safetensors::Dtype::I32, vec![4, 2], vec![0u8; 32]),
-    ));
-    let d = write_with("packed-tower", &tower, &|_| {});
-    for e in [
-        refused(&d),
-        VisionModel::load(&cpu(), &d, DType::F32)
-            .unwrap_err()
-            .to_string(),
-    ] {
+    for e in refused_by_both(&r.write_with("packed-tower", &extra(packed), &|_| {})) {
         assert!(e.contains(packed) && e.contains("4-bit"), "{e}");
     }
 }

@@ -11,21 +11,18 @@
 mod quant_support;
 
 use candle_core::DType;
-use quant_support::{assert_steps_match, cpu, golden, read_tensors, write_dir, Tensors};
+use quant_support::{
+    assert_steps_match, cpu, first_step_diff, golden, read_tensors, refused, refused_by_both,
+    tiny256_pair, write_dir, Rewrites, Tensors,
+};
 use std::path::{Path, PathBuf};
 use vlm_backend_cpu::{CpuKernels, CpuOptions};
-use vlm_make_model::{make_model, MakeOptions, Preset};
 use vlm_model::oracle::Oracle;
-use vlm_model::vision::VisionModel;
 use vlm_model::w8a8::quantize_checkpoint_w8a8;
 
 /// The tiny-256 checkpoint and its W8A8 directory.
 fn w8a8_pair(dir: &Path) -> (PathBuf, PathBuf) {
-    let ckpt = dir.join("tiny-256");
-    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
-    let q = dir.join("tiny-256-w8a8");
-    quantize_checkpoint_w8a8(&ckpt, &q).unwrap();
-    (ckpt, q)
+    tiny256_pair(dir, "w8a8", quantize_checkpoint_w8a8)
 }
 
 #[test]
@@ -57,18 +54,7 @@ fn w8a8_differs_from_the_float_checkpoint_by_the_quantization_only() {
     // Not the same logits as the float model (else the int8 path would be unused), but close.
     let dir = tempfile::tempdir().unwrap();
     let (ckpt, q) = w8a8_pair(dir.path());
-    let ids: Vec<u32> = (0..24).map(|i| (i * 37 % 900) as u32).collect();
-    let run = |d: &Path| {
-        let o = Oracle::load_text_only(&cpu(), d, DType::F32).unwrap();
-        let out = o.generate_greedy(&ids, &[], 1, &[]).unwrap();
-        out.step_logits.to_vec2::<f32>().unwrap().remove(0)
-    };
-    let (a, b) = (run(&ckpt), run(&q));
-    let scale = a.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let diff = a
-        .iter()
-        .zip(&b)
-        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    let (diff, scale) = first_step_diff(&ckpt, &q);
     // Measured 6.4% of the scale: twice the golden test's tolerance, which so tells the scheme
     // from the float model.
     assert!(
@@ -82,52 +68,23 @@ fn w8a8_differs_from_the_float_checkpoint_by_the_quantization_only() {
 fn broken_w8a8_checkpoints_are_refused_naming_the_tensor_or_key() {
     let dir = tempfile::tempdir().unwrap();
     let (_, q) = w8a8_pair(dir.path());
-    let refused = |d: &Path| match Oracle::load_text_only(&cpu(), d, DType::F32) {
-        Ok(_) => panic!("{} loaded", d.display()),
-        Err(e) => e.to_string(),
-    };
-    let st = read_tensors(&q);
-    let write_with = |name: &str, st: &Tensors, edit: &dyn Fn(&mut serde_json::Value)| {
-        write_dir(&q, &dir.path().join(name), st, edit)
-    };
-    let write = |name: &str, keep: &dyn Fn(&str) -> bool, edit: &dyn Fn(&mut serde_json::Value)| {
-        let kept: Tensors = st.iter().filter(|(n, _)| keep(n)).cloned().collect();
-        write_with(name, &kept, edit)
-    };
+    let r = Rewrites::new(&q, dir.path());
     // A scale dropped.
     let scale = "model.language_model.layers.1.mlp.down_proj.weight_scale";
-    let e = refused(&write("no-scale", &|n| n != scale, &|_| {}));
+    let e = refused(&r.write("no-scale", &|n| n != scale, &|_| {}));
     assert!(e.contains(scale) && e.contains("missing"), "{e}");
-    let e = refused(&write("group", &|_| true, &|c| {
+    let e = refused(&r.write("group", &|_| true, &|c| {
         c["quantization_config"]["config_groups"]["group_0"]["weights"]["strategy"] = "group".into()
     }));
     assert!(e.contains("weights.strategy") && e.contains("group"), "{e}");
-    let e = refused(&write("awq", &|_| true, &|c| {
+    let e = refused(&r.write("awq", &|_| true, &|c| {
         c["quantization_config"] = serde_json::json!({"quant_method": "awq"})
     }));
     assert!(e.contains("quant_method") && e.contains("awq"), "{e}");
     // An int8 tensor in the vision tower: refused by the tower's loader too, by name.
     let qkv = "model.visual.blocks.0.attn.qkv.weight";
-    let tower: Tensors = st
-        .iter()
-        .map(|(n, (dt, sh, data))| match n.as_str() {
-            n if n == qkv => {
-                let values = sh.iter().product::<usize>();
-                (
-                    n.to_string(),
-                    (safetensors::Dtype::I8, sh.clone(), vec![1u8; values]),
-                )
-            }
-            _ => (n.clone(), (*dt, sh.clone(), data.clone())),
-        })
-        .collect();
-    let d = write_with("int8-tower", &tower, &|_| {});
-    for e in [
-        refused(&d),
-        VisionModel::load(&cpu(), &d, DType::F32)
-            .unwrap_err()
-            .to_string(),
-    ] {
+    let tower = r.with_tensor(qkv, safetensors::Dtype::I8, 1);
+    for e in refused_by_both(&r.write_with("int8-tower", &tower, &|_| {})) {
         assert!(e.contains(qkv) && e.contains("int8"), "{e}");
     }
 }

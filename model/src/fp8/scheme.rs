@@ -41,7 +41,7 @@ mod tests {
 
     #[test]
     fn qwens_fp8_layout_is_served_and_its_neighbours_are_named() {
-        let base = super::super::fp8_config(128);
+        let base = super::super::fp8_config(128, &["lm_head".into()]);
         assert_eq!(check_quantization_config(&base), Ok([128, 128]));
         let refused = |edit: &dyn Fn(&mut Value), words: &[&str]| {
             let mut q = base.clone();

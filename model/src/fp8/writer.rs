@@ -11,15 +11,15 @@ use std::path::Path;
 /// Largest finite e4m3fn magnitude.
 const E4M3_MAX: f32 = 448.0;
 
-/// The `quantization_config` of Qwen's FP8 releases at `block` (the head and the vision tower
-/// kept in floats).
-pub fn fp8_config(block: usize) -> serde_json::Value {
+/// The `quantization_config` of Qwen's FP8 releases at `block`, `kept` (module names) listed
+/// in `modules_to_not_convert`, which vLLM matches exactly, name by name.
+pub fn fp8_config(block: usize, kept: &[String]) -> serde_json::Value {
     serde_json::json!({
         "quant_method": "fp8",
         "fmt": "e4m3",
         "activation_scheme": "dynamic",
         "weight_block_size": [block, block],
-        "modules_to_not_convert": ["lm_head", "model.visual"]
+        "modules_to_not_convert": kept
     })
 }
 
@@ -59,7 +59,15 @@ pub fn quantize_checkpoint_fp8(src: &Path, dst: &Path, block: usize) -> Result<(
             "block size {block}: a positive even number"
         )));
     }
-    rewrite_checkpoint(src, dst, fp8_config(block), &|prefix, w, n, k, _| {
+    // The head is listed even when tied to the token table (no tensor of its own).
+    let config = |kept: &[String]| {
+        let mut names = kept.to_vec();
+        if !names.iter().any(|n| n == "lm_head") {
+            names.push("lm_head".into());
+        }
+        fp8_config(block, &names)
+    };
+    rewrite_checkpoint(src, dst, &config, &|prefix, w, n, k, _| {
         if !k.is_multiple_of(block) {
             return Err(ModelError::invalid(format!(
                 "{prefix}.weight has {k} inputs, not a multiple of the block size {block} \

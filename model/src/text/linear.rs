@@ -40,49 +40,31 @@ impl<K: Kernels> Linear<K> {
     /// FP8 or block-quantized (GGUF) when the checkpoint stores it so, else in the builder's
     /// dtype.
     pub fn load(k: &K, w: &Weights, in_dim: usize, out_dim: usize) -> Result<Self> {
-        if let Some(q) = w.fp8_linear()? {
-            if (q.n, q.k) != (out_dim, in_dim) {
-                return Err(ModelError::weights(format!(
-                    "{}.weight has shape [{}, {}], the model expects [{out_dim}, {in_dim}]",
-                    w.vb().prefix(),
-                    q.n,
-                    q.k
-                )));
+        // The quantized directories' linears, checked against the model's shape.
+        let shaped = |(n, kk): (usize, usize), tensor: &str| {
+            if (n, kk) == (out_dim, in_dim) {
+                return Ok(());
             }
+            Err(ModelError::weights(format!(
+                "{}.{tensor} holds [{n}, {kk}], the model expects [{out_dim}, {in_dim}]",
+                w.vb().prefix()
+            )))
+        };
+        let weight = if let Some(q) = w.fp8_linear()? {
+            shaped((q.n, q.k), "weight")?;
+            Some(k.fp8_weight(q)?)
+        } else if let Some(q) = w.int4_linear()? {
+            shaped((q.n, q.k), "weight_packed")?;
+            Some(k.int4_weight(q)?)
+        } else if let Some(q) = w.int8_linear()? {
+            shaped((q.n, q.k), "weight")?;
+            Some(k.int8_weight(q)?)
+        } else {
+            None
+        };
+        if let Some(weight) = weight {
             return Ok(Linear {
-                weight: k.fp8_weight(q)?,
-                k: k.clone(),
-                in_dim,
-                out_dim,
-            });
-        }
-        if let Some(q) = w.int4_linear()? {
-            if (q.n, q.k) != (out_dim, in_dim) {
-                return Err(ModelError::weights(format!(
-                    "{}.weight_packed holds [{}, {}], the model expects [{out_dim}, {in_dim}]",
-                    w.vb().prefix(),
-                    q.n,
-                    q.k
-                )));
-            }
-            return Ok(Linear {
-                weight: k.int4_weight(q)?,
-                k: k.clone(),
-                in_dim,
-                out_dim,
-            });
-        }
-        if let Some(q) = w.int8_linear()? {
-            if (q.n, q.k) != (out_dim, in_dim) {
-                return Err(ModelError::weights(format!(
-                    "{}.weight has shape [{}, {}], the model expects [{out_dim}, {in_dim}]",
-                    w.vb().prefix(),
-                    q.n,
-                    q.k
-                )));
-            }
-            return Ok(Linear {
-                weight: k.int8_weight(q)?,
+                weight,
                 k: k.clone(),
                 in_dim,
                 out_dim,

@@ -87,32 +87,37 @@ pub fn quantize_checkpoint_w4a16(src: &Path, dst: &Path, group: usize) -> Result
             "group size {group}: a positive even number of inputs"
         )));
     }
-    rewrite_checkpoint(src, dst, w4a16_config(group), &|prefix, w, n, k, dtype| {
-        if !k.is_multiple_of(group) {
-            return Err(ModelError::invalid(format!(
-                "{prefix}.weight has {k} inputs, not a multiple of the group size {group} \
+    rewrite_checkpoint(
+        src,
+        dst,
+        &|_| w4a16_config(group),
+        &|prefix, w, n, k, dtype| {
+            if !k.is_multiple_of(group) {
+                return Err(ModelError::invalid(format!(
+                    "{prefix}.weight has {k} inputs, not a multiple of the group size {group} \
                  (choose one that divides every linear's input width)"
-            )));
-        }
-        let (q, scales) = quantize_groups(w, n, k, group, dtype);
-        let (sdtype, sdata) = scale_bytes(&scales, dtype);
-        let shape: Vec<u8> = [n as i64, k as i64]
-            .iter()
-            .flat_map(|d| d.to_le_bytes())
-            .collect();
-        Ok(vec![
-            (
-                format!("{prefix}.weight_packed"),
-                Out::owned(Dtype::I32, vec![n, k.div_ceil(8)], pack(&q, n, k)),
-            ),
-            (
-                format!("{prefix}.weight_scale"),
-                Out::owned(sdtype, vec![n, k / group], sdata),
-            ),
-            (
-                format!("{prefix}.weight_shape"),
-                Out::owned(Dtype::I64, vec![2], shape),
-            ),
-        ])
-    })
+                )));
+            }
+            let (q, scales) = quantize_groups(w, n, k, group, dtype);
+            let (sdtype, sdata) = scale_bytes(&scales, dtype);
+            let shape: Vec<u8> = [n as i64, k as i64]
+                .iter()
+                .flat_map(|d| d.to_le_bytes())
+                .collect();
+            Ok(vec![
+                (
+                    format!("{prefix}.weight_packed"),
+                    Out::owned(Dtype::I32, vec![n, k.div_ceil(8)], pack(&q, n, k)),
+                ),
+                (
+                    format!("{prefix}.weight_scale"),
+                    Out::owned(sdtype, vec![n, k / group], sdata),
+                ),
+                (
+                    format!("{prefix}.weight_shape"),
+                    Out::owned(Dtype::I64, vec![2], shape),
+                ),
+            ])
+        },
+    )
 }

@@ -58,7 +58,7 @@ pub fn quantize_rows(w: &[f32], n: usize, k: usize, dtype: DType) -> (Vec<i8>, V
 
 /// Writes the W8A8 directory `dst` for checkpoint `src`.
 pub fn quantize_checkpoint_w8a8(src: &Path, dst: &Path) -> Result<()> {
-    rewrite_checkpoint(src, dst, w8a8_config(), &|prefix, w, n, k, dtype| {
+    rewrite_checkpoint(src, dst, &|_| w8a8_config(), &|prefix, w, n, k, dtype| {
         let (q, scales) = quantize_rows(w, n, k, dtype);
         let (sdtype, sdata) = scale_bytes(&scales, dtype);
         Ok(vec![

@@ -149,3 +149,88 @@ pub fn first_step_diff(a: &Path, b: &Path) -> (f32, f32) {
         .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
     (diff, scale)
 }
+
+/// The seed-0 tiny-256 checkpoint in `dir` and the directory `quantize` writes from it
+/// (`tiny-256-{name}`).
+pub fn tiny256_pair(
+    dir: &Path,
+    name: &str,
+    quantize: impl Fn(&Path, &Path) -> vlm_model::Result<()>,
+) -> (PathBuf, PathBuf) {
+    use vlm_make_model::{make_model, MakeOptions, Preset};
+    let ckpt = dir.join("tiny-256");
+    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
+    let q = dir.join(format!("tiny-256-{name}"));
+    quantize(&ckpt, &q).unwrap();
+    (ckpt, q)
+}
+
+/// Rewrites of a quantized directory `q` (its tensors `st`) under `dir`, each loaded as the
+/// LM: the error it is refused with.
+pub struct Rewrites<'a> {
+    pub q: &'a Path,
+    pub dir: &'a Path,
+    pub st: Tensors,
+}
+
+impl Rewrites<'_> {
+    pub fn new<'a>(q: &'a Path, dir: &'a Path) -> Rewrites<'a> {
+        Rewrites {
+            q,
+            dir,
+            st: read_tensors(q),
+        }
+    }
+
+    /// Directory `name` with tensors `st` and the config as `edit` leaves it.
+    pub fn write_with(
+        &self,
+        name: &str,
+        st: &Tensors,
+        edit: &dyn Fn(&mut serde_json::Value),
+    ) -> PathBuf {
+        write_dir(self.q, &self.dir.join(name), st, edit)
+    }
+
+    /// Directory `name` with the tensors `keep` keeps and the config as `edit` leaves it.
+    pub fn write(
+        &self,
+        name: &str,
+        keep: &dyn Fn(&str) -> bool,
+        edit: &dyn Fn(&mut serde_json::Value),
+    ) -> PathBuf {
+        let kept: Tensors = self.st.iter().filter(|(n, _)| keep(n)).cloned().collect();
+        self.write_with(name, &kept, edit)
+    }
+
+    /// The tensors with `name` replaced by `dtype` values of its shape, each byte `byte`.
+    pub fn with_tensor(&self, name: &str, dtype: safetensors::Dtype, byte: u8) -> Tensors {
+        self.st
+            .iter()
+            .map(|(n, (dt, sh, data))| {
+                if n != name {
+                    return (n.clone(), (*dt, sh.clone(), data.clone()));
+                }
+                let len = sh.iter().product::<usize>() * dtype.bitsize() / 8;
+                (n.clone(), (dtype, sh.clone(), vec![byte; len]))
+            })
+            .collect()
+    }
+}
+
+/// The error loading `d` as the LM is refused with (panics if it loads).
+pub fn refused(d: &Path) -> String {
+    match vlm_model::oracle::Oracle::load_text_only(&cpu(), d, candle_core::DType::F32) {
+        Ok(_) => panic!("{} loaded", d.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// The errors the LM and the vision tower refuse `d` with.
+pub fn refused_by_both(d: &Path) -> [String; 2] {
+    let vision = vlm_model::vision::VisionModel::load(&cpu(), d, candle_core::DType::F32)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_else(|| panic!("{}: the vision tower loaded", d.display()));
+    [refused(d), vision]
+}
