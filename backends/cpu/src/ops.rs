@@ -12,6 +12,9 @@
 //!   and gate/up fused into one weight of the parts' row slices;
 //! * an int8 weight of a W8A8 checkpoint stays int8 ([`Int8Weight`]): each product quantizes
 //!   its activation rows to int8 (one scale per row) and sums on VNNI where the CPU has it;
+//! * a 4-bit (W4A16) or FP8 weight stays in its codes ([`Int4Weight`], [`Fp8Weight`]): decode
+//!   rows expand them in registers, prefill rows a run of panels at a time into the bf16
+//!   GEMM's layout;
 //! * attention: decode rows on the cache's memory ([`crate::kernels::decode_attention`]); a
 //!   prefill chunk of a bf16 model on the bf16 kernel ([`crate::kernels::chunk_attention`]),
 //!   of an f32 model in candle's ops (exact f32, `vlm_model::text::paged_attention`).

@@ -848,6 +848,15 @@ mod tests {
         ] {
             assert_eq!(Fp8E4M3::value(code), v, "code {code:#x}");
         }
+        // Every finite code as the `float8` crate (candle's) converts it.
+        for code in (0..=255u8).filter(|c| c & 0x7F != 0x7F) {
+            let want = vlm_model::fp8::e4m3_value(code);
+            assert_eq!(
+                Fp8E4M3::value(code).to_bits(),
+                want.to_bits(),
+                "code {code:#x}"
+            );
+        }
     }
 
     #[test]
