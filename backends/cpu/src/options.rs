@@ -88,9 +88,13 @@ impl CpuOptions {
         // W8A8 products, as `CpuKernels::int8_weight` sets them up.
         let int8 =
             crate::kernels::int8_gemm::Int8Weight::kernel_name(self.gemv != Isa::Scalar, self.amx);
+        // W4A16 and FP8 products, as `CpuKernels::int4_weight` and `fp8_weight` set them up.
+        let weight_only =
+            crate::kernels::dequant_gemm::kernel_name(self.gemv != Isa::Scalar, self.amx);
         vec![
             ("bf16_products".into(), products.into()),
             ("int8_products".into(), int8.into()),
+            ("weight_only_products".into(), weight_only.into()),
             ("gemv".into(), self.gemv.name().into()),
             (
                 "vit_attention_tiles".into(),

@@ -213,6 +213,19 @@ fn avx512_available() -> bool {
     }
 }
 
+/// What the W4A16 and FP8 products run on, for logs and `Info` (as
+/// `CpuKernels::int4_weight` and `fp8_weight` set them up): the decode gemv of 4-bit and FP8
+/// codes, then the prefill path.
+pub fn kernel_name(simd: bool, amx: bool) -> &'static str {
+    let simd = simd && avx512_available();
+    match (simd, bf16_gemm::available(), amx && super::amx::available()) {
+        (false, _, _) => "scalar",
+        (true, false, _) => "gemv-f32",
+        (true, true, false) => "gemv-int4-vdpbf16ps+fp8-f32, prefill expand-bf16-avx512",
+        (true, true, true) => "gemv-int4-vdpbf16ps+fp8-f32, prefill expand-bf16-amx",
+    }
+}
+
 impl<C: Codec> DequantWeight<C> {
     /// Lays out `codes` (n, k) with `scale(r, g)`, the scale of row `r` and group `g` of
     /// `group` inputs. Panics unless `k` is a multiple of `group` and `group` is even (the
