@@ -119,7 +119,9 @@ impl Codec for Int4 {
     const DOT_BIAS: Option<(u16, f32)> = Some((0x4300, 128.0));
 }
 
-/// FP8 e4m3fn (an FP8 checkpoint's), a byte a slot in order. In registers a code becomes the
+/// FP8 e4m3fn (an FP8 checkpoint's), a byte a slot: slot `t` in the low byte of 16-bit lane
+/// `t` and slot `t + 32` in its high byte, so that each half of a lane expands in place. In
+/// registers a code becomes the
 /// f16 with its 7 magnitude bits at bits 7..14 (exponent and mantissa shifted into f16's, bias 7
 /// against 15): exactly 2^-8 times its value, subnormals included, so two masks, two shifts and
 /// `vcvtph2ps` expand it and the scale takes the 2^8.
@@ -131,10 +133,10 @@ impl Codec for Fp8E4M3 {
     const OFFSET: f32 = 0.0;
     const ZERO: u8 = 0;
     fn put(pair: &mut [u8], t: usize, code: u8) {
-        pair[t] = code;
+        pair[2 * (t % 32) + t / 32] = code;
     }
     fn get(pair: &[u8], t: usize) -> u8 {
-        pair[t]
+        pair[2 * (t % 32) + t / 32]
     }
     fn value(code: u8) -> f32 {
         let bits = ((code as u16 & 0x80) << 8) | ((code as u16 & 0x7F) << 7);
@@ -144,8 +146,7 @@ impl Codec for Fp8E4M3 {
     #[inline(always)]
     unsafe fn slots(p: *const u8) -> [std::arch::x86_64::__m512; 4] {
         use std::arch::x86_64::*;
-        // Two codes a 16-bit lane: the low byte's code at bits 0..8 and the high byte's at
-        // 8..16; each becomes its own f16 lane of one of two vectors.
+        // Two codes a 16-bit lane: slot t's (the low byte) and slot t + 32's (the high one).
         let b = _mm512_loadu_si512(p as *const __m512i);
         let (mag, sign) = (_mm512_set1_epi16(0x7F << 7), _mm512_set1_epi16(-0x8000));
         // Low bytes: magnitude << 7, sign << 8. High bytes: magnitude >> 1, sign as is.
@@ -157,17 +158,11 @@ impl Codec for Fp8E4M3 {
             _mm512_and_si512(_mm512_srli_epi16::<1>(b), mag),
             _mm512_and_si512(b, sign),
         );
-        // lo holds slots 0, 2, 4, ... and hi slots 1, 3, 5, ...: interleave them back in order.
-        let a = _mm512_unpacklo_epi16(lo, hi);
-        let c = _mm512_unpackhi_epi16(lo, hi);
-        // unpack works per 128-bit lane: a = slots 0..8, 16..24, 32..40, 48..56; c the rest.
-        let first = _mm512_permutex2var_epi64(a, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), c);
-        let second = _mm512_permutex2var_epi64(a, _mm512_set_epi64(15, 14, 7, 6, 13, 12, 5, 4), c);
         [
-            _mm512_cvtph_ps(_mm512_castsi512_si256(first)),
-            _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(first)),
-            _mm512_cvtph_ps(_mm512_castsi512_si256(second)),
-            _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(second)),
+            _mm512_cvtph_ps(_mm512_castsi512_si256(lo)),
+            _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(lo)),
+            _mm512_cvtph_ps(_mm512_castsi512_si256(hi)),
+            _mm512_cvtph_ps(_mm512_extracti64x4_epi64::<1>(hi)),
         ]
     }
     const VEC_UNIT: f32 = 1.0 / 256.0;
