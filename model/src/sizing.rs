@@ -41,23 +41,21 @@ pub fn weight_bytes(d: &ModelDims, part: Part, weights: Dtype) -> u64 {
         Part::Visual => (p.visual, p.visual_vectors),
         Part::Lm => (p.text, p.text_vectors),
     };
-    if part == Part::Lm && d.lm_linears_int8 {
-        let floats = all - vectors - p.text_linears;
-        return floats * weights.bytes() + p.text_linears + 8 * p.text_linear_rows + vectors * 4;
-    }
-    if let (Part::Lm, Some(block)) = (part, d.lm_linears_fp8_block.filter(|&b| b > 0)) {
-        let floats = all - vectors - p.text_linears;
-        return floats * weights.bytes()
-            + p.text_linears
-            + 4 * (p.text_linears / block)
-            + vectors * 4;
-    }
-    if let (Part::Lm, Some(group)) = (part, d.lm_linears_int4_group.filter(|&g| g > 0)) {
-        let floats = all - vectors - p.text_linears;
-        return floats * weights.bytes()
-            + p.text_linears / 2
-            + 4 * (p.text_linears / group)
-            + vectors * 4;
+    if part == Part::Lm {
+        // The decoder linears of a quantized directory, as the CPU holds them.
+        let l = p.text_linears;
+        let linears = if d.lm_linears_int8 {
+            Some(l + 8 * p.text_linear_rows)
+        } else if let Some(block) = d.lm_linears_fp8_block.filter(|&b| b > 0) {
+            Some(l + 4 * (l / block))
+        } else {
+            d.lm_linears_int4_group
+                .filter(|&g| g > 0)
+                .map(|group| l / 2 + 4 * (l / group))
+        };
+        if let Some(linears) = linears {
+            return (all - vectors - l) * weights.bytes() + linears + vectors * 4;
+        }
     }
     (all - vectors) * weights.bytes() + vectors * 4
 }

@@ -46,7 +46,7 @@ pub struct QuantizeArgs {
     #[arg(long)]
     pub scheme: QuantScheme,
     /// w4a16: inputs per scale; fp8-block: the block's edge (even, dividing every linear's
-    /// input width).
+    /// input width; 128 is the presets' size for both).
     #[arg(long, default_value_t = vlm_model::w4a16::DEFAULT_GROUP)]
     pub group_size: usize,
     /// The checkpoint directory (safetensors).

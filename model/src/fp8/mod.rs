@@ -4,8 +4,8 @@
 //! quantized linear weight is `{name}.weight` float8 e4m3fn (out, in) with
 //! `{name}.weight_scale_inv` (ceil(out / bn), ceil(in / bk)), one scale per block of bn output
 //! rows and bk inputs (`W = fp8 * scale_inv`, the name notwithstanding). Activations stay in
-//! floats here (the CPU has no FP8 arithmetic; GPU kernels quantize them per token group, a
-//! rounding this server does not add). Modules the checkpoint keeps in floats
+//! floats (the CPU has no FP8 arithmetic; vLLM's CPU kernel keeps them in bf16 too, where its
+//! GPU kernels quantize them per token group). Modules the checkpoint keeps in floats
 //! (`modules_to_not_convert`) are read as usual; FP8 tensors outside the LM's linears, static
 //! activation scales and per-tensor FP8 (no `weight_block_size`) are refused at start, naming
 //! the key or tensor.
@@ -19,10 +19,7 @@ mod writer;
 
 pub use scheme::check_quantization_config;
 pub use source::{open_dir, Fp8Source};
-pub use writer::{fp8_config, quantize_blocks, quantize_checkpoint_fp8};
-
-/// Block edge `vlm quantize --scheme fp8-block` writes by default (Qwen's and DeepSeek's).
-pub const DEFAULT_BLOCK: usize = 128;
+pub use writer::{fp8_config, quantize_checkpoint_fp8};
 
 /// A linear weight as e4m3fn codes with a scale per block: `W[r][i] = e4m3(codes[r * k + i])
 /// * scales[(r / block_n) * ceil(k / block_k) + i / block_k]`.

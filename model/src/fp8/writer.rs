@@ -27,7 +27,7 @@ pub fn fp8_config(block: usize, kept: &[String]) -> serde_json::Value {
 /// max|block| / 448` (f32) and `code = e4m3(w / scale)` (round to nearest even, saturating), so
 /// that `e4m3 * scale` is the weight the reference and the kernels multiply by. `k` must be a
 /// multiple of `block`. Returns the codes and the (ceil(n / block), k / block) scales.
-pub fn quantize_blocks(w: &[f32], n: usize, k: usize, block: usize) -> (Vec<u8>, Vec<f32>) {
+fn quantize_blocks(w: &[f32], n: usize, k: usize, block: usize) -> (Vec<u8>, Vec<f32>) {
     let (rb, cb) = (n.div_ceil(block), k / block);
     let mut scales = vec![0f32; rb * cb];
     for (r, row) in w.chunks_exact(k).enumerate() {

@@ -16,7 +16,7 @@ mod writer;
 
 pub use scheme::check_quantization_config;
 pub use source::{open_dir, Int4Source};
-pub use writer::{quantize_checkpoint_w4a16, quantize_groups, w4a16_config};
+pub use writer::{quantize_checkpoint_w4a16, w4a16_config};
 
 /// Group size `vlm quantize --scheme w4a16` writes by default (llm-compressor's preset).
 pub const DEFAULT_GROUP: usize = 128;
@@ -35,18 +35,4 @@ pub struct Int4Linear {
     pub values: Vec<i8>,
     /// Row-major (n, k / group).
     pub scales: Vec<f32>,
-}
-
-impl Int4Linear {
-    /// Row `r` in floats (`value * scale` in f32, exact: a bf16 or f16 scale times a 4-bit
-    /// integer fits f32's mantissa).
-    pub fn row_f32(&self, r: usize) -> Vec<f32> {
-        let groups = self.k / self.group;
-        let s = &self.scales[r * groups..(r + 1) * groups];
-        self.values[r * self.k..(r + 1) * self.k]
-            .iter()
-            .enumerate()
-            .map(|(i, &v)| v as f32 * s[i / self.group])
-            .collect()
-    }
 }

@@ -77,11 +77,6 @@ impl Int4Source {
         (self.layer_values, self.layer_values / self.group)
     }
 
-    /// The config's group size.
-    pub fn group(&self) -> usize {
-        self.group
-    }
-
     /// `{prefix}.weight_packed` with its scales and shape when the weight is stored packed;
     /// `None` when it is stored in floats (the float loader reads or names it).
     pub fn linear(&self, prefix: &str) -> Result<Option<Int4Linear>> {

@@ -38,7 +38,7 @@ pub fn w4a16_config(group: usize) -> serde_json::Value {
 /// checkpoint's), and `q = clamp(round_half_even(w / stored scale), -8, 7)`, so that `q *
 /// scale` is the weight the reference and the kernels multiply by. `k` must be a multiple of
 /// `group`.
-pub fn quantize_groups(
+fn quantize_groups(
     w: &[f32],
     n: usize,
     k: usize,

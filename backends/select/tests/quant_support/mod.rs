@@ -109,10 +109,15 @@ pub fn write_dir(
     d.to_path_buf()
 }
 
-/// A weight-only scheme's directory `q` against its golden `g`, on the SIMD path and on the
-/// scalar one: within `f32_tol` where every product runs in f32, `bf16_tol` where the prefill
-/// runs on the bf16 GEMM (the dequantized weight and the activations rounded to bf16).
-pub fn assert_weight_only_matches(q: &Path, g: &serde_json::Value, f32_tol: f32, bf16_tol: f32) {
+/// A quantized directory `q` against its golden `g`, on the SIMD path and on the scalar one:
+/// within `scalar_tol` on the scalar path (and on CPUs without the bf16 GEMM), `bf16_tol` where
+/// the weight-only schemes round activations (and their dequantized weights) to bf16.
+pub fn assert_matches_on_both_paths(
+    q: &Path,
+    g: &serde_json::Value,
+    scalar_tol: f32,
+    bf16_tol: f32,
+) {
     use vlm_model::oracle::Oracle;
     let ids: Vec<u32> = serde_json::from_value(g["input_ids"].clone()).unwrap();
     let steps = g["step_logits"].as_array().unwrap().len();
@@ -126,7 +131,7 @@ pub fn assert_weight_only_matches(q: &Path, g: &serde_json::Value, f32_tol: f32,
         let out = oracle.generate_greedy(&ids, &[], steps, &[]).unwrap();
         let got = out.step_logits.to_vec2::<f32>().unwrap();
         let bf16_prefill = simd && vlm_backend_cpu::kernels::bf16_gemm::available();
-        let tol = if bf16_prefill { bf16_tol } else { f32_tol };
+        let tol = if bf16_prefill { bf16_tol } else { scalar_tol };
         assert_steps_match(&format!("simd {simd}"), &got, &out.tokens, g, tol);
     }
 }
