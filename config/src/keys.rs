@@ -15,6 +15,7 @@ pub const LM_KEYS: &[&str] = &[
     "dtype",
     "kernels",
     "prefix_caching",
+    "kv_cache_dtype",
     "visual",
 ];
 

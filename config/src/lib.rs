@@ -34,8 +34,8 @@ pub use parse::{
 };
 pub use rules::{PREFILL_CHUNK_MULTIPLE, VIT_BUCKET_MULTIPLE};
 pub use types::{
-    BackendChoice, DeployConfig, Dtype, KernelConfig, Oversize, Toggle, VisualConfig,
-    DEFAULT_ATTENTION_TILES,
+    BackendChoice, DeployConfig, Dtype, KernelConfig, KvCacheDtype, KvDtype, Oversize, Toggle,
+    VisualConfig, DEFAULT_ATTENTION_TILES,
 };
 
 use std::path::Path;

@@ -4,7 +4,7 @@
 use crate::error::ConfigError;
 use crate::geometry::{DEFAULT_MAX_PIXELS, DEFAULT_MIN_PIXELS};
 use crate::keys::{canonical, suggest, LM_KEYS, VISUAL_KEYS};
-use crate::types::{DeployConfig, Dtype, Oversize, VisualConfig};
+use crate::types::{DeployConfig, Dtype, KvCacheDtype, Oversize, VisualConfig};
 use serde_json::{Map, Value};
 
 /// Devices one part (LM or ViT) may list: more than any node holds, few enough to list.
@@ -252,6 +252,21 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
         },
     };
     let (dtype, dtype_auto) = lm.dtype("dtype")?;
+    let kv_cache_dtype = match lm.get("kv_cache_dtype") {
+        None => KvCacheDtype::Auto,
+        Some(v) => match v.as_str().map(|s| s.to_ascii_lowercase()).as_deref() {
+            Some("auto") => KvCacheDtype::Auto,
+            // vLLM's `--kv-cache-dtype` spellings of the same codes.
+            Some("fp8_e4m3" | "fp8") => KvCacheDtype::Fp8E4m3,
+            _ => {
+                return Err(ConfigError::invalid(
+                    "kv_cache_dtype",
+                    v,
+                    "expected \"auto\" or \"fp8_e4m3\" (\"fp8\")",
+                ))
+            }
+        },
+    };
     let (v_dtype, v_dtype_auto) = vis.dtype("dtype")?;
     Ok(DeployConfig {
         max_seq_len: lm.u32("max_seq_len", DEFAULT_MAX_SEQ_LEN, 1)?,
@@ -267,6 +282,7 @@ pub(crate) fn parse(doc: &Value) -> Result<DeployConfig, ConfigError> {
         dtype_auto,
         kernels: kernels::parse(&lm, kernels::Part::Lm)?,
         prefix_caching: lm.bool("prefix_caching", true)?,
+        kv_cache_dtype,
         visual: VisualConfig {
             max_seq_len: vis
                 .u32_list("max_seq_len")?

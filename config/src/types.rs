@@ -39,6 +39,67 @@ impl Dtype {
     }
 }
 
+/// The LM's KV cache dtype as configured (`kv_cache_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtype {
+    /// The backend's choice for the weights: bf16 for bf16 weights, else f32.
+    #[default]
+    Auto,
+    /// FP8 E4M3 codes with a scale of 1.0, as vLLM's `--kv-cache-dtype fp8` without calibrated
+    /// scales: values past +-448 saturate. Half a bf16 cache's bytes per token, so twice the
+    /// tokens in the same memory and half the KV bytes a decode step reads.
+    Fp8E4m3,
+}
+
+/// The dtype a KV cache holds, as the planner sizes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvDtype {
+    F32,
+    F16,
+    Bf16,
+    Fp8E4m3,
+}
+
+impl KvDtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            KvDtype::F32 => 4,
+            KvDtype::F16 | KvDtype::Bf16 => 2,
+            KvDtype::Fp8E4m3 => 1,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::F32 => "f32",
+            KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
+            KvDtype::Fp8E4m3 => "fp8_e4m3",
+        }
+    }
+}
+
+impl From<Dtype> for KvDtype {
+    fn from(d: Dtype) -> Self {
+        match d {
+            Dtype::F32 => KvDtype::F32,
+            Dtype::F16 => KvDtype::F16,
+            Dtype::Bf16 => KvDtype::Bf16,
+        }
+    }
+}
+
+impl KvCacheDtype {
+    /// The cache dtype: `backend` (the backend's choice for the weights) unless one is named.
+    pub fn resolve(self, backend: KvDtype) -> KvDtype {
+        match self {
+            KvCacheDtype::Auto => backend,
+            KvCacheDtype::Fp8E4m3 => KvDtype::Fp8E4m3,
+        }
+    }
+}
+
 /// Which compute backend runs a part.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -150,6 +211,8 @@ pub struct DeployConfig {
     /// (conversation turns, a shared system prompt or image); freed blocks stay cached until
     /// the pool needs them.
     pub prefix_caching: bool,
+    /// The KV cache's dtype: `auto` (the backend's for the weights) or `fp8_e4m3`.
+    pub kv_cache_dtype: KvCacheDtype,
     pub visual: VisualConfig,
 }
 

@@ -159,6 +159,32 @@ fn a_dtype_override_changes_weights_kv_and_activations() {
 }
 
 #[test]
+fn an_fp8_kv_cache_halves_the_bytes_per_token_and_doubles_the_blocks() {
+    // A batch whose full-length sequences do not fit: memory sets the count.
+    let c = cfg(r#"{
+        "max_seq_len": 65536, "kvcache_partition_len": 4096,
+        "batch_size": 16, "decoder_batch_sizes": [8, 16]
+    }"#);
+    let mut fp8 = c.clone();
+    fp8.kv_cache_dtype = vlm_config::KvCacheDtype::Fp8E4m3;
+    let kind = DeviceKind::atom();
+    let (p16, p8) = (
+        plan_on(&c, &dims(), &kind, &PlanOptions::default()),
+        plan_on(&fp8, &dims(), &kind, &PlanOptions::default()),
+    );
+    assert_eq!(p8.kv.dtype.as_str(), "fp8_e4m3");
+    assert_eq!(p8.kv.bytes_per_token, 56 * 1024);
+    assert_eq!(2 * p8.kv.bytes_per_token, p16.kv.bytes_per_token);
+    // The same memory holds twice the blocks (give or take the rounding of what is left).
+    let (b16, b8) = (
+        resolve_on(&c, &dims(), &kind).unwrap(),
+        resolve_on(&fp8, &dims(), &kind).unwrap(),
+    );
+    assert!(b8 >= 2 * b16 && b8 <= 2 * b16 + 1, "{b16} vs {b8}");
+    assert!(plan::report::render(&p8, &dims()).contains("fp8_e4m3"));
+}
+
+#[test]
 fn automatic_blocks_fill_what_is_left_and_the_vit_takes_its_share() {
     let kind = DeviceKind::atom();
     let shared = cfg(r#"{

@@ -207,3 +207,31 @@ fn prefix_caching_is_on_by_default_and_a_bool() {
         .to_string();
     assert!(err.contains("prefix_caching"), "{err}");
 }
+
+#[test]
+fn kv_cache_dtype_is_auto_by_default_and_takes_vllm_s_fp8_names() {
+    use vlm_config::{DeployConfig, KvCacheDtype};
+    let c = |json: &str| DeployConfig::from_json(json).map(|c| c.config.kv_cache_dtype);
+    assert_eq!(c("{}").unwrap(), KvCacheDtype::Auto);
+    for name in ["fp8", "fp8_e4m3", "FP8_E4M3"] {
+        let json = format!(r#"{{"kv_cache_dtype": "{name}"}}"#);
+        assert_eq!(c(&json).unwrap(), KvCacheDtype::Fp8E4m3, "{name}");
+    }
+    // Written out under its canonical name, and read back the same.
+    let cfg = DeployConfig::from_json(r#"{"kv_cache_dtype": "fp8"}"#)
+        .unwrap()
+        .config;
+    let doc = cfg.to_document();
+    assert_eq!(doc["kv_cache_dtype"], "fp8_e4m3");
+    assert_eq!(c(&doc.to_string()).unwrap(), KvCacheDtype::Fp8E4m3);
+    // What vLLM also names but this server does not hold is refused, naming the choices.
+    for bad in [r#""fp8_e5m2""#, r#""int8""#, "8"] {
+        let err = c(&format!(r#"{{"kv_cache_dtype": {bad}}}"#))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("kv_cache_dtype") && err.contains("fp8_e4m3"),
+            "{err}"
+        );
+    }
+}

@@ -2,7 +2,7 @@
 //! figures every backend that runs it reports to the planner (`vlm_config::plan::Sizing`), from
 //! one place.
 use vlm_config::plan::{graph_lm_elems, Dtypes, ModelDims, Part};
-use vlm_config::{DeployConfig, Dtype};
+use vlm_config::{DeployConfig, Dtype, KvDtype};
 
 /// The dtypes of a part whose config says `dtype`: weights in it, activations in f32, the KV
 /// cache per [`crate::dtype::kv_dtype`] (bf16 for bf16 weights, else f32).
@@ -11,9 +11,9 @@ pub fn dtypes(dtype: Dtype) -> Dtypes {
         weights: dtype,
         activations: Dtype::F32,
         kv: if dtype == Dtype::Bf16 {
-            Dtype::Bf16
+            KvDtype::Bf16
         } else {
-            Dtype::F32
+            KvDtype::F32
         },
     }
 }

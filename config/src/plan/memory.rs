@@ -70,7 +70,7 @@ use super::dims::ModelDims;
 use super::inputs::{Part, PlanOptions};
 use super::sizing::{PoolUse, Sizing};
 use super::PlanError;
-use crate::types::{DeployConfig, Dtype};
+use crate::types::{DeployConfig, Dtype, KvDtype};
 use serde::Serialize;
 
 /// Bytes of one thing a part holds (a whole part's figure, or one device's share of it).
@@ -151,7 +151,7 @@ pub fn structured_output_bytes(vocab: u64) -> u64 {
 /// The KV cache's geometry and count.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KvPlan {
-    pub dtype: Dtype,
+    pub dtype: KvDtype,
     /// Blocks are content-addressed and reused across requests (`prefix_caching`): the pool's
     /// free blocks hold cached prefixes until a request needs them.
     pub prefix_caching: bool,
@@ -372,10 +372,11 @@ fn kv_geometry(
     opts: &PlanOptions,
 ) -> KvPlan {
     let t = sizing.dtypes(Part::Lm, with_dtype(cfg, opts).dtype);
-    let bytes_per_token = dims.kv_bytes_per_token(t.kv.bytes());
+    let dtype = cfg.kv_cache_dtype.resolve(t.kv);
+    let bytes_per_token = dims.kv_bytes_per_token(dtype.bytes());
     let per_seq = cfg.blocks_per_sequence();
     KvPlan {
-        dtype: t.kv,
+        dtype,
         prefix_caching: cfg.prefix_caching,
         bytes_per_token,
         block_tokens: cfg.kvcache_partition_len,

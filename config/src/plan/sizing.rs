@@ -9,7 +9,7 @@
 use super::device::BufferPolicy;
 use super::dims::ModelDims;
 use super::inputs::{Part, PlanOptions};
-use crate::types::{DeployConfig, Dtype, VisualConfig};
+use crate::types::{DeployConfig, Dtype, KvDtype, VisualConfig};
 use serde::Serialize;
 
 /// The dtypes of one part.
@@ -17,8 +17,8 @@ use serde::Serialize;
 pub struct Dtypes {
     pub weights: Dtype,
     pub activations: Dtype,
-    /// The KV cache's (LM).
-    pub kv: Dtype,
+    /// The KV cache's (LM) when the config leaves `kv_cache_dtype` at `auto`.
+    pub kv: KvDtype,
 }
 
 /// Bytes of one ViT bucket.
@@ -93,7 +93,7 @@ impl Sizing for RblnSizing {
         Dtypes {
             weights: self.dtype,
             activations: self.dtype,
-            kv: self.dtype,
+            kv: self.dtype.into(),
         }
     }
     fn weight_bytes(&self, dims: &ModelDims, part: Part, weights: Dtype) -> u64 {
