@@ -44,7 +44,7 @@ def main():
         with torch.no_grad():
             mod.weight.copy_(t.float() * s)
         quantized += 1
-    write_golden(model, path, quantized, a.out, a.steps, "FP8")
+    write_golden(model, path, quantized, a.out, a.steps, "FP8 linears")
 
 
 if __name__ == "__main__":

@@ -52,4 +52,4 @@ def write_golden(model, path, quantized, out, steps, what):
     json.dump({"safetensors_sha256": sha, "quantized_linears": quantized,
                "input_ids": prompt[0].tolist(), "greedy_ids": ids, "step_logits": logits},
               open(out, "w"))
-    print(f"{out}: {quantized} {what} linears, greedy {ids}")
+    print(f"{out}: {quantized} {what}, greedy {ids}")

@@ -45,7 +45,7 @@ def main():
         with torch.no_grad():
             mod.weight.copy_(q * scale.repeat_interleave(group, dim=1))
         quantized += 1
-    write_golden(model, path, quantized, a.out, a.steps, "4-bit")
+    write_golden(model, path, quantized, a.out, a.steps, "4-bit linears")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def main():
         mod.w8_scales = tensors[name + "_scale"].float().reshape(-1)
         mod.forward = types.MethodType(w8a8_forward, mod)
         quantized += 1
-    write_golden(model, path, quantized, a.out, a.steps, "int8")
+    write_golden(model, path, quantized, a.out, a.steps, "int8 linears")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ fn decode_table(dir: &Path, cfg: &Qwen3VlConfig) {
         let runner = vlm_backends::load_lm(&vlm_backends::LmLoad {
             model_dir: dir,
             dtype: if bf16() { Dtype::Bf16 } else { Dtype::F32 },
+            kv_cache_dtype: vlm_config::KvCacheDtype::Auto,
             kernels: &vlm_config::KernelConfig::default(),
             num_blocks: per_seq * BATCH,
             block_len: BLOCK_LEN,

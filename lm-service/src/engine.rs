@@ -207,6 +207,7 @@ impl EngineHandle {
                         let mut backend = vlm_backends::load_lm(&vlm_backends::LmLoad {
                             model_dir: &opts.model_dir,
                             dtype: d.dtype,
+                            kv_cache_dtype: d.kv_cache_dtype,
                             kernels: &d.kernels,
                             num_blocks: opts.num_blocks as usize,
                             block_len: d.kvcache_partition_len as usize,

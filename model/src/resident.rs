@@ -32,7 +32,7 @@ pub fn touch_pages<T: Copy>(v: &mut [T]) {
     }
 }
 
-/// A zero tensor of `dtype` (f32 or bf16 on the CPU) whose pages are resident on the CPU (see
+/// A zero tensor of `dtype` (f32, bf16 or FP8 E4M3 on the CPU) whose pages are resident on the CPU (see
 /// [`zeros_resident_f32`]); a plain zero tensor on other devices.
 pub fn zeros_resident(
     shape: impl Into<candle_core::Shape>,
@@ -54,8 +54,13 @@ pub fn zeros_resident(
             shape,
             device,
         )?),
+        DType::F8E4M3 => Ok(candle_core::Tensor::from_vec(
+            zeros_resident_vec(shape.elem_count(), float8::F8E4M3::ZERO),
+            shape,
+            device,
+        )?),
         other => Err(ModelError::invalid(format!(
-            "a resident buffer of {other:?} is not supported (f32, bf16)"
+            "a resident buffer of {other:?} is not supported (f32, bf16, f8e4m3)"
         ))),
     }
 }

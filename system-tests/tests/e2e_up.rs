@@ -344,7 +344,7 @@ fn a_gguf_pair_serves_text_and_images() {
 /// W4A16 4-bit per group and FP8 per block, groups and blocks of 32 here, the tiny model's
 /// widths being 64 and 128) are planned with their decoder linears at their stored bytes (each
 /// below the f32 checkpoint, 4-bit below int8) and served by `vlm up --model DIR`: a text and an
-/// image request are answered.
+/// image request are answered (the FP8 directory over an FP8 KV cache, `--kv-cache-dtype fp8`).
 #[test]
 fn quantized_directories_are_planned_and_served() {
     let vlm = vlm_bin();
@@ -374,7 +374,12 @@ fn quantized_directories_are_planned_and_served() {
         args.extend([ckpt_s, q_s]);
         ok(&args);
         planned.push((scheme, lm_weights(q_s)));
-        let (up, grpc, http) = start_up(&vlm, dir.path(), &["--model", q_s]);
+        // FP8 weights run over an FP8 KV cache too (`kv_cache_dtype: fp8_e4m3`).
+        let kv: &[&str] = match scheme {
+            "fp8-block" => &["--kv-cache-dtype", "fp8"],
+            _ => &[],
+        };
+        let (up, grpc, http) = start_up(&vlm, dir.path(), &[&["--model", q_s], kv].concat());
         answers_text_and_image(&http);
         drain(up, &grpc);
     }

@@ -87,7 +87,9 @@ fn parse_dtype(s: &str) -> DType {
         "f32" => DType::F32,
         "f16" => DType::F16,
         "bf16" => DType::BF16,
-        other => panic!("VLM_BENCH_DTYPES: unknown dtype {other:?} (f32, f16, bf16)"),
+        // A KV cache's only (VLM_BENCH_KV_DTYPES).
+        "f8e4m3" => DType::F8E4M3,
+        other => panic!("unknown dtype {other:?} (f32, f16, bf16; f8e4m3 for the KV cache)"),
     }
 }
 
@@ -208,12 +210,12 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
             caches.push((d, cache));
         }
 
-        // Prefill `context` tokens in chunks; first one untimed warm-up pass.
-        let mut prefill_runs = Vec::new();
+        // Prefill `context` tokens in chunks into every cache, `runs` times each, the caches
+        // alternating.
         let runs = env_usize("VLM_BENCH_PREFILL_RUNS", 2);
-        for (i, (_, kv)) in caches.iter_mut().enumerate() {
-            // Every cache gets the context once; the first is also timed `runs` times.
-            for _ in 0..if i == 0 { runs } else { runs.min(1) } {
+        let mut prefill_runs = vec![Vec::new(); caches.len()];
+        for _ in 0..runs {
+            for (i, (_, kv)) in caches.iter_mut().enumerate() {
                 let t = Instant::now();
                 let mut start = 0;
                 while start < context {
@@ -228,19 +230,19 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
                     model.forward(&BatchInput::Prefill(c), kv)?;
                     start = end;
                 }
-                if i == 0 {
-                    prefill_runs.push(t.elapsed().as_secs_f64());
-                }
+                prefill_runs[i].push(t.elapsed().as_secs_f64());
             }
         }
         if runs > 0 {
-            let prefill_s = prefill_runs.iter().copied().fold(f64::MAX, f64::min);
-            let each: Vec<String> = prefill_runs.iter().map(|s| format!("{s:.2}")).collect();
-            println!(
-                "prefill {context} tokens (chunks of {chunk}): {prefill_s:.3} s ({:.0} tok/s); runs {} s",
-                context as f64 / prefill_s,
-                each.join(", ")
-            );
+            for ((d, _), runs) in caches.iter().zip(&prefill_runs) {
+                let prefill_s = runs.iter().copied().fold(f64::MAX, f64::min);
+                let each: Vec<String> = runs.iter().map(|s| format!("{s:.2}")).collect();
+                println!(
+                    "prefill {context} tokens (chunks of {chunk}), {d:?} cache: {prefill_s:.3} s ({:.0} tok/s); runs {} s",
+                    context as f64 / prefill_s,
+                    each.join(", ")
+                );
+            }
             // The tiles' rate on this core now: on a shared VM it moves within minutes, and
             // the prefill with it (see `amx::probe`).
             if let Some(p) = vlm_backend_cpu::kernels::amx::probe() {

@@ -1,8 +1,10 @@
 //! The paged KV cache's memory read and written directly by the CPU kernels (the layout is
 //! `vlm_model::text::PagedKvCache`'s: per layer `(num_blocks + 1, kv_heads, block_len,
-//! head_dim)`, f32 or bf16).
+//! head_dim)`, f32, bf16 or FP8 E4M3).
 use crate::kernels::cpu_view::CpuView;
+use crate::kernels::e4m3;
 use candle_core::{CpuStorage, DType, InplaceOp1, Layout};
+use float8::F8E4M3;
 use half::bf16;
 use vlm_model::text::PagedKvCache;
 use vlm_model::Result;
@@ -11,10 +13,12 @@ use vlm_model::Result;
 pub(crate) enum KvLayer<'a> {
     F32(&'a [f32], &'a [f32]),
     Bf16(&'a [bf16], &'a [bf16]),
+    Fp8(&'a [F8E4M3], &'a [F8E4M3]),
 }
 
 /// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data
-/// (rounded to nearest even into a bf16 cache, as candle's `to_dtype`); row r goes to cache
+/// (rounded to nearest even into a bf16 or FP8 cache, as candle's `to_dtype`; FP8 saturates at
+/// +-448, see `e4m3::encode`); row r goes to cache
 /// index ctx of its table, a padding row to slot r of the dummy block.
 pub(crate) fn write_decode_rows(
     kv: &PagedKvCache,
@@ -80,6 +84,12 @@ pub(crate) fn with_layer<R>(
             CpuView::<bf16>::new(v, "V cache")?,
         );
         Ok(f(KvLayer::Bf16(k.slice(), v.slice())))
+    } else if kv.dtype() == DType::F8E4M3 {
+        let (k, v) = (
+            CpuView::<F8E4M3>::new(k, "K cache")?,
+            CpuView::<F8E4M3>::new(v, "V cache")?,
+        );
+        Ok(f(KvLayer::Fp8(k.slice(), v.slice())))
     } else {
         let (k, v) = (
             CpuView::<f32>::new(k, "K cache")?,
@@ -142,7 +152,10 @@ impl InplaceOp1 for WriteRows<'_> {
         match storage {
             CpuStorage::F32(cache) => self.copy(&mut cache[a..b], |x| x),
             CpuStorage::BF16(cache) => self.copy(&mut cache[a..b], bf16::from_f32),
-            _ => candle_core::bail!("{}: the cache must be f32 or bf16", self.name()),
+            CpuStorage::F8E4M3(cache) => {
+                self.copy(&mut cache[a..b], |x| F8E4M3::from_bits(e4m3::encode(x)))
+            }
+            _ => candle_core::bail!("{}: the cache must be f32, bf16 or f8e4m3", self.name()),
         }
         Ok(())
     }

@@ -457,9 +457,9 @@ impl Kernels for CpuKernels {
         let h = q.dim(1)?;
         let amx = self.opts.amx;
         match rows {
-            // A bf16 model's chunk on the bf16 kernel too.
+            // A bf16 (or FP8) cache's chunk on the bf16 kernel too.
             AttnRows::Chunk { start, table, .. }
-                if self.opts.bf16_dot && kv.dtype() == DType::BF16 =>
+                if self.opts.bf16_dot && matches!(kv.dtype(), DType::BF16 | DType::F8E4M3) =>
             {
                 let (k, v) = (k.contiguous()?, v.contiguous()?);
                 let (kd, vd) = (CpuF32::new(&k, "k")?, CpuF32::new(&v, "v")?);
@@ -469,6 +469,9 @@ impl Kernels for CpuKernels {
                         chunk_attention(kc, vc, geo, h, qd, *start, table, scale, amx, out)
                     }
                     KvLayer::Bf16(kc, vc) => {
+                        chunk_attention(kc, vc, geo, h, qd, *start, table, scale, amx, out)
+                    }
+                    KvLayer::Fp8(kc, vc) => {
                         chunk_attention(kc, vc, geo, h, qd, *start, table, scale, amx, out)
                     }
                 })
@@ -481,6 +484,7 @@ impl Kernels for CpuKernels {
                 on_cache_memory(q, kv, layer, |cache, geo, qd, out| match cache {
                     KvLayer::F32(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
                     KvLayer::Bf16(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
+                    KvLayer::Fp8(kc, vc) => decode_attention(kc, vc, geo, h, qd, rows, scale, out),
                 })
             }
         }

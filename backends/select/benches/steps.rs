@@ -77,6 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut lm = vlm_backends::load_lm(&LmLoad {
         model_dir: &dir,
         dtype,
+        kv_cache_dtype: vlm_config::KvCacheDtype::Auto,
         kernels: &kernels,
         num_blocks,
         block_len,

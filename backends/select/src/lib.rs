@@ -15,7 +15,9 @@ use vlm_config::plan::{
     BucketBytes, BufferPolicy, DeviceKind, Dtypes, ModelDims, Part as PlanPart, PlanOptions,
     PoolUse, RblnSizing, Sizing,
 };
-use vlm_config::{BackendChoice, DeployConfig, Dtype, KernelConfig, Toggle, VisualConfig};
+use vlm_config::{
+    BackendChoice, DeployConfig, Dtype, KernelConfig, KvCacheDtype, Toggle, VisualConfig,
+};
 
 /// A compute backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +108,8 @@ impl Backend {
 pub struct LmLoad<'a> {
     pub model_dir: &'a Path,
     pub dtype: Dtype,
+    /// `kv_cache_dtype`: FP8 runs on the CPU backend only.
+    pub kv_cache_dtype: KvCacheDtype,
     pub kernels: &'a KernelConfig,
     /// Usable KV blocks (resolved from `kvcache_num_blocks`) and tokens per block.
     pub num_blocks: usize,
@@ -116,13 +120,23 @@ pub struct LmLoad<'a> {
 
 /// Loads the LM on the backend its `kernels` config resolves to.
 pub fn load_lm(l: &LmLoad) -> Result<Box<dyn LmBackend>> {
-    Ok(match Backend::resolve(l.kernels, l.dtype, Part::Lm)? {
+    let backend = Backend::resolve(l.kernels, l.dtype, Part::Lm)?;
+    if l.kv_cache_dtype != KvCacheDtype::Auto && backend != Backend::Cpu {
+        return Err(ComputeError::options(format!(
+            "kv_cache_dtype {} runs on the cpu backend; this LM runs on {}: leave \
+             kv_cache_dtype auto or set kernels.backend: cpu",
+            l.kv_cache_dtype.resolve(l.dtype.into()).as_str(),
+            backend.name()
+        )));
+    }
+    Ok(match backend {
         Backend::Cpu => {
             let opts = vlm_backend_cpu::CpuOptions::resolve(l.kernels)?;
             let cores: Vec<usize> = l.devices.iter().map(|&d| d as usize).collect();
             Box::new(vlm_backend_cpu::lm::load(
                 l.model_dir,
                 l.dtype,
+                l.kv_cache_dtype,
                 l.num_blocks,
                 l.block_len,
                 &cores,

@@ -246,12 +246,18 @@ fn on_gpus_the_vit_is_replicated_and_a_tensor_parallel_lm_is_a_problem() {
 fn the_plan_is_what_the_loaded_backends_hold() {
     let dir = vlm_test_support::tiny_dir();
     let tiny = ModelDims::from_dir(&dir).unwrap();
-    for dtype in [Dtype::F32, Dtype::Bf16] {
+    let fp8 = vlm_config::KvCacheDtype::Fp8E4m3;
+    for (dtype, kv) in [
+        (Dtype::F32, Default::default()),
+        (Dtype::Bf16, Default::default()),
+        (Dtype::Bf16, fp8),
+    ] {
         let mut c = cfg(r#"{
             "visual": {"max_seq_len": [64, 256, 1024], "device": [0, 1]},
             "device": [0, 1], "max_seq_len": 512, "kvcache_partition_len": 64,
             "kvcache_num_blocks": 12, "batch_size": 2
         }"#);
+        c.kv_cache_dtype = kv;
         c.dtype = dtype;
         c.visual.dtype = dtype;
         let kind = DeviceKind::cpu_with(64 * GIB);
@@ -280,6 +286,7 @@ fn the_plan_is_what_the_loaded_backends_hold() {
         let lm = vlm_backends::load_lm(&vlm_backends::LmLoad {
             model_dir: &dir,
             dtype,
+            kv_cache_dtype: c.kv_cache_dtype,
             kernels: &c.kernels,
             num_blocks: 12,
             block_len: 64,
@@ -288,7 +295,11 @@ fn the_plan_is_what_the_loaded_backends_hold() {
         .unwrap();
         let m = lm.memory();
         assert_eq!(l.weights, m.weight_bytes, "{dtype:?} LM weights");
-        assert_eq!(l.kv_cache, m.kv_bytes(), "{dtype:?} KV pool");
+        assert_eq!(l.kv_cache, m.kv_bytes(), "{dtype:?} {kv:?} KV pool");
+        let kv_name = c.kv_cache_dtype.resolve(dtype.into()).as_str();
+        let info = lm.info();
+        let said = info.kernels.iter().find(|(k, _)| k == "kv_cache");
+        assert_eq!(said.map(|(_, v)| v.as_str()), Some(kv_name), "{info:?}");
         assert_eq!(
             v.resident() + l.resident(),
             2 * CPU_PROCESS_BASELINE

@@ -14,7 +14,8 @@ use vlm_config::DeployConfig;
 pub const CONTEXT_CAP: u32 = 32768;
 
 /// KV tokens the default pool holds per sequence of the batch (and at least one full-length
-/// sequence): 32 rows x 2048 tokens = 64K tokens, 7 GiB for the 2B in bf16.
+/// sequence): 32 rows x 2048 tokens = 64K tokens, 7 GiB for the 2B in bf16. An FP8 cache
+/// (`--kv-cache-dtype fp8`) holds twice the tokens in those bytes.
 pub const POOL_TOKENS_PER_ROW: u64 = 2048;
 
 /// What `vlm up` runs the LM with, and the line it prints about it.
@@ -55,7 +56,11 @@ pub fn choose(cfg: &DeployConfig, model: &Path, want: Option<u32>) -> anyhow::Re
         match vlm_config::plan::resolve_kv_blocks(&c, &dims, &kind, sizing.as_ref()) {
             Ok(fits) => {
                 // `fits` is what memory holds, up to batch_size full-length sequences.
-                let cap_tokens = (len as u64).max(c.batch_size as u64 * POOL_TOKENS_PER_ROW);
+                let per_row = match c.kv_cache_dtype {
+                    vlm_config::KvCacheDtype::Auto => POOL_TOKENS_PER_ROW,
+                    vlm_config::KvCacheDtype::Fp8E4m3 => 2 * POOL_TOKENS_PER_ROW,
+                };
+                let cap_tokens = (len as u64).max(c.batch_size as u64 * per_row);
                 let cap = cap_tokens.div_ceil(block as u64) as u32;
                 let blocks = fits.min(cap);
                 let bytes = vlm_config::plan::kv_pool_bytes(&c, &dims, blocks, sizing.as_ref());
@@ -123,6 +128,11 @@ mod tests {
             c.line
         );
         assert!(c.line.contains("allows 4096"), "{}", c.line);
+        // An FP8 cache: twice the tokens, in the bytes the bf16 pool would take.
+        let mut fp8 = cfg.clone();
+        fp8.kv_cache_dtype = vlm_config::KvCacheDtype::Fp8E4m3;
+        let f = choose(&fp8, &model, None).unwrap();
+        assert_eq!(f.kv_blocks, 2 * c.kv_blocks, "{}", f.line);
     }
 
     #[test]

@@ -298,6 +298,7 @@ pub fn tiny_lm_backend(
     vlm_backends::load_lm(&vlm_backends::LmLoad {
         model_dir: &tiny_dir(),
         dtype,
+        kv_cache_dtype: vlm_config::KvCacheDtype::Auto,
         kernels: &vlm_config::KernelConfig::default(),
         num_blocks: 64,
         block_len,

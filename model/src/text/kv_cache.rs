@@ -3,7 +3,9 @@
 //!
 //! Layout per layer, K and V alike: `(num_blocks + 1, kv_heads, block_len, head_dim)`, in the
 //! cache dtype: bf16 for a model whose weights are bf16 (as the reference's cache holds its
-//! bf16 k/v states; half the bytes to read per decode step and to hold per token), else f32.
+//! bf16 k/v states; half the bytes to read per decode step and to hold per token), else f32;
+//! FP8 E4M3 codes when the config's `kv_cache_dtype` asks (a scale of 1.0, vLLM's uncalibrated
+//! `fp8`: half a bf16 cache's bytes again).
 //! * Block-major so that a block id from a block table addresses one contiguous slab.
 //! * Head before position: the keys of one kv head inside a block are one contiguous
 //!   (block_len, head_dim) matrix, so attention reads `(kv_heads, len, head_dim)` of a block as a
@@ -49,7 +51,7 @@ pub struct PagedKvCache {
 
 impl PagedKvCache {
     /// A cache of `num_blocks` usable blocks of `block_len` tokens (plus the dummy block),
-    /// holding `dtype` (f32 or bf16) values.
+    /// holding `dtype` (f32, bf16 or f8e4m3) values.
     pub fn new(
         cfg: &TextConfig,
         num_blocks: usize,
@@ -63,9 +65,9 @@ impl PagedKvCache {
                  (got {num_blocks} blocks of {block_len})"
             )));
         }
-        if !matches!(dtype, DType::F32 | DType::BF16) {
+        if !matches!(dtype, DType::F32 | DType::BF16 | DType::F8E4M3) {
             return Err(ModelError::kv_cache(format!(
-                "a KV cache of {dtype:?} is not supported (f32, bf16)"
+                "a KV cache of {dtype:?} is not supported (f32, bf16, f8e4m3)"
             )));
         }
         let shape = (
@@ -229,7 +231,7 @@ impl PagedKvCache {
 
     /// The cached K and V of tokens [0, len) of a sequence, as per-block f32 views
     /// `(kv_heads, n_i, head_dim)` (strided, no copy, for an f32 cache; widened copies of a
-    /// bf16 one), in order.
+    /// bf16 or FP8 one), in order.
     pub fn read(&self, layer: usize, table: &[u32], len: usize) -> Result<Vec<(Tensor, Tensor)>> {
         let mut out = Vec::with_capacity(self.blocks_for(len));
         let mut done = 0;

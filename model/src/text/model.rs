@@ -42,6 +42,9 @@ pub struct TextModel<K: Kernels> {
     video_token_id: u32,
     deepstack_levels: usize,
     weight_dtype: DType,
+    /// The KV cache's: the kernels' choice for `weight_dtype`, or FP8 E4M3 by
+    /// [`TextModel::with_fp8_kv_cache`].
+    kv_dtype: DType,
     /// (values, output rows) of the decoder linears stored int8 (a W8A8 checkpoint: a byte a
     /// value, 8 per output row); the rest are `weight_dtype`.
     int8_linears: (usize, usize),
@@ -145,6 +148,7 @@ impl<K: Kernels> TextModel<K> {
             video_token_id: cfg.video_token_id,
             deepstack_levels,
             weight_dtype,
+            kv_dtype: k.kv_dtype(weight_dtype),
             int8_linears: w.layer_int8(),
             int4_linears: w.layer_int4(),
             fp8_linears: w.layer_fp8(),
@@ -219,9 +223,16 @@ impl<K: Kernels> TextModel<K> {
         )
     }
 
-    /// The KV cache dtype the backend keeps for this model's weight dtype.
+    /// The KV cache dtype: the backend's for this model's weight dtype, or FP8 E4M3.
     pub fn kv_dtype(&self) -> DType {
-        self.k.kv_dtype(self.weight_dtype)
+        self.kv_dtype
+    }
+
+    /// Keeps the KV cache as FP8 E4M3 codes (the config's `kv_cache_dtype: fp8_e4m3`); only a
+    /// backend whose attention reads such a cache calls it.
+    pub fn with_fp8_kv_cache(mut self) -> Self {
+        self.kv_dtype = DType::F8E4M3;
+        self
     }
 
     /// The backend's kernels.

@@ -258,14 +258,20 @@ mod tests {
     use super::*;
     use crate::kernels::bf16_gemm;
 
-    /// Worst |out - f32 reference| of a chunk of `n` rows at cache position `start`: two kv
-    /// heads of two query heads, blocks of 128 in reverse order in the table; `amx`: the
-    /// products on AMX tiles.
-    fn worst_error(start: usize, n: usize, amx: bool) -> f32 {
+    /// A chunk of `n` rows at cache position `start`: two kv heads of two query heads, blocks
+    /// of 128 in reverse order in the table, random k, v in +-0.5 and q in +-2.
+    struct Case {
+        geo: CacheGeometry,
+        heads: usize,
+        table: Vec<u32>,
+        k: Vec<f32>,
+        v: Vec<f32>,
+        q: Vec<f32>,
+    }
+
+    fn case(start: usize, n: usize) -> Case {
         let (kv_heads, heads, hd, block_len) = (2, 4, 64, 128);
-        let total = start + n;
-        let blocks = total.div_ceil(block_len);
-        let table: Vec<u32> = (0..blocks as u32).rev().collect();
+        let blocks = (start + n).div_ceil(block_len);
         let geo = CacheGeometry {
             kv_heads,
             head_dim: hd,
@@ -277,9 +283,27 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         };
-        let k: Vec<f32> = (0..cache_len).map(|_| next()).collect();
-        let v: Vec<f32> = (0..cache_len).map(|_| next()).collect();
-        let q: Vec<f32> = (0..n * heads * hd).map(|_| 4.0 * next()).collect();
+        Case {
+            geo,
+            heads,
+            table: (0..blocks as u32).rev().collect(),
+            k: (0..cache_len).map(|_| next()).collect(),
+            v: (0..cache_len).map(|_| next()).collect(),
+            q: (0..n * heads * hd).map(|_| 4.0 * next()).collect(),
+        }
+    }
+
+    /// Worst |out - f32 reference| of [`case`]`(start, n)`; `amx`: the products on AMX tiles.
+    fn worst_error(start: usize, n: usize, amx: bool) -> f32 {
+        let Case {
+            geo,
+            heads,
+            table,
+            k,
+            v,
+            q,
+        } = case(start, n);
+        let (kv_heads, hd) = (geo.kv_heads, geo.head_dim);
         let scale = 1.0 / (hd as f32).sqrt();
         let mut out = vec![0f32; n * heads * hd];
         chunk_attention(&k, &v, geo, heads, &q, start, &table, scale, amx, &mut out);
@@ -342,6 +366,40 @@ mod tests {
                 tiled < 2.0 * one_pass + 1e-3,
                 "amx {amx}: tiled {tiled} vs one-pass {one_pass}"
             );
+        }
+    }
+
+    /// An FP8 cache is packed as the bf16 cache of the same values (every E4M3 value is a
+    /// bf16 one): the same output bits, in the one-pass and the tiled form.
+    #[test]
+    fn an_fp8_cache_attends_as_the_bf16_cache_of_its_values() {
+        use crate::kernels::e4m3;
+        use float8::F8E4M3;
+        if !bf16_gemm::available() {
+            vlm_test_support::skip!("this CPU has no AVX512-BF16 (the bf16 kernel)");
+            return;
+        }
+        for (start, n) in [(100, 60), (2000, 300)] {
+            let c = case(start, n);
+            // Spread the values over the format's range, subnormals to hundreds.
+            let codes = |x: &[f32]| -> Vec<F8E4M3> {
+                let e = |(i, v): (usize, &f32)| e4m3::encode(v * (1 << (i % 10)) as f32);
+                x.iter().enumerate().map(e).map(F8E4M3::from_bits).collect()
+            };
+            let (k8, v8) = (codes(&c.k), codes(&c.v));
+            let wide = |x: &[F8E4M3]| -> Vec<half::bf16> {
+                let b = |c: &F8E4M3| half::bf16::from_bits(e4m3::BF16_BITS[c.to_bits() as usize]);
+                x.iter().map(b).collect()
+            };
+            let (k16, v16) = (wide(&k8), wide(&v8));
+            let scale = 1.0 / (c.geo.head_dim as f32).sqrt() / 64.0;
+            let mut outs = [vec![0f32; c.q.len()], vec![0f32; c.q.len()]];
+            let (a, b) = outs.split_at_mut(1);
+            let (q, t, g, h) = (&c.q, &c.table, c.geo, c.heads);
+            chunk_attention(&k8, &v8, g, h, q, start, t, scale, false, &mut a[0]);
+            chunk_attention(&k16, &v16, g, h, q, start, t, scale, false, &mut b[0]);
+            assert_eq!(outs[0], outs[1], "chunk at {start}");
+            assert!(outs[0].iter().all(|x| x.is_finite()));
         }
     }
 }

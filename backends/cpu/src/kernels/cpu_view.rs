@@ -1,4 +1,4 @@
-//! Borrowing a tensor's CPU data (f32, or bf16 for a bf16 KV cache) as a slice, for the
+//! Borrowing a tensor's CPU data (f32, or bf16 or FP8 E4M3 for a KV cache) as a slice, for the
 //! kernels that work on slices.
 use candle_core::{CpuStorage, Storage, StorageRef, Tensor};
 use std::marker::PhantomData;
@@ -23,6 +23,15 @@ impl CpuElem for half::bf16 {
     fn of(s: &CpuStorage) -> Option<&[half::bf16]> {
         match s {
             CpuStorage::BF16(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+impl CpuElem for float8::F8E4M3 {
+    const NAME: &'static str = "f8e4m3";
+    fn of(s: &CpuStorage) -> Option<&[float8::F8E4M3]> {
+        match s {
+            CpuStorage::F8E4M3(v) => Some(v),
             _ => None,
         }
     }

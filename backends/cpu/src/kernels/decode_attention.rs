@@ -7,7 +7,8 @@
 //! Same math as `vlm_model::text::paged_attention::attend` with n = 1: softmax(q·kᵀ · scale) v over cache indices
 //! [0, ctx], f32 (the AVX-512 `exp` of `cpu::softmax`, ~2e-7 relative); a bf16 cache's keys
 //! and values are widened exactly. Keys and values are read in runs of consecutive positions
-//! inside a block, four rows per pass (`cpu::vec::CacheElem`).
+//! inside a block, four rows per pass, once for the g query heads of the kv head
+//! (`cpu::vec::CacheElem`).
 use super::softmax::softmax_scaled;
 use super::vec::CacheElem;
 use rayon::prelude::*;
@@ -59,23 +60,65 @@ pub fn decode_attention<T: CacheElem>(
             let mut p = p.borrow_mut();
             p.clear();
             p.resize(g * total, 0.0);
+            // Scores of the g query heads side by side, (g, total): each run of keys is
+            // read and widened once for the g heads.
             for (t, run, at) in runs() {
-                let keys = &k_cache[at..at + run * hd];
-                for j in 0..g {
-                    let qj = &qs[j * hd..(j + 1) * hd];
-                    T::dots(qj, keys, &mut p[j * total + t..j * total + t + run]);
-                }
+                T::dots(qs, hd, &k_cache[at..at + run * hd], &mut p[t..], total);
             }
             for row in p.chunks_exact_mut(total) {
                 softmax_scaled(row, scale);
             }
             for (t, run, at) in runs() {
-                let values = &v_cache[at..at + run * hd];
-                for j in 0..g {
-                    let pj = &p[j * total + t..j * total + t + run];
-                    T::weighted_sum(pj, values, &mut o[j * hd..(j + 1) * hd]);
-                }
+                T::weighted_sum(&p[t..], total, &v_cache[at..at + run * hd], o, hd);
             }
         });
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::e4m3;
+    use crate::kernels::vec::Widen;
+    use float8::F8E4M3;
+
+    /// An FP8 cache's keys and values are widened exactly: decode attention over it gives the
+    /// bits it gives over the f32 cache of the same values (two rows of other lengths, one
+    /// padding row, two kv heads of two query heads).
+    #[test]
+    fn an_fp8_cache_attends_as_the_f32_cache_of_its_values() {
+        let (kv_heads, heads, hd, block_len) = (2, 4, 32, 16);
+        let geo = CacheGeometry {
+            kv_heads,
+            head_dim: hd,
+            block_len,
+        };
+        let blocks = 6;
+        let len = blocks * kv_heads * block_len * hd;
+        let mut seed = 11u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        let k8: Vec<F8E4M3> = (0..len)
+            .map(|i| F8E4M3::from_bits(e4m3::encode(next() * (1 << (i % 9)) as f32)))
+            .collect();
+        let v8: Vec<F8E4M3> = (0..len)
+            .map(|_| F8E4M3::from_bits(e4m3::encode(8.0 * next())))
+            .collect();
+        let (k32, v32): (Vec<f32>, Vec<f32>) = (
+            k8.iter().map(|c| c.f32()).collect(),
+            v8.iter().map(|c| c.f32()).collect(),
+        );
+        let q: Vec<f32> = (0..3 * heads * hd).map(|_| next()).collect();
+        let (t0, t1) = ([4u32, 0, 2], [1u32, 5]);
+        let rows = [Some((40, &t0[..])), None, Some((17, &t1[..]))];
+        let scale = 1.0 / (hd as f32).sqrt() / 16.0;
+        let mut out8 = vec![0f32; q.len()];
+        let mut out32 = vec![0f32; q.len()];
+        decode_attention(&k8, &v8, geo, heads, &q, &rows, scale, &mut out8);
+        decode_attention(&k32, &v32, geo, heads, &q, &rows, scale, &mut out32);
+        assert_eq!(out8, out32);
+        assert!(out8[..heads * hd].iter().any(|&x| x != 0.0));
+    }
 }

@@ -139,8 +139,7 @@ impl Codec for Fp8E4M3 {
         pair[2 * (t % 32) + t / 32]
     }
     fn value(code: u8) -> f32 {
-        let bits = ((code as u16 & 0x80) << 8) | ((code as u16 & 0x7F) << 7);
-        half::f16::from_bits(bits).to_f32() * 256.0
+        super::e4m3::value(code)
     }
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]

@@ -13,6 +13,7 @@ pub mod chunk_attention;
 pub(crate) mod cpu_view;
 pub mod decode_attention;
 pub mod dequant_gemm;
+pub mod e4m3;
 pub mod gemv;
 pub mod int8_gemm;
 pub mod kquant_gemv;

@@ -34,6 +34,13 @@ impl PackElem for bf16 {
         self.to_bits()
     }
 }
+/// An FP8 KV cache's codes: every E4M3 value is a bf16 value.
+impl PackElem for float8::F8E4M3 {
+    #[inline(always)]
+    fn bits(self) -> u16 {
+        super::e4m3::BF16_BITS[self.to_bits() as usize]
+    }
+}
 /// bf16 bits already rounded (by the vector conversion, say).
 impl PackElem for u16 {
     #[inline(always)]
