@@ -63,7 +63,7 @@ def scenario_args(name):
 def start_ours(a, log):
     s = Server("ours", a.ours_http)
     cmd = [a.vlm, "up", "--model", a.model, "--http-listen", a.ours_http,
-           "--listen", a.ours_grpc, "--ready-timeout-s", str(a.ready_timeout)]
+           "--listen", a.ours_grpc, "--ready-timeout-s", str(a.ready_timeout)] + a.ours_arg
     s.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     s.wait_ready(a.ready_timeout)
     return s
@@ -77,7 +77,7 @@ def start_vllm(a, log):
            "--host", host, "--port", port, "--dtype", "auto", "--max-model-len", "20480",
            "--served-model-name", os.path.basename(os.path.normpath(a.model)),
            "--limit-mm-per-prompt", json.dumps({"image": {"count": 1, "width": 1024,
-                                                          "height": 1024}})]
+                                                          "height": 1024}})] + a.vllm_arg
     s.proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
     s.wait_ready(a.ready_timeout)
@@ -147,6 +147,10 @@ def main():
     ap.add_argument("--slo-ttft-ms", type=int, default=30000)
     ap.add_argument("--slo-tpot-ms", type=int, default=500)
     ap.add_argument("--ready-timeout", type=int, default=1800)
+    ap.add_argument("--ours-arg", action="append", default=[],
+                    help="an extra `vlm up` argument (e.g. --ours-arg=--kv-cache-dtype=fp8)")
+    ap.add_argument("--vllm-arg", action="append", default=[],
+                    help="an extra vLLM server argument (e.g. --vllm-arg=--kv-cache-dtype=fp8)")
     ap.add_argument("--out", default=tempfile.mkdtemp(prefix="bench-serve-"))
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -177,7 +181,8 @@ def main():
             vals = [rows[s][m] if rows[s] else "failed" for s in sides]
             ratio = ""
             if len(sides) == 2 and all(isinstance(v, float) and v == v for v in vals) and vals[1]:
-                ratio = f" | {vals[0] / vals[1]:.2f}"
+                ours, vllm = (vals[0], vals[1]) if sides[0] == "ours" else (vals[1], vals[0])
+                ratio = f" | {ours / vllm:.2f}" if vllm else " | "
             elif len(sides) == 2:
                 ratio = " | "
             print(f"| {sc} | {m} | " + " | ".join(fmt(v) for v in vals) + ratio + " |")

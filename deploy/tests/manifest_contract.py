@@ -92,7 +92,7 @@ HPA_CUSTOM_METRIC = {"vision": "vlm_vision_queue_depth", "lm": "vlm_lm_waiting"}
 TOP_KEYS = {
     "max_seq_len", "kvcache_partition_len", "kvcache_num_blocks", "batch_size",
     "decoder_batch_sizes", "prefill_chunk_size", "num_devices", "device", "create_runtimes",
-    "dtype", "kernels", "prefix_caching", "visual", "tensor_parallel_size",
+    "dtype", "kernels", "prefix_caching", "kv_cache_dtype", "visual", "tensor_parallel_size",
 }
 VISUAL_KEYS = {
     "max_seq_len", "num_devices", "device", "create_runtimes", "min_pixels", "max_pixels",
