@@ -46,8 +46,8 @@ pub enum KvCacheDtype {
     /// The backend's choice for the weights: bf16 for bf16 weights, else f32.
     #[default]
     Auto,
-    /// FP8 E4M3 codes with a scale of 1.0, as vLLM's `--kv-cache-dtype fp8` without calibrated
-    /// scales: values past +-448 saturate. Half a bf16 cache's bytes per token, so twice the
+    /// FP8 E4M3 codes with a scale of 1.0 (vLLM's `--kv-cache-dtype fp8` without calibrated
+    /// scales); values past +-448 saturate. Half a bf16 cache's bytes per token, so twice the
     /// tokens in the same memory and half the KV bytes a decode step reads.
     Fp8E4m3,
 }

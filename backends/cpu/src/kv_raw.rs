@@ -17,9 +17,9 @@ pub(crate) enum KvLayer<'a> {
 }
 
 /// Writes one decode token per row: k, v (n, kv_heads, head_dim) f32 contiguous CPU data
-/// (rounded to nearest even into a bf16 or FP8 cache, as candle's `to_dtype`; FP8 saturates at
-/// +-448, see `e4m3::encode`); row r goes to cache
-/// index ctx of its table, a padding row to slot r of the dummy block.
+/// (rounded to nearest even into a bf16 or FP8 cache, as candle's `to_dtype`; FP8 saturates
+/// at +-448, see `e4m3::encode`); row r goes to cache index ctx of its table, a padding row
+/// to slot r of the dummy block.
 pub(crate) fn write_decode_rows(
     kv: &PagedKvCache,
     layer: usize,

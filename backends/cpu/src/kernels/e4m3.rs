@@ -3,9 +3,9 @@
 //! format allows.
 //!
 //! [`encode`] rounds to nearest even and saturates at +-448, as `float8::F8E4M3::from_f32`
-//! (`SatFinite`) and vLLM's fp8 KV writes do; it is ours because that one converts through f64
-//! bit by bit (a KV write converts every cached value of a prefill, ~57K values a token for the
-//! 2B). The tests check both agree.
+//! (`SatFinite`) does (torch's cast does not saturate: the reference script clamps first); it
+//! is ours because that one converts through f64 bit by bit (a KV write converts every cached
+//! value of a prefill, ~57K values a token for the 2B). The tests check both agree.
 
 /// The largest finite e4m3fn magnitude.
 pub const MAX: f32 = 448.0;
