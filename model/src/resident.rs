@@ -32,8 +32,8 @@ pub fn touch_pages<T: Copy>(v: &mut [T]) {
     }
 }
 
-/// A zero tensor of `dtype` (f32, bf16 or FP8 E4M3 on the CPU) whose pages are resident on the CPU (see
-/// [`zeros_resident_f32`]); a plain zero tensor on other devices.
+/// A zero tensor of `dtype` (f32, bf16 or FP8 E4M3 on the CPU) whose pages are resident on
+/// the CPU (see [`zeros_resident_f32`]); a plain zero tensor on other devices.
 pub fn zeros_resident(
     shape: impl Into<candle_core::Shape>,
     dtype: DType,

@@ -10,8 +10,8 @@
 mod quant_support;
 
 use candle_core::DType;
-use quant_support::{assert_steps_match, golden};
-use std::path::{Path, PathBuf};
+use quant_support::{assert_steps_match, golden, tiny256};
+use std::path::Path;
 use vlm_backend_cpu::{CpuKernels, CpuOptions};
 use vlm_model::oracle::Oracle;
 
@@ -22,13 +22,6 @@ use vlm_model::oracle::Oracle;
 /// level: measured 1.1e-2. Against the float cache the logits move 8.6% on this random model.
 const F32_TOL: f32 = 1e-3;
 const BF16_TOL: f32 = 4e-2;
-
-fn tiny256(dir: &Path) -> PathBuf {
-    use vlm_make_model::{make_model, MakeOptions, Preset};
-    let ckpt = dir.join("tiny-256");
-    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
-    ckpt
-}
 
 /// A greedy run of `steps` on `ids`: (each step's logits, the tokens).
 fn greedy(

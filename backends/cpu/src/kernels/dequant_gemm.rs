@@ -121,10 +121,9 @@ impl Codec for Int4 {
 
 /// FP8 e4m3fn (an FP8 checkpoint's), a byte a slot: slot `t` in the low byte of 16-bit lane
 /// `t` and slot `t + 32` in its high byte, so that each half of a lane expands in place. In
-/// registers a code becomes the
-/// f16 with its 7 magnitude bits at bits 7..14 (exponent and mantissa shifted into f16's, bias 7
-/// against 15): exactly 2^-8 times its value, subnormals included, so two masks, two shifts and
-/// `vcvtph2ps` expand it and the scale takes the 2^8.
+/// registers a code becomes the f16 with its 7 magnitude bits at bits 7..14 (exponent and
+/// mantissa shifted into f16's, bias 7 against 15): exactly 2^-8 times its value, subnormals
+/// included, so two masks, two shifts and `vcvtph2ps` expand it and the scale takes the 2^8.
 #[derive(Debug)]
 pub struct Fp8E4M3;
 

@@ -283,12 +283,12 @@ mod x86 {
         let (p, r, o) = (p.as_ptr(), rows.as_ptr(), o.as_mut_ptr());
         let mut j = 0;
         // Pairs where 2 x C accumulators stay in the 32 registers.
-        while j + 2 <= g && hd <= 128 {
+        while j + 2 <= g && matches!(hd / 16, 4 | 8) {
             let (pj, oj) = (p.add(j * stride), o.add(j * hd));
-            match hd / 16 {
-                4 => held::<T, 4, 2>(pj, stride, r, n, oj),
-                8 => held::<T, 8, 2>(pj, stride, r, n, oj),
-                _ => break,
+            if hd == 64 {
+                held::<T, 4, 2>(pj, stride, r, n, oj)
+            } else {
+                held::<T, 8, 2>(pj, stride, r, n, oj)
             }
             j += 2;
         }

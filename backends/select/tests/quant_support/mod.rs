@@ -155,6 +155,14 @@ pub fn first_step_diff(a: &Path, b: &Path) -> (f32, f32) {
     (diff, scale)
 }
 
+/// The seed-0 tiny-256 checkpoint, made in `dir/tiny-256`.
+pub fn tiny256(dir: &Path) -> PathBuf {
+    use vlm_make_model::{make_model, MakeOptions, Preset};
+    let ckpt = dir.join("tiny-256");
+    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
+    ckpt
+}
+
 /// The seed-0 tiny-256 checkpoint in `dir` and the directory `quantize` writes from it
 /// (`tiny-256-{name}`).
 pub fn tiny256_pair(
@@ -162,9 +170,7 @@ pub fn tiny256_pair(
     name: &str,
     quantize: impl Fn(&Path, &Path) -> vlm_model::Result<()>,
 ) -> (PathBuf, PathBuf) {
-    use vlm_make_model::{make_model, MakeOptions, Preset};
-    let ckpt = dir.join("tiny-256");
-    make_model(&ckpt, &MakeOptions::new(Preset::Tiny256)).unwrap();
+    let ckpt = tiny256(dir);
     let q = dir.join(format!("tiny-256-{name}"));
     quantize(&ckpt, &q).unwrap();
     (ckpt, q)
